@@ -1,0 +1,3 @@
+"""localrun: fast local text generation with llama.cpp."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,25 @@
+"""The `localrun` command: wires the command modules together, nothing else."""
+
+from __future__ import annotations
+
+import typer
+
+from localrun.cli import generate
+
+app = typer.Typer(
+    name="localrun",
+    help="Fast local text generation with llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("generate")(generate.generate)
+
+
+@app.callback()
+def _root() -> None:
+    """Fast local text generation with llama.cpp."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,68 @@
+"""The one place where errors become exit codes and one-line messages."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import IntEnum
+
+import typer
+
+from localrun.errors import (
+    BadModelError,
+    ContextOverflowError,
+    EngineError,
+    LocalrunError,
+    ModelNotFoundError,
+    UsageError,
+)
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    MODEL_NOT_FOUND = 3
+    BAD_MODEL = 4
+    OUT_OF_CONTEXT = 5
+    INTERRUPTED = 130
+
+
+EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
+    UsageError: ExitCode.USAGE,
+    ModelNotFoundError: ExitCode.MODEL_NOT_FOUND,
+    BadModelError: ExitCode.BAD_MODEL,
+    ContextOverflowError: ExitCode.OUT_OF_CONTEXT,
+    EngineError: ExitCode.ERROR,
+}
+
+
+def exit_code_for(exc: LocalrunError) -> ExitCode:
+    for cls in type(exc).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]  # type: ignore[index]
+    return ExitCode.ERROR
+
+
+def debug_enabled(flag: bool = False) -> bool:
+    return flag or os.environ.get("LOCALRUN_DEBUG", "") not in ("", "0")
+
+
+@contextmanager
+def error_boundary(debug: bool = False) -> Iterator[None]:
+    """Turn core errors into `error: ...` / `hint: ...` on stderr and an exit code."""
+    try:
+        yield
+    except LocalrunError as exc:
+        if debug_enabled(debug):
+            traceback.print_exc()
+        sys.stderr.write(f"error: {exc.message}\n")
+        if exc.hint:
+            sys.stderr.write(f"hint: {exc.hint}\n")
+        raise typer.Exit(int(exit_code_for(exc))) from None
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None

@@ -1,0 +1,102 @@
+"""`localrun generate`: parse, call the core, pick a renderer."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from localrun.cli._errors import ExitCode, error_boundary
+from localrun.decode import SamplingParams, generate as run_generation
+from localrun.engine import Engine, EngineConfig
+from localrun.errors import UsageError
+from localrun.ggufmeta import read_gguf
+from localrun.prompt import compose, prompt_tokens
+from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
+
+
+def read_prompt(argument: str | None) -> str:
+    """PROMPT from the argument, or stdin when it is `-` or stdin is piped;
+    with both, the argument is the instruction and stdin the material."""
+    if argument == "-":
+        return compose(None, sys.stdin.read())
+    material = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    return compose(argument, material)
+
+
+@contextmanager
+def ctrl_c_stops(engine: Engine) -> Iterator[None]:
+    """The first Ctrl-C asks the loop to stop (it ends with stop_reason
+    'interrupted'); a second one raises KeyboardInterrupt."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if engine.abort_requested:
+            raise KeyboardInterrupt
+        engine.abort_requested = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
+    if as_json:
+        return JsonRenderer(sys.stdout)
+    if sys.stdout.isatty():
+        return LiveRenderer(Console(file=sys.stdout), title=title)
+    return PlainRenderer(sys.stdout, sys.stderr, show_stats=show_stats)
+
+
+def generate(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or a pipe reads stdin.", show_default=False)] = None,
+    model: Annotated[
+        Path | None, typer.Option("-m", "--model", envvar="LOCALRUN_MODEL", help="A GGUF model file.", show_default=False)
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", help="Stop after this many tokens.")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 for greedy decoding.")] = 0.8,
+    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    top_k: Annotated[int, typer.Option("--top-k")] = 40,
+    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed.")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
+    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
+    ctx: Annotated[int | None, typer.Option("--ctx", help="Context size in tokens.")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")] = False,
+    stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+) -> None:
+    """Generate text from a prompt, streamed as it is produced."""
+    with error_boundary(debug):
+        if max_tokens is not None and max_tokens < 1:
+            raise UsageError("--max-tokens must be at least 1")
+        if threads is not None and threads < 1:
+            raise UsageError("--threads must be at least 1")
+        if model is None:
+            raise UsageError("no model given", hint="pass -m PATH.gguf (or set LOCALRUN_MODEL)")
+        text = read_prompt(prompt)
+        info = read_gguf(model)
+        sampling = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
+        )
+        with Engine(EngineConfig(model_path=info.path, n_ctx=ctx, n_threads=threads, verbose=verbose), info) as engine:
+            tokens = prompt_tokens(engine, text, system=system, raw=raw)
+            engine.check_fits(len(tokens))
+            renderer = pick_renderer(as_json, stats, info.name)
+            with ctrl_c_stops(engine):
+                events = run_generation(engine, tokens, sampling, max_tokens=max_tokens, stop=stop or ())
+                final = renderer.render(events)
+        if final.stop_reason == "interrupted":
+            raise typer.Exit(int(ExitCode.INTERRUPTED))

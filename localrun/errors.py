@@ -1,0 +1,32 @@
+"""Typed errors raised by the core. The CLI maps each type to an exit code."""
+
+from __future__ import annotations
+
+
+class LocalrunError(Exception):
+    """An error the user can act on: a one-line message and an optional hint."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(LocalrunError):
+    """Bad arguments or input: an empty prompt, an impossible option."""
+
+
+class ModelNotFoundError(LocalrunError):
+    """The model named does not exist where it was looked for."""
+
+
+class BadModelError(LocalrunError):
+    """The file exists but is not a model llama.cpp can load."""
+
+
+class ContextOverflowError(LocalrunError):
+    """The prompt does not fit in the context window."""
+
+
+class EngineError(LocalrunError):
+    """llama.cpp failed to do what was asked (context creation, decode)."""

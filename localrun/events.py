@@ -1,0 +1,48 @@
+"""What the decode loop yields and the renderers consume."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+StopReason = Literal["eos", "length", "stop", "interrupted"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New text, with the running figures a live display shows."""
+
+    text: str
+    generated_tokens: int
+    ttft_s: float
+    elapsed_s: float
+    decode_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    decode_tokens_per_s: float
+    elapsed_s: float
+    stop_reason: StopReason
+    prompt_tokens_per_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (
+            f"{self.generated_tokens} tokens, {self.decode_tokens_per_s:.1f} tok/s, "
+            f"prompt {self.prompt_tokens} tokens at {self.prompt_tokens_per_s:.1f} tok/s, "
+            f"ttft {self.ttft_s:.2f}s, {self.elapsed_s:.2f}s total, stop: {self.stop_reason}"
+        )
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    stats: Stats
+
+
+Event = TokenEvent | DoneEvent

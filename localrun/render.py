@@ -1,0 +1,147 @@
+"""Renderers: consume the decode loop's events and show them.
+
+- `LiveRenderer`: a Rich Live panel for a terminal, refreshed at a fixed rate
+  from a background thread; per token it only appends to a list.
+- `PlainRenderer`: the text alone, flushed as it comes (pipes, files).
+- `JsonRenderer`: newline-delimited JSON events.
+Each returns the final `Stats`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import IO, Protocol
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from localrun.events import DoneEvent, Event, Stats, TokenEvent
+
+
+class Renderer(Protocol):
+    def render(self, events: Iterable[Event]) -> Stats: ...
+
+
+def _final(stats: Stats | None) -> Stats:
+    if stats is None:  # the loop always ends with a DoneEvent
+        raise RuntimeError("event stream ended without a done event")
+    return stats
+
+
+class PlainRenderer:
+    def __init__(self, out: IO[str], err: IO[str], *, show_stats: bool = False) -> None:
+        self.out, self.err, self.show_stats = out, err, show_stats
+
+    def render(self, events: Iterable[Event]) -> Stats:
+        stats: Stats | None = None
+        last = ""
+        for ev in events:
+            if isinstance(ev, TokenEvent):
+                self.out.write(ev.text)
+                self.out.flush()
+                last = ev.text
+            else:
+                stats = ev.stats
+        if last and not last.endswith("\n"):
+            self.out.write("\n")
+            self.out.flush()
+        final = _final(stats)
+        if self.show_stats or final.stop_reason == "interrupted":
+            self.err.write(final.summary() + "\n")
+            self.err.flush()
+        return final
+
+
+class JsonRenderer:
+    """One JSON object per line: {"type":"token","text":...} then {"type":"done",...}."""
+
+    DONE_FIELDS = ("prompt_tokens", "generated_tokens", "ttft_s", "decode_tokens_per_s", "elapsed_s", "stop_reason")
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+
+    def render(self, events: Iterable[Event]) -> Stats:
+        stats: Stats | None = None
+        for ev in events:
+            if isinstance(ev, TokenEvent):
+                self.out.write(json.dumps({"type": "token", "text": ev.text}, ensure_ascii=False) + "\n")
+            else:
+                stats = ev.stats
+                record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}}
+                self.out.write(json.dumps(record) + "\n")
+            self.out.flush()
+        return _final(stats)
+
+
+def footer(generated: int, rate: float, ttft: float, elapsed: float, reason: str | None = None) -> Text:
+    parts = [
+        f"{generated} tokens",
+        f"{rate:.1f} tok/s" if rate else "- tok/s",
+        f"ttft {ttft:.2f}s" if generated else "ttft -",
+        f"{elapsed:.1f}s",
+    ]
+    if reason:
+        parts.append(f"stop: {reason}")
+    return Text("  ·  ".join(parts), style="dim")
+
+
+class LiveRenderer:
+    """A panel with the streaming text and a live footer of figures.
+
+    The text is only appended to per token; the refresh thread renders at
+    `refresh_per_second` and shows just the tail that fits the screen, so the
+    cost per refresh does not grow with the length of the reply. When the
+    reply ends, the whole text is printed once in a final panel.
+    """
+
+    def __init__(self, console: Console, *, title: str = "", refresh_per_second: float = 5.0) -> None:
+        self.console = console
+        self.title = title
+        self.refresh_per_second = refresh_per_second
+        self._chunks: list[str] = []
+        self._last: TokenEvent | None = None
+        self._t0 = time.perf_counter()
+
+    def _tail(self) -> str:
+        width = max(self.console.width - 4, 10)
+        rows_left = max(self.console.height - 6, 3)
+        lines = "".join(self._chunks).split("\n")
+        keep: list[str] = []
+        for line in reversed(lines):
+            rows_left -= max(1, -(-len(line) // width))
+            if rows_left < 0:
+                break
+            keep.append(line)
+        return "\n".join(reversed(keep))
+
+    def _panel(self) -> RenderableType:
+        ev = self._last
+        elapsed = time.perf_counter() - self._t0
+        foot = footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed) if ev else footer(0, 0, 0, elapsed)
+        return Panel(Text(self._tail()), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
+
+    def render(self, events: Iterable[Event]) -> Stats:
+        stats: Stats | None = None
+        self._t0 = time.perf_counter()
+        live = Live(
+            get_renderable=self._panel,
+            console=self.console,
+            refresh_per_second=self.refresh_per_second,
+            transient=True,
+        )
+        with live:
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    self._chunks.append(ev.text)
+                    self._last = ev
+                elif isinstance(ev, DoneEvent):
+                    stats = ev.stats
+        final = _final(stats)
+        foot = footer(final.generated_tokens, final.decode_tokens_per_s, final.ttft_s, final.elapsed_s, final.stop_reason)
+        body = Text("".join(self._chunks))
+        self.console.print(Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue"))
+        return final

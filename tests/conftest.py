@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tinymodel import write_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every user directory localrun or huggingface-hub could touch goes to tmp."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALRUN_HOME", str(home / "localrun"))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.setenv(var, str(home / var.lower()))
+    monkeypatch.delenv("LOCALRUN_MODEL", raising=False)
+    monkeypatch.delenv("LOCALRUN_DEBUG", raising=False)
+    yield
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir: Path) -> Path:
+    return write_tiny_model(models_dir / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def eos_model(models_dir: Path) -> Path:
+    return write_tiny_model(models_dir / "tiny-eos.gguf", eos_first=True)
+
+
+@pytest.fixture(scope="session")
+def long_model(models_dir: Path) -> Path:
+    """Trained context of 32k tokens: generation runs long enough to interrupt."""
+    return write_tiny_model(models_dir / "tiny-long.gguf", n_ctx_train=32768)
+
+
+def cli(
+    *args: str, input: str | None = None, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m localrun ARGS` with stdin as given (empty when None)."""
+    return subprocess.run(
+        [sys.executable, "-m", "localrun", *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from tests.conftest import cli
+
+ANSI = "\x1b"
+
+
+def test_pipe_output_is_plain_text(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "--max-tokens", "20", "--temperature", "0", "hello")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip()
+    assert ANSI not in res.stdout
+    assert res.stderr == ""  # llama.cpp's log stays hidden
+
+
+def test_stats_line_on_stderr(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "-n", "8", "--stats", "hi")
+    assert res.returncode == 0, res.stderr
+    assert "8 tokens" in res.stderr and "tok/s" in res.stderr and "stop: length" in res.stderr
+    assert ANSI not in res.stdout + res.stderr
+
+
+def test_json_event_contract(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "-n", "10", "--json", "--temperature", "0", "hello")
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    assert events[-1]["type"] == "done"
+    assert all(e == {"type": "token", "text": e["text"]} for e in events[:-1])
+    done = events[-1]
+    assert set(done) == {
+        "type", "prompt_tokens", "generated_tokens", "ttft_s", "decode_tokens_per_s", "elapsed_s", "stop_reason"
+    }
+    assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0
+    plain = cli("generate", "-m", str(tiny_model), "-n", "10", "--temperature", "0", "hello")
+    assert "".join(e["text"] for e in events[:-1]) == plain.stdout.rstrip("\n")
+
+
+def test_json_stop_reasons(tiny_model: Path, eos_model: Path) -> None:
+    def done(*args: str) -> dict[str, object]:
+        res = cli("generate", "--json", "--temperature", "0", *args)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+    assert done("-m", str(eos_model), "x")["stop_reason"] == "eos"
+    full = cli("generate", "-m", str(tiny_model), "-n", "30", "--temperature", "0", "x").stdout
+    assert done("-m", str(tiny_model), "-n", "30", "--stop", full[8:11], "x")["stop_reason"] == "stop"
+
+
+def test_seed_makes_sampling_repeatable(tiny_model: Path) -> None:
+    args = ("generate", "-m", str(tiny_model), "-n", "16", "--temperature", "1.2", "--seed", "42", "x")
+    assert cli(*args).stdout == cli(*args).stdout
+
+
+def test_stdin_prompt_and_instruction(tiny_model: Path) -> None:
+    base = ("generate", "-m", str(tiny_model), "-n", "12", "--temperature", "0", "--json")
+
+    def prompt_tokens(res: subprocess.CompletedProcess[str]) -> int:
+        assert res.returncode == 0, res.stderr
+        return int(json.loads(res.stdout.splitlines()[-1])["prompt_tokens"])
+
+    from_dash = prompt_tokens(cli(*base, "-", input="some material"))
+    from_pipe = prompt_tokens(cli(*base, input="some material"))
+    with_instruction = prompt_tokens(cli(*base, "summarize", input="some material"))
+    assert from_dash == from_pipe
+    assert with_instruction > from_pipe
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "needle"),
+    [
+        (lambda d: d / "missing.gguf", 3, "not found"),
+        (lambda d: d, 4, "directory"),
+        (lambda d: _write(d / "text.gguf", b"just some text, definitely not a model"), 4, "not a GGUF"),
+    ],
+)
+def test_bad_model_paths(tmp_path: Path, make, code: int, needle: str) -> None:  # type: ignore[no-untyped-def]
+    res = cli("generate", "-m", str(make(tmp_path)), "hello")
+    assert res.returncode == code
+    assert needle in res.stderr and "hint:" in res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_truncated_model(tiny_model: Path, tmp_path: Path) -> None:
+    data = tiny_model.read_bytes()
+    res = cli("generate", "-m", str(_write(tmp_path / "cut.gguf", data[: len(data) // 2])), "hello")
+    assert res.returncode == 4 and "truncated" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_empty_prompt_and_no_model(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "   ")
+    assert res.returncode == 2 and "prompt is empty" in res.stderr
+    res = cli("generate", "hello")
+    assert res.returncode == 2 and "no model" in res.stderr
+
+
+def test_prompt_longer_than_context(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "--ctx", "64", "word " * 100)
+    assert res.returncode == 5
+    assert "the context holds 256" in res.stderr  # llama.cpp pads the context to a multiple of 256
+    assert "--ctx" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bad_option_is_usage_error(tiny_model: Path) -> None:
+    assert cli("generate", "-m", str(tiny_model), "--max-tokens", "0", "x").returncode == 2
+    assert cli("generate", "--no-such-option").returncode == 2
+
+
+def test_ctrl_c_keeps_text_and_exits_130(long_model: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localrun", "generate", "-m", str(long_model), "--ctx", "32768", "-t", "0", "hello"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ.copy(),
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.read(8)  # generation has started
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert len(first + rest) > 8
+    assert b"stop: interrupted" in err and b"Traceback" not in err
+
+
+def test_terminal_shows_live_panel(tiny_model: Path) -> None:
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", "generate", "-m", str(tiny_model), "-n", "40", "hello"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(30, 100),
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    screen = child.before or ""
+    assert child.exitstatus == 0
+    assert "tiny-test-llama" in screen  # panel title
+    assert "40 tokens" in screen and "tok/s" in screen and "stop: length" in screen
+    assert "╭" in screen or "+" in screen

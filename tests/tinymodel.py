@@ -1,0 +1,119 @@
+"""Write tiny random-weight llama-architecture GGUF models for fast tests.
+
+The tokenizer is a real byte-level BPE (GPT-2 style): 256 byte tokens, a few
+merges, and control tokens for a ChatML template, so llama.cpp tokenizes,
+detokenizes and applies the chat template exactly as it would for a real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS_ID = 0
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "a n", "Ġ a", "e r", "o n", "Ġ s", "r e"]
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's reversible byte -> printable unicode mapping, in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    mapping: dict[int, int] = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = 256 + extra
+            extra += 1
+    return [chr(mapping[b]) for b in range(256)]
+
+
+def vocabulary() -> tuple[list[str], list[int]]:
+    tokens = list(SPECIALS) + _byte_symbols()
+    types = [int(TokenType.CONTROL)] * len(SPECIALS) + [int(TokenType.NORMAL)] * 256
+    for merge in MERGES:
+        left, right = merge.split(" ")
+        tokens.append(left + right)
+        types.append(int(TokenType.NORMAL))
+    return tokens, types
+
+
+def write_tiny_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx_train: int = 512,
+    chat_template: str | None = CHATML,
+    eos_first: bool = False,
+) -> Path:
+    """Write a model to ``path``.
+
+    The control tokens' rows of the output projection are zero, so their logits are 0
+    while the best of the random others is positive: greedy decoding never
+    ends by itself. ``eos_first`` zeroes the whole projection instead: every
+    logit ties and greedy decoding picks token 0, the end-of-text token."""
+    rng = np.random.default_rng(seed)
+    tokens, types = vocabulary()
+    n_vocab = len(tokens)
+    head_dim = n_embd // n_head
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.5).astype(np.float32)
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-test-llama")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_file_type(0)  # all F32
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(EOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    writer.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    output = np.zeros((n_vocab, n_embd), dtype=np.float32) if eos_first else rand(n_vocab, n_embd)
+    output[: len(SPECIALS)] = 0.0
+    writer.add_tensor("output.weight", output)
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", rand(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", rand(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", rand(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", rand(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
