@@ -39,14 +39,16 @@ _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _verbose = False
 
 
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     if level == 3:  # GGML_LOG_LEVEL_ERROR
         with _log_lock:
             _recent_errors.append(message.strip())
     if _verbose:
         os.write(2, text)
+
+
+_log_callback = llama_cpp.llama_log_callback(_on_log)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -127,7 +129,9 @@ class Engine:
         if not self._ctx:
             reason = _last_llama_error() or "unknown error"
             self.close()
-            raise EngineError(f"llama.cpp could not create a context of {n_ctx} tokens: {reason}", hint="try a smaller --ctx")
+            raise EngineError(
+                f"llama.cpp could not create a context of {n_ctx} tokens: {reason}", hint="try a smaller --ctx"
+            )
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_threads = threads

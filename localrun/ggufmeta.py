@@ -218,5 +218,7 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
             )
         tensors.append(TensorInfo(name, shape, ttype, offset, n_bytes))
     if n_tensors == 0:
-        raise BadModelError(f"{path}: the GGUF file holds no tensors", hint="pass a model file, not a vocabulary-only file")
+        raise BadModelError(
+            f"{path}: the GGUF file holds no tensors", hint="pass a model file, not a vocabulary-only file"
+        )
     return GGUFInfo(path=path, version=version, metadata=metadata, tensors=tensors)

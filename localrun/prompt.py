@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -31,7 +30,9 @@ def render_chat(template: str, messages: list[Message], *, bos_token: str, eos_t
             messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
         )
     except TemplateError as exc:
-        raise BadModelError(f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is") from exc
+        raise BadModelError(
+            f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
+        ) from exc
 
 
 def compose(instruction: str | None, material: str | None) -> str:
@@ -56,11 +57,4 @@ def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: 
     bos, eos = engine.bos_token, engine.eos_token
     rendered = render_chat(template, messages, bos_token=bos, eos_token=eos)
     add_bos = engine.add_bos and not (bos and rendered.startswith(bos))
-    tokens = engine.tokenize(rendered, add_special=add_bos)
-    return tokens
-
-
-def chat_messages(system: str | None, text: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    out.append({"role": "user", "content": text})
-    return out
+    return engine.tokenize(rendered, add_special=add_bos)

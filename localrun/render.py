@@ -121,8 +121,12 @@ class LiveRenderer:
     def _panel(self) -> RenderableType:
         ev = self._last
         elapsed = time.perf_counter() - self._t0
-        foot = footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed) if ev else footer(0, 0, 0, elapsed)
-        return Panel(Text(self._tail()), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
+        foot = (
+            footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed) if ev else footer(0, 0, 0, elapsed)
+        )
+        return Panel(
+            Text(self._tail()), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue"
+        )
 
     def render(self, events: Iterable[Event]) -> Stats:
         stats: Stats | None = None
@@ -141,7 +145,11 @@ class LiveRenderer:
                 elif isinstance(ev, DoneEvent):
                     stats = ev.stats
         final = _final(stats)
-        foot = footer(final.generated_tokens, final.decode_tokens_per_s, final.ttft_s, final.elapsed_s, final.stop_reason)
+        foot = footer(
+            final.generated_tokens, final.decode_tokens_per_s, final.ttft_s, final.elapsed_s, final.stop_reason
+        )
         body = Text("".join(self._chunks))
-        self.console.print(Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue"))
+        self.console.print(
+            Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
+        )
         return final

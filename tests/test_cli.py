@@ -39,7 +39,13 @@ def test_json_event_contract(tiny_model: Path) -> None:
     assert all(e == {"type": "token", "text": e["text"]} for e in events[:-1])
     done = events[-1]
     assert set(done) == {
-        "type", "prompt_tokens", "generated_tokens", "ttft_s", "decode_tokens_per_s", "elapsed_s", "stop_reason"
+        "type",
+        "prompt_tokens",
+        "generated_tokens",
+        "ttft_s",
+        "decode_tokens_per_s",
+        "elapsed_s",
+        "stop_reason",
     }
     assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0
     plain = cli("generate", "-m", str(tiny_model), "-n", "10", "--temperature", "0", "hello")

@@ -43,7 +43,7 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
 def exit_code_for(exc: LocalrunError) -> ExitCode:
     for cls in type(exc).__mro__:
         if cls in EXIT_CODES:
-            return EXIT_CODES[cls]  # type: ignore[index]
+            return EXIT_CODES[cls]
     return ExitCode.ERROR
 
 

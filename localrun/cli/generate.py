@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 
 from localrun.cli._errors import ExitCode, error_boundary
-from localrun.decode import SamplingParams, generate as run_generation
+from localrun.decode import SamplingParams
+from localrun.decode import generate as run_generation
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import UsageError
 from localrun.ggufmeta import read_gguf
@@ -57,9 +58,12 @@ def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
 
 
 def generate(
-    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or a pipe reads stdin.", show_default=False)] = None,
+    prompt: Annotated[
+        str | None, typer.Argument(help="The prompt; '-' or a pipe reads stdin.", show_default=False)
+    ] = None,
     model: Annotated[
-        Path | None, typer.Option("-m", "--model", envvar="LOCALRUN_MODEL", help="A GGUF model file.", show_default=False)
+        Path | None,
+        typer.Option("-m", "--model", envvar="LOCALRUN_MODEL", help="A GGUF model file.", show_default=False),
     ] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", help="Stop after this many tokens.")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 for greedy decoding.")] = 0.8,
