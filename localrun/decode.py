@@ -93,13 +93,14 @@ class Decoder:
                 self.n_past += 1
             return self._check(status)
         step = self.engine.n_batch
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start : start + step]
-            arr = (llama_cpp.llama_token * len(chunk))(*chunk)
-            status = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
-            if status != _DECODE_OK:
-                return self._check(status)
-            self.n_past += len(chunk)
+        with self.engine.abortable():
+            for start in range(0, len(tokens), step):
+                chunk = tokens[start : start + step]
+                arr = (llama_cpp.llama_token * len(chunk))(*chunk)
+                status = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
+                if status != _DECODE_OK:
+                    return self._check(status)
+                self.n_past += len(chunk)
         return _DECODE_OK
 
     @staticmethod

@@ -11,6 +11,8 @@ import collections
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from localrun.errors import BadModelError, ContextOverflowError, EngineError, Us
 from localrun.ggufmeta import GGUFInfo, read_gguf
 
 DEFAULT_CTX = 4096
+_NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
 
 
 def default_threads() -> int:
@@ -123,8 +126,6 @@ class Engine:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
-        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
-        cparams.abort_callback = self._abort_cb
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             reason = _last_llama_error() or "unknown error"
@@ -138,9 +139,24 @@ class Engine:
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}
+        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
 
     def _should_abort(self, _data: ctypes.c_void_p) -> bool:
         return self.abort_requested
+
+    @contextmanager
+    def abortable(self) -> Iterator[None]:
+        """Let `abort_requested` stop a decode midway (between graph nodes).
+
+        The check is a Python callback that llama.cpp's compute threads call
+        under the GIL, so it is switched on only for long batches (prompt
+        evaluation), where stopping midway matters; a single-token step is
+        short, and there the loop checks the flag between tokens."""
+        llama_cpp.llama_set_abort_callback(self._ctx, self._abort_cb, None)
+        try:
+            yield
+        finally:
+            llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
 
     @property
     def ctx(self) -> Any:
