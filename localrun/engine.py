@@ -94,13 +94,13 @@ class Engine:
     """A model and one context. Close it (or use it as a context manager)."""
 
     def __init__(self, config: EngineConfig, info: GGUFInfo | None = None) -> None:
+        self._model: Any = None
+        self._ctx: Any = None
+        self.abort_requested = False
         self.config = config
         self.info = info or read_gguf(config.model_path)
         set_verbose(config.verbose)
         _init_backend()
-        self._model: Any = None
-        self._ctx: Any = None
-        self.abort_requested = False
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0

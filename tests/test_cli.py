@@ -161,3 +161,19 @@ def test_terminal_shows_live_panel(tiny_model: Path) -> None:
     assert "tiny-test-llama" in screen  # panel title
     assert "40 tokens" in screen and "tok/s" in screen and "stop: length" in screen
     assert "╭" in screen or "+" in screen
+
+
+def test_closed_pipe_ends_quietly(long_model: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localrun", "generate", "-m", str(long_model), "--ctx", "32768", "-t", "0", "hi"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(5)
+    proc.stdout.close()  # like `| head -c 5`
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 0
+    assert b"Traceback" not in err and b"Error" not in err

@@ -66,3 +66,9 @@ def error_boundary(debug: bool = False) -> Iterator[None]:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly, and keep Python from
+        # complaining when it flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(int(ExitCode.OK)) from None
