@@ -127,14 +127,18 @@ def test_bad_option_is_usage_error(tiny_model: Path) -> None:
     assert cli("generate", "--no-such-option").returncode == 2
 
 
-def test_ctrl_c_keeps_text_and_exits_130(long_model: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "localrun", "generate", "-m", str(long_model), "--ctx", "32768", "-t", "0", "hello"],
+def start_long_generation(model: Path) -> subprocess.Popen[bytes]:
+    """A greedy generation that runs for seconds (the model never emits end-of-text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--ctx", "32768", "-t", "0", "hello"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=os.environ.copy(),
     )
+
+
+def test_ctrl_c_keeps_text_and_exits_130(long_model: Path) -> None:
+    proc = start_long_generation(long_model)
     assert proc.stdout is not None
     first = proc.stdout.read(8)  # generation has started
     time.sleep(0.3)
@@ -164,12 +168,7 @@ def test_terminal_shows_live_panel(tiny_model: Path) -> None:
 
 
 def test_closed_pipe_ends_quietly(long_model: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "localrun", "generate", "-m", str(long_model), "--ctx", "32768", "-t", "0", "hi"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_long_generation(long_model)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(5)
     proc.stdout.close()  # like `| head -c 5`
