@@ -97,7 +97,6 @@ def generate(
         )
         with Engine(EngineConfig(model_path=info.path, n_ctx=ctx, n_threads=threads, verbose=verbose), info) as engine:
             tokens = prompt_tokens(engine, text, system=system, raw=raw)
-            engine.check_fits(len(tokens))
             renderer = pick_renderer(as_json, stats, info.name)
             with ctrl_c_stops(engine):
                 events = run_generation(engine, tokens, sampling, max_tokens=max_tokens, stop=stop or ())
