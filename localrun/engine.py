@@ -111,7 +111,6 @@ class Engine:
                 hint=f"architecture {self.info.architecture!r} may be unsupported by this llama.cpp build",
             )
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
 
         n_ctx = config.n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
@@ -135,7 +134,6 @@ class Engine:
             )
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
-        self.n_threads = threads
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}

@@ -1,7 +1,7 @@
 """Renderers: consume the decode loop's events and show them.
 
-- `LiveRenderer`: a Rich Live panel for a terminal, refreshed at a fixed rate
-  from a background thread; per token it only appends to a list.
+- `LiveRenderer`: a Rich Live panel for a terminal, redrawn at a fixed rate
+  (not per token); per token it only appends to a list.
 - `PlainRenderer`: the text alone, flushed as it comes (pipes, files).
 - `JsonRenderer`: newline-delimited JSON events.
 Each returns the final `Stats`.
