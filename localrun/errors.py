@@ -30,3 +30,15 @@ class ContextOverflowError(LocalrunError):
 
 class EngineError(LocalrunError):
     """llama.cpp failed to do what was asked (context creation, decode)."""
+
+
+class RegistryError(LocalrunError):
+    """A models.toml file is broken: which file, which entry, why."""
+
+
+class DownloadError(LocalrunError):
+    """A model could not be fetched or failed verification."""
+
+
+class SourceUnreachableError(DownloadError):
+    """A source could not be reached at all (DNS, connection refused): try the next one."""

@@ -12,11 +12,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import IO, Protocol
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.text import Text
 
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
@@ -157,3 +167,64 @@ class LiveRenderer:
             Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )
         return final
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+class PullProgress:
+    """Download progress on stderr: a Rich bar (bytes, speed, ETA) on a
+    terminal; otherwise one line per file when it is done."""
+
+    def __init__(self, err: IO[str], label: str) -> None:
+        self.err = err
+        self.label = label
+        self.tty = err.isatty()
+        self._t0 = time.perf_counter()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> PullProgress:
+        if self.tty:
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=self.err),
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=None)
+        return self
+
+    def update(self, description: str, done: int, total: int | None) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=done, total=total)
+
+    def notice(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(message)
+        else:
+            self.err.write(message + "\n")
+            self.err.flush()
+
+    def finish(self, path: Path, source: str) -> None:
+        self.close()
+        size = path.stat().st_size if path.is_file() else 0
+        self.err.write(f"{self.label}: {human_bytes(size)} from {source} in {time.perf_counter() - self._t0:.1f}s\n")
+        self.err.flush()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from localrun.cli import generate
+from localrun.cli import generate, models
 
 app = typer.Typer(
     name="localrun",
@@ -14,6 +14,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("generate")(generate.generate)
+app.command("pull")(models.pull)
+app.command("list")(models.list_models)
+app.command("rm")(models.rm)
 
 
 @app.callback()

@@ -14,9 +14,11 @@ import typer
 from localrun.errors import (
     BadModelError,
     ContextOverflowError,
+    DownloadError,
     EngineError,
     LocalrunError,
     ModelNotFoundError,
+    RegistryError,
     UsageError,
 )
 
@@ -28,6 +30,8 @@ class ExitCode(IntEnum):
     MODEL_NOT_FOUND = 3
     BAD_MODEL = 4
     OUT_OF_CONTEXT = 5
+    BAD_CONFIG = 6
+    DOWNLOAD_FAILED = 7
     INTERRUPTED = 130
 
 
@@ -37,6 +41,8 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     BadModelError: ExitCode.BAD_MODEL,
     ContextOverflowError: ExitCode.OUT_OF_CONTEXT,
     EngineError: ExitCode.ERROR,
+    RegistryError: ExitCode.BAD_CONFIG,
+    DownloadError: ExitCode.DOWNLOAD_FAILED,
 }
 
 

@@ -6,7 +6,6 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -14,6 +13,7 @@ import typer
 from rich.console import Console
 
 from localrun.cli._errors import ExitCode, error_boundary
+from localrun.cli.models import resolve_model
 from localrun.decode import SamplingParams
 from localrun.decode import generate as run_generation
 from localrun.engine import Engine, EngineConfig
@@ -62,9 +62,16 @@ def generate(
         str | None, typer.Argument(help="The prompt; '-' or a pipe reads stdin.", show_default=False)
     ] = None,
     model: Annotated[
-        Path | None,
-        typer.Option("-m", "--model", envvar="LOCALRUN_MODEL", help="A GGUF model file.", show_default=False),
+        str | None,
+        typer.Option(
+            "-m",
+            "--model",
+            envvar="LOCALRUN_MODEL",
+            help="Alias (family:tag), owner/repo:QUANT, hf://... or a GGUF path. Default: the registry's default.",
+            show_default=False,
+        ),
     ] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Never download: use only models already here.")] = False,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", help="Stop after this many tokens.")] = None,
     temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 for greedy decoding.")] = 0.8,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
@@ -88,10 +95,8 @@ def generate(
             raise UsageError("--max-tokens must be at least 1")
         if threads is not None and threads < 1:
             raise UsageError("--threads must be at least 1")
-        if model is None:
-            raise UsageError("no model given", hint="pass -m PATH.gguf (or set LOCALRUN_MODEL)")
         text = read_prompt(prompt)
-        info = read_gguf(model)
+        info = read_gguf(resolve_model(model, offline=offline, with_draft=True).path)
         sampling = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )

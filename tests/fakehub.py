@@ -1,0 +1,151 @@
+"""A fake Hugging Face Hub on 127.0.0.1 speaking what huggingface-hub's download code uses.
+
+`HEAD|GET /{owner}/{repo}/resolve/{revision}/{file}` answers like the Hub does
+for an LFS file: a 302 to a blob URL with `X-Repo-Commit`, `X-Linked-Etag` (the
+sha256) and `X-Linked-Size`. The blob URL honours `Range`. `GET
+/api/models/{owner}/{repo}/tree/{revision}` lists the files. Faults are injected
+per test: drop the connection after N bytes (once), corrupt the bytes, or 404.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class HubState:
+    files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo -> file -> data
+    drop_after: int | None = None  # close the connection after this many body bytes, once
+    corrupt: bool = False  # serve altered bytes (the advertised sha256 stays)
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
+
+    def add(self, repo: str, name: str, data: bytes) -> str:
+        self.files.setdefault(repo, {})[name] = data
+        return hashlib.sha256(data).hexdigest()
+
+    def blobs(self) -> dict[str, bytes]:
+        return {hashlib.sha256(d).hexdigest(): d for files in self.files.values() for d in files.values()}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def _send(self, status: int, headers: dict[str, str], body: bytes = b"", head: bool = False) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", headers.get("Content-Length", str(len(body))))
+        self.end_headers()
+        if not head and body:
+            self.wfile.write(body)
+
+    def _route(self, head: bool) -> None:
+        state = self.server.state
+        path = unquote(self.path.split("?")[0])
+        state.requests.append((self.command, path, self.headers.get("Range")))
+        parts = path.strip("/").split("/")
+        if len(parts) >= 5 and parts[2] == "resolve":
+            repo, name = "/".join(parts[:2]), "/".join(parts[4:])
+            data = state.files.get(repo, {}).get(name)
+            if data is None:
+                self._send(404, {"X-Repo-Commit": COMMIT, "X-Error-Code": "EntryNotFound"}, b"not found", head)
+                return
+            sha = hashlib.sha256(data).hexdigest()
+            self._send(
+                302,
+                {
+                    # another host name for the same server, as the Hub redirects to its CDN
+                    "Location": f"http://localhost:{self.server.server_address[1]}/blobs/{sha}",
+                    "X-Repo-Commit": COMMIT,
+                    "X-Linked-Etag": f'"{sha}"',
+                    "ETag": '"0000"',
+                    "X-Linked-Size": str(len(data)),
+                },
+                head=head,
+            )
+            return
+        if len(parts) == 2 and parts[0] == "blobs":
+            self._blob(parts[1], head)
+            return
+        if len(parts) >= 5 and parts[:1] == ["api"] and parts[4] == "tree":
+            repo = "/".join(parts[2:4])
+            listing = [
+                {"type": "file", "path": n, "size": len(d), "oid": "x"} for n, d in state.files.get(repo, {}).items()
+            ]
+            self._send(200, {"Content-Type": "application/json"}, json.dumps(listing).encode(), head)
+            return
+        self._send(404, {}, b"no route", head)
+
+    def _blob(self, sha: str, head: bool) -> None:
+        state = self.server.state
+        data = state.blobs().get(sha)
+        if data is None:
+            self._send(404, {}, b"", head)
+            return
+        if state.corrupt:
+            data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
+        start = 0
+        rng = self.headers.get("Range")
+        status = 200
+        if rng and rng.startswith("bytes="):
+            start = int(rng[6:].split("-")[0] or 0)
+            status = 206
+        body = data[start:]
+        headers = {"Content-Length": str(len(body)), "Accept-Ranges": "bytes"}
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if head:
+            self._send(status, headers, head=True)
+            return
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if state.drop_after is not None:
+            cut, state.drop_after = state.drop_after, None
+            self.wfile.write(body[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, state: HubState) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = state
+
+
+@contextmanager
+def serve(state: HubState) -> Iterator[str]:
+    """Run the hub; yields its endpoint URL."""
+    server = _Server(state)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

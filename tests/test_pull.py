@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localrun import registry
+from tests.conftest import cli
+from tests.fakehub import HubState, serve
+
+REPO = "tester/tiny-GGUF"
+FILE = "tiny-Q4_K_M.gguf"
+
+
+def build_wheel(folder: Path, name: str, version: str, members: dict[str, bytes]) -> None:
+    """A minimal valid wheel carrying data files, as the mirror packages do."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        **members,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as zf:
+        for n, data in files.items():
+            zf.writestr(n, data)
+        zf.writestr(f"{info}/RECORD", record)
+
+
+@pytest.fixture
+def model_bytes(tiny_model: Path) -> bytes:
+    return tiny_model.read_bytes()
+
+
+@pytest.fixture
+def wheel_index(tmp_path: Path, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny model split over two wheels, served by pip from a local folder."""
+    folder = tmp_path / "index"
+    folder.mkdir()
+    half = len(model_bytes) // 2
+    build_wheel(folder, "tiny-part1", "1.0", {"tiny_part1/data/part01.bin": model_bytes[:half]})
+    build_wheel(folder, "tiny-part2", "1.0", {"tiny_part2/data/part02.bin": model_bytes[half:]})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    return folder
+
+
+@pytest.fixture
+def user_registry(model_bytes: bytes) -> None:
+    sha = hashlib.sha256(model_bytes).hexdigest()
+    path = registry.user_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"""
+default = "tiny:q4"
+
+[models."tiny:q4"]
+repo = "{REPO}"
+file = "{FILE}"
+draft = "tiny:draft"
+
+[[models."tiny:q4".mirrors]]
+sha256 = "{sha}"
+size = {len(model_bytes)}
+parts = [
+  {{ wheel = "tiny-part1==1.0", member = "data/part01.bin" }},
+  {{ wheel = "tiny-part2==1.0", member = "data/part02.bin" }},
+]
+
+[models."tiny:draft"]
+repo = "{REPO}"
+file = "draft-Q4_K_M.gguf"
+"""
+    )
+
+
+@pytest.fixture
+def hub(user_registry: None, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubState]:
+    state = HubState()
+    state.add(REPO, FILE, model_bytes)
+    state.add(REPO, "draft-Q4_K_M.gguf", model_bytes[::-1][:1000] + model_bytes[1000:])
+    with serve(state) as url:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        yield state
+
+
+def hf_blobs() -> list[Path]:
+    root = Path(os.environ["HF_HOME"]) / "hub"
+    return [p for p in root.rglob("blobs/*") if p.is_file()]
+
+
+def test_pull_from_hub_into_hf_cache(hub: HubState, model_bytes: bytes) -> None:
+    res = cli("pull", "tiny:q4", "--no-draft")
+    assert res.returncode == 0, res.stderr
+    path = Path(res.stdout.split("\t")[1].strip())
+    assert "models--tester--tiny-GGUF" in str(path) and path.read_bytes() == model_bytes
+    assert "from hub" in res.stderr
+    listed = json.loads(cli("list", "--json").stdout)
+    row = next(m for m in listed["models"] if m["alias"] == "tiny:q4")
+    assert row["present"] and row["size_bytes"] == len(model_bytes) and row["draft"] == "tiny:draft"
+    assert listed["total_bytes"] == len(model_bytes)
+
+
+def test_pull_takes_the_draft_too(hub: HubState) -> None:
+    res = cli("pull", "tiny:q4")
+    assert res.returncode == 0, res.stderr
+    assert [line.split("\t")[0] for line in res.stdout.splitlines()] == ["tiny:q4", "tiny:draft"]
+
+
+def test_dropped_connection_resumes_without_refetching(hub: HubState) -> None:
+    # huggingface-hub writes in 10 MiB chunks: a 24 MB file cut at 15 MB has a
+    # first chunk on disk, which the resumed request must not fetch again
+    data = os.urandom(24_000_000)
+    hub.add(REPO, "big.gguf", data)
+    hub.drop_after = 15_000_000
+    res = cli("pull", f"hf://{REPO}/big.gguf")
+    assert res.returncode == 0, res.stderr
+    ranges = [r for m, p, r in hub.requests if m == "GET" and p.startswith("/blobs/")]
+    assert ranges[0] is None and ranges[-1] is not None
+    resumed_at = int(ranges[-1].removeprefix("bytes=").split("-")[0])
+    assert 0 < resumed_at <= 15_000_000
+    assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == data
+
+
+def test_corrupt_download_is_deleted_with_both_hashes(hub: HubState, model_bytes: bytes) -> None:
+    hub.corrupt = True
+    res = cli("pull", "tiny:q4", "--no-draft", "--source", "hub")
+    assert res.returncode == 7
+    assert "sha256 mismatch" in res.stderr and hashlib.sha256(model_bytes).hexdigest() in res.stderr
+    assert hf_blobs() == []
+
+
+def test_missing_file_is_not_found(hub: HubState) -> None:
+    res = cli("pull", f"hf://{REPO}/nope.gguf")
+    assert res.returncode == 3 and "not on the hub" in res.stderr
+
+
+def test_repo_and_quant_picks_the_file(hub: HubState, model_bytes: bytes) -> None:
+    res = cli("pull", f"{REPO}:Q4_K_M")
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == model_bytes
+
+
+def test_unreachable_hub_falls_back_to_mirror(
+    user_registry: None, wheel_index: Path, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    res = cli("pull", "tiny:q4", "--no-draft")
+    assert res.returncode == 0, res.stderr
+    assert "mirror (tiny-part1==1.0 tiny-part2==1.0)" in res.stderr
+    path = Path(res.stdout.split("\t")[1].strip())
+    assert path.read_bytes() == model_bytes
+    assert str(path).startswith(os.environ["LOCALRUN_HOME"])
+    forced = cli("pull", "tiny:q4", "--no-draft", "--source", "hub")
+    assert forced.returncode == 0, "already present: no download needed"
+
+
+def test_forcing_an_unreachable_hub_fails(user_registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    res = cli("pull", "tiny:q4", "--no-draft", "--source", "hub")
+    assert res.returncode == 7 and "cannot be reached" in res.stderr
+
+
+def test_mirror_with_wrong_hash_keeps_nothing(
+    user_registry: None, wheel_index: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = registry.user_file()
+    path.write_text(path.read_text().replace("tiny-part2==1.0", "tiny-part1==1.0"))  # wrong second chunk
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    res = cli("pull", "tiny:q4", "--no-draft")
+    assert res.returncode == 7
+    assert "member 'data/part02.bin' matches 0 files" in res.stderr or "sha256 mismatch" in res.stderr
+    assert not list((Path(os.environ["LOCALRUN_HOME"]) / "cache" / "mirror").rglob("*.gguf*"))
+
+
+def test_concurrent_pulls_do_not_corrupt(hub: HubState, model_bytes: bytes) -> None:
+    cmd = [sys.executable, "-m", "localrun", "pull", "tiny:q4", "--no-draft"]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    paths = {Path(o[0].decode().split("\t")[1].strip()) for o in outs}
+    assert len(paths) == 1 and paths.pop().read_bytes() == model_bytes
+
+
+def test_rm_asks_and_warns(hub: HubState) -> None:
+    assert cli("pull", "tiny:q4").returncode == 0
+    refused = cli("rm", "tiny:draft")
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert "draft model of tiny:q4" in refused.stderr
+    done = cli("rm", "tiny:draft", "--yes")
+    assert done.returncode == 0 and "deleted tiny:draft" in done.stderr
+    rows = {m["alias"]: m["present"] for m in json.loads(cli("list", "--json").stdout)["models"]}
+    assert rows["tiny:draft"] is False and rows["tiny:q4"] is True
+
+
+def test_generate_pulls_on_first_use(hub: HubState) -> None:
+    res = cli("generate", "-n", "5", "hello")  # the user registry's default is tiny:q4
+    assert res.returncode == 0, res.stderr
+    assert "not downloaded yet: pulling it" in res.stderr and res.stdout.strip()
+    again = cli("generate", "-n", "5", "--offline", "hello")
+    assert again.returncode == 0 and "pulling" not in again.stderr
+
+
+def test_local_path_is_used_in_place(tiny_model: Path) -> None:
+    res = cli("pull", str(tiny_model))
+    assert res.returncode == 0 and res.stdout.strip() == f"{tiny_model}\t{tiny_model}"
