@@ -17,6 +17,7 @@ app.command("generate")(generate.generate)
 app.command("pull")(models.pull)
 app.command("list")(models.list_models)
 app.command("rm")(models.rm)
+app.command("show")(models.show)
 
 
 @app.callback()

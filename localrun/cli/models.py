@@ -14,6 +14,8 @@ from localrun import registry as registry_mod
 from localrun import store
 from localrun.cli._errors import error_boundary
 from localrun.errors import UsageError
+from localrun.ggufmeta import read_gguf
+from localrun.modelinfo import KV_BYTES_PER_ELEMENT, available_memory, describe, parse_size
 from localrun.render import PullProgress, human_bytes
 
 
@@ -139,3 +141,69 @@ def rm(
                 raise typer.Exit(1)
         freed = store.remove(target)
         sys.stderr.write(f"deleted {target.label}, {human_bytes(freed)} freed\n")
+
+
+def show(
+    name: Annotated[str, typer.Argument(help="Alias, owner/repo:QUANT, hf://... or a GGUF path.")],
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="Memory for weights + KV cache, e.g. 4GiB. Default: available RAM.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+    debug: Annotated[bool, typer.Option("--debug")] = False,
+) -> None:
+    """What the model file says: architecture, size, attention, context, KV cache cost."""
+    with error_boundary(debug):
+        reg = registry_mod.load()
+        target = store.parse(name, reg)
+        path = store.locate(target) if target.path is None else target.path
+        if path is None:
+            raise UsageError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
+        try:
+            budget_bytes = parse_size(budget) if budget else available_memory()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        info = describe(read_gguf(path))
+        kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
+        fits = {t: info.max_context(t, budget_bytes) for t in KV_BYTES_PER_ELEMENT}
+        record = {
+            "name": info.name,
+            "path": str(info.path),
+            "architecture": info.architecture,
+            "parameters": info.parameters,
+            "weights_bytes": info.weights_bytes,
+            "quantization": info.quantization,
+            "layers": info.layers,
+            "attention_heads": info.heads,
+            "kv_heads": info.kv_heads,
+            "grouped_query_attention": info.grouped_query_attention,
+            "context_length": info.context_length,
+            "vocab_size": info.vocab_size,
+            "chat_template": info.has_chat_template,
+            "kv_bytes_per_token": kv,
+            "budget_bytes": budget_bytes,
+            "max_context": fits,
+        }
+        if as_json:
+            sys.stdout.write(json.dumps(record, indent=2) + "\n")
+            return
+        gqa = (
+            f" (grouped-query attention, {info.heads // info.kv_heads} query heads per KV head)"
+            if info.grouped_query_attention
+            else ""
+        )
+        lines = [
+            f"{info.name}  {info.path}",
+            f"  architecture     {info.architecture}",
+            f"  parameters       {info.parameters / 1e9:.2f} B"
+            if info.parameters >= 1e8
+            else f"  parameters       {info.parameters / 1e6:.1f} M",
+            f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
+            f"  layers           {info.layers}",
+            f"  attention        {info.heads} heads, {info.kv_heads} KV heads{gqa}",
+            f"  trained context  {info.context_length} tokens",
+            f"  vocabulary       {info.vocab_size} tokens",
+            f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",
+            "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
+            f"  context in {human_bytes(budget_bytes)}: " + ", ".join(f"{t} {n}" for t, n in fits.items()),
+        ]
+        sys.stdout.write("\n".join(lines) + "\n")

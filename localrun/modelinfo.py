@@ -1,0 +1,132 @@
+"""What a GGUF file says about a model, and what its KV cache costs.
+
+KV bytes per token = layers x KV heads x (key length + value length) x bytes
+per element, where q8_0 and q4_0 store blocks of 32 values with one f16 scale
+(34 and 18 bytes a block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import LlamaFileType
+
+from localrun.ggufmeta import GGUFInfo
+
+KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def _as_int(value: Any, default: int) -> int:
+    if isinstance(value, int):
+        return value
+    return default  # per-layer arrays (ArrayInfo) are not expanded here
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    name: str
+    architecture: str
+    parameters: int
+    weights_bytes: int
+    quantization: str
+    layers: int
+    heads: int
+    kv_heads: int
+    key_length: int
+    value_length: int
+    context_length: int
+    vocab_size: int
+    has_chat_template: bool
+
+    @property
+    def grouped_query_attention(self) -> bool:
+        return 0 < self.kv_heads < self.heads
+
+    def kv_bytes_per_token(self, kv_type: str) -> int:
+        per_element = KV_BYTES_PER_ELEMENT[kv_type]
+        return round(self.layers * self.kv_heads * (self.key_length + self.value_length) * per_element)
+
+    def max_context(self, kv_type: str, budget_bytes: int) -> int:
+        """The longest context whose KV cache fits beside the weights in ``budget_bytes``."""
+        room = budget_bytes - self.weights_bytes
+        if room <= 0:
+            return 0
+        return min(self.context_length, room // self.kv_bytes_per_token(kv_type))
+
+
+def describe(info: GGUFInfo) -> ModelInfo:
+    heads = _as_int(info.arch_value("attention.head_count"), 0)
+    kv_heads = _as_int(info.arch_value("attention.head_count_kv"), heads)
+    embd = _as_int(info.arch_value("embedding_length"), 0)
+    head_dim = embd // heads if heads else 0
+    ftype = info.metadata.get("general.file_type")
+    try:
+        quant = (
+            LlamaFileType(ftype).name.removeprefix("MOSTLY_").removeprefix("ALL_") if ftype is not None else "unknown"
+        )
+    except ValueError:
+        quant = f"type {ftype}"
+    params = 0
+    for t in info.tensors:
+        n = 1
+        for d in t.shape:
+            n *= d
+        params += n
+    return ModelInfo(
+        path=info.path,
+        name=info.name,
+        architecture=info.architecture,
+        parameters=params,
+        weights_bytes=sum(t.n_bytes for t in info.tensors),
+        quantization=quant,
+        layers=_as_int(info.arch_value("block_count"), 0),
+        heads=heads,
+        kv_heads=kv_heads,
+        key_length=_as_int(info.arch_value("attention.key_length"), head_dim),
+        value_length=_as_int(info.arch_value("attention.value_length"), head_dim),
+        context_length=info.context_length or 0,
+        vocab_size=info.n_vocab or 0,
+        has_chat_template=info.chat_template is not None,
+    )
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (bytes); 0 when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MB', '2.5G', '1000000' -> bytes."""
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4GiB, 512MB)")
+    return int(float(number) * _UNITS[unit])

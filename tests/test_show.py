@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localrun.modelinfo import parse_size
+from tests.conftest import cli
+
+
+def test_show_json_from_gguf_metadata(tiny_model: Path) -> None:
+    res = cli("show", str(tiny_model), "--json", "--budget", "2MB")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    # the fixture: 2 layers, 4 heads, 2 KV heads of 16 dims, trained on 512 tokens
+    assert (info["architecture"], info["layers"], info["attention_heads"], info["kv_heads"]) == ("llama", 2, 4, 2)
+    assert info["grouped_query_attention"] is True and info["chat_template"] is True
+    assert info["context_length"] == 512 and info["vocab_size"] == 269
+    f16 = 2 * 2 * (16 + 16) * 2
+    assert info["kv_bytes_per_token"] == {
+        "f16": f16,
+        "q8_0": round(f16 / 2 * 34 / 32),
+        "q4_0": round(f16 / 2 * 18 / 32),
+    }
+    room = 2_000_000 - info["weights_bytes"]
+    assert info["max_context"]["f16"] == min(512, room // f16)
+    assert info["max_context"]["q4_0"] >= info["max_context"]["q8_0"] >= info["max_context"]["f16"]
+
+
+def test_show_human_and_errors(tiny_model: Path) -> None:
+    res = cli("show", str(tiny_model))
+    assert res.returncode == 0 and "grouped-query attention" in res.stdout and "KV cache / token" in res.stdout
+    assert cli("show", str(tiny_model), "--budget", "lots").returncode == 2
+    assert cli("show", "smollm2:135m").returncode == 2  # known, but not downloaded here
+
+
+@pytest.mark.parametrize(
+    ("text", "n"), [("4GiB", 4 * 1024**3), ("512MB", 512 * 10**6), ("2.5G", 2_500_000_000), ("100", 100)]
+)
+def test_parse_size(text: str, n: int) -> None:
+    assert parse_size(text) == n
