@@ -15,10 +15,12 @@ import fcntl
 import hashlib
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from localrun import mirror as mirror_source
 from localrun import paths
@@ -144,10 +146,24 @@ def _unreachable(exc: BaseException) -> bool:
     return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled"})
 
 
+def _check_hub_reachable() -> None:
+    """A quick TCP connect to the endpoint: huggingface-hub itself retries a
+    failed name lookup with backoff for about half a minute per file."""
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=5).close()
+    except OSError as exc:
+        raise SourceUnreachableError(f"the hub cannot be reached ({url.hostname}: {exc.strerror or exc})") from exc
+
+
 def _hub_files(repo: str) -> list[str]:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError
 
+    _check_hub_reachable()
     try:
         return list(HfApi().list_repo_files(repo))
     except RepositoryNotFoundError as exc:
@@ -167,6 +183,7 @@ def _pull_hub(repo: str, file: str, label: str, progress: Progress | None) -> Pa
         RepositoryNotFoundError,
     )
 
+    _check_hub_reachable()
     try:
         path = Path(hf_hub_download(repo, file, tqdm_class=_progress_tqdm(progress, label)))
     except LocalEntryNotFoundError as exc:  # no usable answer from the hub, and not in the cache
