@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ class HubState:
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo -> file -> data
     drop_after: int | None = None  # close the connection after this many body bytes, once
     corrupt: bool = False  # serve altered bytes (the advertised sha256 stays)
+    seconds_per_mb: float = 0.0  # throttle blob bodies
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
 
     def add(self, repo: str, name: str, data: bytes) -> str:
@@ -127,7 +129,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        self.wfile.write(body)
+        if not state.seconds_per_mb:
+            self.wfile.write(body)
+            return
+        for start in range(0, len(body), 1 << 20):
+            self.wfile.write(body[start : start + (1 << 20)])
+            time.sleep(state.seconds_per_mb)
 
 
 class _Server(ThreadingHTTPServer):

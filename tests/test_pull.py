@@ -3,8 +3,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,3 +217,29 @@ def test_generate_pulls_on_first_use(hub: HubState) -> None:
 def test_local_path_is_used_in_place(tiny_model: Path) -> None:
     res = cli("pull", str(tiny_model))
     assert res.returncode == 0 and res.stdout.strip() == f"{tiny_model}\t{tiny_model}"
+
+
+def test_ctrl_c_keeps_a_resumable_partial_file(hub: HubState) -> None:
+    data = os.urandom(30_000_000)
+    hub.add(REPO, "slow.gguf", data)
+    hub.seconds_per_mb = 0.1
+    cmd = [sys.executable, "-m", "localrun", "pull", f"hf://{REPO}/slow.gguf"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    root = Path(os.environ["HF_HOME"]) / "hub"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until huggingface-hub has written its first 10 MiB chunk
+        partial = [p for p in root.rglob("*.incomplete") if p.stat().st_size > 0]
+        if partial:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    kept = sum(p.stat().st_size for p in root.rglob("*.incomplete"))
+    assert kept > 0
+    hub.seconds_per_mb = 0.0
+    res = cli("pull", f"hf://{REPO}/slow.gguf")
+    assert res.returncode == 0, res.stderr
+    resumed = [r for m, p, r in hub.requests if m == "GET" and p.startswith("/blobs/")][-1]
+    assert resumed == f"bytes={kept}-"
+    assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == data

@@ -1,0 +1,187 @@
+"""Hugging Face Hub downloads into the standard Hugging Face cache.
+
+huggingface-hub resolves the file (its env vars apply: HF_HOME, HF_HUB_CACHE,
+HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and lays out the cache. The transfer of
+an LFS file's bytes is localrun's own, because huggingface-hub deletes a
+partial file when a download stops: localrun writes `blobs/<sha256>.incomplete`,
+resumes it with a Range request after a dropped connection or a Ctrl-C,
+checks the sha256 against the hub's, and only then moves it to
+`blobs/<sha256>`, where `hf_hub_download` finds it and links it into the
+snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError
+
+Progress = Callable[[str, int, int | None], None]
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+_ATTEMPTS = 5
+
+
+def unreachable(exc: BaseException) -> bool:
+    """DNS or connection failure (or offline mode), as opposed to an HTTP answer."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled"})
+
+
+def _transport_error(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"TransportError", "StreamError", "RemoteProtocolError", "ReadTimeout", "ReadError"})
+
+
+def check_reachable() -> None:
+    """A quick TCP connect to the endpoint: huggingface-hub itself retries a
+    failed name lookup with backoff for about half a minute per file."""
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=5).close()
+    except OSError as exc:
+        raise SourceUnreachableError(f"the hub cannot be reached ({url.hostname}: {exc.strerror or exc})") from exc
+
+
+def cached(repo: str, file: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, file)
+    return Path(found) if isinstance(found, str) else None
+
+
+def list_files(repo: str) -> list[str]:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    check_reachable()
+    try:
+        return list(HfApi().list_repo_files(repo))
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"no repo {repo!r} on the hub") from exc
+    except Exception as exc:
+        if unreachable(exc):
+            raise SourceUnreachableError("the hub cannot be reached") from exc
+        raise DownloadError(f"listing {repo} failed: {exc}") from exc
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _transfer(
+    url: str, headers: dict[str, str], part: Path, size: int | None, label: str, progress: Progress | None
+) -> None:
+    """GET ``url`` into ``part``, continuing from its current length."""
+    from huggingface_hub import get_session
+
+    start = part.stat().st_size if part.exists() else 0
+    if size is not None and start >= size:
+        return
+    request_headers = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
+    with get_session().stream("GET", url, headers=request_headers, follow_redirects=True, timeout=30) as response:
+        if response.status_code == 200:
+            start = 0  # the server sent the whole file
+        elif response.status_code != 206:
+            raise DownloadError(f"the hub answered {response.status_code} for {label}")
+        with part.open("r+b" if part.exists() else "wb") as out:
+            out.seek(start)
+            out.truncate()
+            done = start
+            for chunk in response.iter_bytes(_CHUNK):
+                out.write(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(label, done, size)
+
+
+def _fetch_blob(repo: str, file: str, label: str, progress: Progress | None) -> None:
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    url = hf_hub_url(repo, file)
+    meta = get_hf_file_metadata(url)
+    sha = (meta.etag or "").strip('"')
+    if not _SHA256.match(sha):
+        return  # not an LFS file: small, hf_hub_download fetches it whole
+    blobs = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model") / "blobs"
+    blob = blobs / sha
+    if blob.exists():
+        return
+    blobs.mkdir(parents=True, exist_ok=True)
+    part = blobs / f"{sha}.incomplete"
+    location = meta.location or url
+    same_host = urlsplit(location).netloc == urlsplit(url).netloc
+    headers = build_hf_headers() if same_host else {}
+    for attempt in range(_ATTEMPTS):
+        try:
+            _transfer(location, headers, part, meta.size, label, progress)
+            break
+        except Exception as exc:
+            if not _transport_error(exc) or attempt == _ATTEMPTS - 1:
+                raise DownloadError(
+                    f"download of {file} was cut off at {part.stat().st_size if part.exists() else 0} bytes: {exc}",
+                    hint="run the pull again: it resumes where it stopped",
+                ) from exc
+    got = sha256_of(part)
+    if got != sha:
+        part.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{file}: sha256 mismatch from the hub: got {got}, expected {sha}; the file was deleted",
+            hint="pull it again",
+        )
+    part.replace(blob)
+
+
+def download(repo: str, file: str, label: str, progress: Progress | None = None) -> Path:
+    """The file in the Hugging Face cache, downloading (and resuming) it as needed."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        FileMetadataError,
+        LocalEntryNotFoundError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    check_reachable()
+    try:
+        _fetch_blob(repo, file, label, progress)
+        return Path(hf_hub_download(repo, file))
+    except (RemoteEntryNotFoundError, RepositoryNotFoundError) as exc:
+        raise ModelNotFoundError(f"{repo}/{file} is not on the hub", hint="check the repo and file name") from exc
+    except LocalEntryNotFoundError as exc:  # no usable answer from the hub, and not in the cache
+        if isinstance(exc.__cause__, FileMetadataError):  # it answered, but not like a hub
+            raise DownloadError(f"{repo}/{file}: {exc.__cause__}", hint="check HF_ENDPOINT") from exc
+        raise SourceUnreachableError("the hub cannot be reached") from exc
+    except (DownloadError, ModelNotFoundError):
+        raise
+    except Exception as exc:
+        if unreachable(exc):
+            raise SourceUnreachableError("the hub cannot be reached") from exc
+        raise DownloadError(f"download of {file} failed: {exc}") from exc
+
+
+def remove(repo: str, file: str) -> int:
+    """Delete the file's snapshot link and blob; returns the bytes freed."""
+    path = cached(repo, file)
+    if path is None:
+        return 0
+    blob = path.resolve()
+    freed = blob.stat().st_size if blob.exists() else 0
+    blob.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+    return freed
