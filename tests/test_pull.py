@@ -68,6 +68,7 @@ default = "tiny:q4"
 repo = "{REPO}"
 file = "{FILE}"
 draft = "tiny:draft"
+defaults = {{ ctx = 256, system = "You answer in one short sentence." }}
 
 [[models."tiny:q4".mirrors]]
 sha256 = "{sha}"
@@ -243,3 +244,20 @@ def test_ctrl_c_keeps_a_resumable_partial_file(hub: HubState) -> None:
     resumed = [r for m, p, r in hub.requests if m == "GET" and p.startswith("/blobs/")][-1]
     assert resumed == f"bytes={kept}-"
     assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == data
+
+
+def test_registry_defaults_apply_to_generate(hub: HubState, tiny_model: Path) -> None:
+    assert cli("pull", "tiny:q4", "--no-draft").returncode == 0
+
+    def prompt_tokens(*args: str) -> int:
+        res = cli("generate", "--json", "-n", "2", *args, "hi")
+        assert res.returncode == 0, res.stderr
+        return int(json.loads(res.stdout.splitlines()[-1])["prompt_tokens"])
+
+    with_system = prompt_tokens("-m", "tiny:q4")
+    assert with_system > prompt_tokens("-m", str(tiny_model))  # a path has no registry defaults
+    assert with_system > prompt_tokens("-m", "tiny:q4", "-s", "")  # an explicit option wins
+    long = "word " * 60
+    too_long = cli("generate", "-m", "tiny:q4", long)
+    assert too_long.returncode == 5 and "context holds 256" in too_long.stderr
+    assert cli("generate", "-m", "tiny:q4", "--ctx", "512", "-n", "2", long).returncode == 0

@@ -96,7 +96,11 @@ def generate(
         if threads is not None and threads < 1:
             raise UsageError("--threads must be at least 1")
         text = read_prompt(prompt)
-        info = read_gguf(resolve_model(model, offline=offline, with_draft=True).path)
+        path, target = resolve_model(model, offline=offline, with_draft=True)
+        defaults = target.entry.defaults if target.entry else {}
+        ctx = ctx or defaults.get("ctx")
+        system = system if system is not None else defaults.get("system")
+        info = read_gguf(path)
         sampling = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,16 +20,17 @@ from localrun.modelinfo import KV_BYTES_PER_ELEMENT, available_memory, describe,
 from localrun.render import PullProgress, human_bytes
 
 
-def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> store.Pulled:
+def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> tuple[Path, store.Target]:
     """The model file for a name (default: the registry's default), pulled on
-    first use with a notice on stderr unless ``offline``."""
+    first use with a notice on stderr unless ``offline``; and what the name
+    resolved to (its registry entry carries per-model defaults)."""
     reg = registry_mod.load()
     target = store.parse(name or reg.default, reg)
     found = store.locate(target)
     if found is not None:
-        return store.Pulled(found, "cache")
+        return found, target
     if target.path is not None:
-        return store.pull(target)  # reports a missing file
+        return store.pull(target).path, target  # reports a missing file
     if offline:
         raise UsageError(
             f"{target.label} is not downloaded and --offline was given", hint=f"localrun pull {target.label}"
@@ -39,7 +41,7 @@ def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool =
         draft = store.parse(target.entry.draft, reg)
         if store.locate(draft) is None:
             _pull_with_progress(draft, "auto")
-    return pulled
+    return pulled.path, target
 
 
 def _pull_with_progress(target: store.Target, source: store.Source) -> store.Pulled:
