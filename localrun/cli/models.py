@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
@@ -63,14 +64,28 @@ def pull(
     with error_boundary(debug):
         if source not in ("auto", "hub", "mirror"):
             raise UsageError(f"unknown source {source!r}", hint="use --source auto, hub or mirror")
+        chosen = cast(store.Source, source)
         reg = registry_mod.load()
         target = store.parse(name, reg)
         targets = [target]
         if not no_draft and target.entry is not None and target.entry.draft:
             targets.append(store.parse(target.entry.draft, reg))
         for t in targets:
-            pulled = _pull_with_progress(t, source)  # type: ignore[arg-type]
+            pulled = _pull_with_progress(t, chosen)
             sys.stdout.write(f"{t.label}\t{pulled.path}\n")
+
+
+@dataclass(frozen=True)
+class ListRow:
+    alias: str
+    present: bool
+    size_bytes: int
+    quant: str
+    draft: str | None
+    source: str
+    mirrors: int
+    default: bool
+    path: str | None
 
 
 def list_models(
@@ -84,35 +99,34 @@ def list_models(
         for entry in reg.entries.values():
             path = store.locate(store.Target(entry.alias, entry=entry, repo=entry.repo, file=entry.file))
             rows.append(
-                {
-                    "alias": entry.alias,
-                    "present": path is not None,
-                    "size_bytes": path.stat().st_size if path else 0,
-                    "quant": entry.quant,
-                    "draft": entry.draft,
-                    "source": f"hf://{entry.repo}/{entry.file}",
-                    "mirrors": len(entry.mirrors),
-                    "default": entry.alias == reg.default,
-                    "path": str(path) if path else None,
-                }
+                ListRow(
+                    alias=entry.alias,
+                    present=path is not None,
+                    size_bytes=path.stat().st_size if path else 0,
+                    quant=entry.quant,
+                    draft=entry.draft,
+                    source=f"hf://{entry.repo}/{entry.file}",
+                    mirrors=len(entry.mirrors),
+                    default=entry.alias == reg.default,
+                    path=str(path) if path else None,
+                )
             )
-        total = sum(int(r["size_bytes"]) for r in rows)  # type: ignore[call-overload]
+        total = sum(r.size_bytes for r in rows)
         if as_json:
-            sys.stdout.write(json.dumps({"models": rows, "total_bytes": total}, indent=2) + "\n")
+            record = {"models": [asdict(r) for r in rows], "total_bytes": total}
+            sys.stdout.write(json.dumps(record, indent=2) + "\n")
             return
         table = Table(box=None, pad_edge=False)
         for col in ("MODEL", "PRESENT", "SIZE", "QUANT", "DRAFT", "SOURCE"):
             table.add_column(col)
         for r in rows:
-            alias = f"{r['alias']} (default)" if r["default"] else str(r["alias"])
-            mirrors = f" +{r['mirrors']} mirror" if r["mirrors"] else ""
             table.add_row(
-                alias,
-                "yes" if r["present"] else "-",
-                human_bytes(int(r["size_bytes"])) if r["present"] else "-",  # type: ignore[call-overload]
-                str(r["quant"]),
-                str(r["draft"] or "-"),
-                f"{r['source']}{mirrors}",
+                f"{r.alias} (default)" if r.default else r.alias,
+                "yes" if r.present else "-",
+                human_bytes(r.size_bytes) if r.present else "-",
+                r.quant,
+                r.draft or "-",
+                r.source + (f" +{r.mirrors} mirror" if r.mirrors else ""),
             )
         console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
         console.print(table)
