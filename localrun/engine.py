@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ import llama_cpp
 
 from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
 from localrun.ggufmeta import GGUFInfo, read_gguf
+from localrun.modelinfo import describe
 
 DEFAULT_CTX = 4096
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
@@ -39,13 +41,16 @@ def default_threads() -> int:
 
 _log_lock = threading.Lock()
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
+_recent_log: collections.deque[str] = collections.deque(maxlen=64)  # buffer sizes, read after a load
 _verbose = False
 
 
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
-    if level == 3:  # GGML_LOG_LEVEL_ERROR
-        with _log_lock:
+    with _log_lock:
+        if "MiB" in message:  # buffer sizes; the debug chatter would flush them out
+            _recent_log.append(message)
+        if level == 3:  # GGML_LOG_LEVEL_ERROR
             _recent_errors.append(message.strip())
     if _verbose:
         os.write(2, text)
@@ -59,6 +64,25 @@ def set_verbose(verbose: bool) -> None:
     global _verbose
     _verbose = verbose
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+_KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
+_COMPUTE = re.compile(r"CPU compute buffer size =\s*([\d.]+) MiB")
+
+
+def _logged_buffers() -> tuple[int | None, int | None, int | None]:
+    """(KV cache bytes, KV cells, compute buffer bytes) from llama.cpp's log of the last context creation."""
+    with _log_lock:
+        text = "".join(_recent_log)
+        _recent_log.clear()
+    kv = _KV_SIZE.findall(text)
+    compute = _COMPUTE.findall(text)
+    mib = 1024 * 1024
+    return (
+        round(float(kv[-1][0]) * mib) if kv else None,
+        int(kv[-1][1]) if kv else None,
+        round(float(compute[0]) * mib) if compute else None,
+    )
 
 
 def _last_llama_error() -> str:
@@ -87,7 +111,44 @@ class EngineConfig:
     n_threads: int | None = None  # None: default_threads()
     n_batch: int = 2048
     n_ubatch: int = 512
+    type_k: str = "f16"  # f16, q8_0 or q4_0
+    type_v: str = "f16"
+    flash_attn: str = "auto"  # auto, on or off
     verbose: bool = False
+
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_QUANT_BLOCK = 32
+
+
+def check_kv_config(config: EngineConfig, key_length: int, value_length: int) -> str:
+    """Validate the KV cache types against the model and return the flash
+    attention mode to use: a quantized V cache needs flash attention, so it is
+    switched on unless the user switched it off (then it is an error)."""
+    for name, kv_type, dim in (("K", config.type_k, key_length), ("V", config.type_v, value_length)):
+        if kv_type not in KV_TYPES:
+            raise UsageError(f"unknown KV cache type {kv_type!r} for {name}", hint="use f16, q8_0 or q4_0")
+        if kv_type != "f16" and dim % _QUANT_BLOCK:
+            raise UsageError(
+                f"a {kv_type} {name} cache needs a head size that is a multiple of {_QUANT_BLOCK}; "
+                f"this model's is {dim}",
+                hint=f"use --kv-{name.lower()} f16",
+            )
+    if config.flash_attn not in FLASH_ATTN:
+        raise UsageError(f"unknown --flash-attn value {config.flash_attn!r}", hint="use auto, on or off")
+    if config.type_v != "f16":
+        if config.flash_attn == "off":
+            raise UsageError(
+                f"a {config.type_v} V cache needs flash attention, which --flash-attn off switches off",
+                hint="use --flash-attn on (or auto), or --kv-v f16",
+            )
+        return "on"
+    return config.flash_attn
 
 
 class Engine:
@@ -118,20 +179,29 @@ class Engine:
             self.close()
             raise UsageError(f"context size {n_ctx} is too small", hint="use --ctx 512 or more")
         threads = config.n_threads or default_threads()
+        shape = describe(self.info)
+        flash_attn = check_kv_config(config, shape.key_length, shape.value_length)
         cparams = llama_cpp.llama_context_default_params()
+        cparams.type_k = KV_TYPES[config.type_k]
+        cparams.type_v = KV_TYPES[config.type_v]
+        cparams.flash_attn_type = FLASH_ATTN[flash_attn]
         cparams.n_ctx = n_ctx
         cparams.n_batch = min(config.n_batch, n_ctx)
         cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        _logged_buffers()  # forget what the model load logged
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             reason = _last_llama_error() or "unknown error"
             self.close()
             raise EngineError(
-                f"llama.cpp could not create a context of {n_ctx} tokens: {reason}", hint="try a smaller --ctx"
+                f"llama.cpp could not create a context of {n_ctx} tokens "
+                f"(KV {config.type_k}/{config.type_v}, flash attention {flash_attn}): {reason}",
+                hint="try a smaller --ctx, or --kv f16",
             )
+        self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = _logged_buffers()
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.memory = llama_cpp.llama_get_memory(self._ctx)

@@ -83,6 +83,12 @@ def generate(
     system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
     ctx: Annotated[int | None, typer.Option("--ctx", help="Context size in tokens.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
+    kv: Annotated[str | None, typer.Option("--kv", help="KV cache type for K and V: f16, q8_0 or q4_0.")] = None,
+    kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV cache type for K (overrides --kv).")] = None,
+    kv_v: Annotated[str | None, typer.Option("--kv-v", help="KV cache type for V (overrides --kv).")] = None,
+    flash_attn: Annotated[
+        str, typer.Option("--flash-attn", help="on, off or auto (on whenever V is quantized).")
+    ] = "auto",
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")] = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
@@ -100,11 +106,24 @@ def generate(
         defaults = target.entry.defaults if target.entry else {}
         ctx = ctx or defaults.get("ctx")
         system = system if system is not None else defaults.get("system")
+        type_k = kv_k or kv or defaults.get("kv_k") or defaults.get("kv") or "f16"
+        type_v = kv_v or kv or defaults.get("kv_v") or defaults.get("kv") or "f16"
         info = read_gguf(path)
         sampling = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )
-        with Engine(EngineConfig(model_path=info.path, n_ctx=ctx, n_threads=threads, verbose=verbose), info) as engine:
+        with Engine(
+            EngineConfig(
+                model_path=info.path,
+                n_ctx=ctx,
+                n_threads=threads,
+                type_k=type_k,
+                type_v=type_v,
+                flash_attn=flash_attn,
+                verbose=verbose,
+            ),
+            info,
+        ) as engine:
             tokens = prompt_tokens(engine, text, system=system, raw=raw)
             renderer = pick_renderer(as_json, stats, info.name)
             with ctrl_c_stops(engine):

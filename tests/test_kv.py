@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localrun.decode import SamplingParams, generate
+from localrun.engine import Engine, EngineConfig
+from localrun.errors import UsageError
+from localrun.events import DoneEvent
+from localrun.ggufmeta import read_gguf
+from localrun.modelinfo import describe
+from tests.conftest import cli
+from tests.tinymodel import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Head size 32: what quantized KV cache blocks need."""
+    return write_tiny_model(tmp_path_factory.mktemp("kv") / "wide.gguf", n_embd=128, n_head=4, n_head_kv=2)
+
+
+@pytest.mark.parametrize("type_k", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("type_v", ["f16", "q8_0", "q4_0"])
+def test_kv_types_load_generate_and_match_the_prediction(wide_model: Path, type_k: str, type_v: str) -> None:
+    config = EngineConfig(model_path=wide_model, n_ctx=512, type_k=type_k, type_v=type_v)
+    with Engine(config) as engine:
+        events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=8))
+        measured = engine.kv_cache_bytes
+        cells = engine.kv_cells
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.stats.generated_tokens == 8
+    info = describe(read_gguf(wide_model))
+    predicted = info.kv_bytes_per_token(type_k) / 2 + info.kv_bytes_per_token(type_v) / 2  # K and V halves
+    assert measured is not None and cells == 512
+    assert measured / cells == pytest.approx(predicted, rel=0.05)
+
+
+def test_quantized_v_without_flash_attention_is_refused(wide_model: Path) -> None:
+    with pytest.raises(UsageError, match="needs flash attention"):
+        Engine(EngineConfig(model_path=wide_model, type_v="q4_0", flash_attn="off"))
+    res = cli("generate", "-m", str(wide_model), "--kv", "q4_0", "--flash-attn", "off", "-n", "2", "hi")
+    assert res.returncode == 2 and "--flash-attn on" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_quantized_v_switches_flash_attention_on(wide_model: Path) -> None:
+    res = cli("generate", "-m", str(wide_model), "--kv-v", "q4_0", "-n", "4", "--stats", "hi")
+    assert res.returncode == 0, res.stderr
+    assert "4 tokens" in res.stderr
+
+
+def test_head_size_too_small_for_quantized_cache(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "--kv", "q8_0", "hi")
+    assert res.returncode == 2 and "multiple of 32" in res.stderr
+
+
+def test_unknown_kv_type(wide_model: Path) -> None:
+    res = cli("generate", "-m", str(wide_model), "--kv", "q5_1", "hi")
+    assert res.returncode == 2 and "unknown KV cache type" in res.stderr
