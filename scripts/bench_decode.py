@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure localrun's decode loop side by side with the alternatives, in one run.
 
-    .venv/bin/python scripts/bench-decode MODEL.gguf [MODEL.gguf ...]
+    .venv/bin/python scripts/bench_decode.py MODEL.gguf [MODEL.gguf ...]
         [--tokens 128] [--reps 3] [--threads N] [--native PATH/TO/llama-completion]
 
 Columns, each the median of --reps interleaved runs on the same greedy prompt:
@@ -105,6 +105,51 @@ def bench_native(binary: str, model: Path, n: int, threads: int) -> Figures:
     return found["eval"], found["prompt eval"]
 
 
+def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
+    """Ratios taken within each round (runs seconds apart), then the median
+    over rounds: slow drift of the machine cancels out."""
+    ratios = sorted(x[col] / y[col] for x, y in zip(results[a], results[b], strict=True))
+    return f"{statistics.median(ratios):.3f}x (range {ratios[0]:.3f}-{ratios[-1]:.3f})"
+
+
+def bench_model(model: Path, args: argparse.Namespace) -> None:
+    engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads))
+    tokens = engine.tokenize(PROMPT)
+    stock = llama_cpp.Llama(
+        model_path=str(model),
+        n_ctx=4096,
+        n_batch=2048,
+        n_ubatch=512,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        verbose=False,
+    )
+    runners: dict[str, Callable[[], Figures]] = {
+        "localrun": lambda: bench_localrun(engine, tokens, args.tokens, "plain"),
+        "panel": lambda: bench_localrun(engine, tokens, args.tokens, "panel"),
+        "stock": lambda: bench_stock(stock, tokens, args.tokens),
+    }
+    if args.native:
+        runners["native"] = lambda: bench_native(args.native, model, args.tokens, args.threads)
+    bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
+    results: dict[str, list[Figures]] = {name: [] for name in runners}
+    order = list(runners)
+    for rep in range(args.reps):  # rotate the order so no column always runs first
+        for name in order[rep % len(order) :] + order[: rep % len(order)]:
+            results[name].append(runners[name]())
+    print(f"\n{model.name}  ({len(tokens)} prompt tokens)")
+    print(f"  {'':10} {'decode tok/s':>13} {'prompt tok/s':>13}")
+    for name, rs in results.items():
+        print(f"  {name:10} {statistics.median(r[0] for r in rs):13.2f} {statistics.median(r[1] for r in rs):13.2f}")
+    for other in ("stock", "native"):
+        if other in results:
+            decode, prompt = paired(results, "localrun", other, 0), paired(results, "localrun", other, 1)
+            print(f"  localrun/{other}: decode {decode}, prompt {prompt}")
+    print(f"  panel/localrun: decode {paired(results, 'panel', 'localrun', 0)}")
+    stock.close()
+    engine.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+", type=Path)
@@ -113,58 +158,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--native", help="path to llama.cpp's llama-completion binary")
     args = ap.parse_args()
-
-    print(
-        f"threads {args.threads}, {args.tokens} tokens greedy, {args.reps} rounds: median tok/s; ratios paired per round"
-    )
+    print(f"threads {args.threads}, {args.tokens} greedy tokens, {args.reps} rounds; tok/s are medians")
     for model in args.models:
-        engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads))
-        tokens = engine.tokenize(PROMPT)
-        stock = llama_cpp.Llama(
-            model_path=str(model),
-            n_ctx=4096,
-            n_batch=2048,
-            n_ubatch=512,
-            n_threads=args.threads,
-            n_threads_batch=args.threads,
-            verbose=False,
-        )
-        runners: dict[str, Callable[[], Figures]] = {
-            "localrun": lambda: bench_localrun(engine, tokens, args.tokens, "plain"),
-            "panel": lambda: bench_localrun(engine, tokens, args.tokens, "panel"),
-            "stock": lambda: bench_stock(stock, tokens, args.tokens),
-        }
-        if args.native:
-            runners["native"] = lambda: bench_native(args.native, model, args.tokens, args.threads)
-        bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
-        results: dict[str, list[Figures]] = {name: [] for name in runners}
-        order = list(runners)
-        for rep in range(args.reps):  # rotate the order so no column always runs first
-            for name in order[rep % len(order) :] + order[: rep % len(order)]:
-                results[name].append(runners[name]())
-        med = {
-            name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
-            for name, rs in results.items()
-        }
-        print(f"\n{model.name}  ({len(tokens)} prompt tokens)")
-        print(f"  {'':10} {'decode tok/s':>13} {'prompt tok/s':>13}")
-        for name, (dec, pp) in med.items():
-            print(f"  {name:10} {dec:13.2f} {pp:13.2f}")
-
-        # Ratios are taken within each round (runs seconds apart), then the
-        # median over rounds: slow drift of the machine cancels out.
-        def paired(a: str, b: str, col: int) -> str:
-            ratios = sorted(x[col] / y[col] for x, y in zip(results[a], results[b], strict=True))
-            return f"{statistics.median(ratios):.3f}x (range {ratios[0]:.3f}-{ratios[-1]:.3f})"
-
-        for other in ("stock", "native"):
-            if other in results:
-                print(
-                    f"  localrun/{other}: decode {paired('localrun', other, 0)}, prompt {paired('localrun', other, 1)}"
-                )
-        print(f"  panel/localrun: decode {paired('panel', 'localrun', 0)}")
-        stock.close()
-        engine.close()
+        bench_model(model, args)
 
 
 if __name__ == "__main__":

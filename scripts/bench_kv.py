@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""KV cache cost per token, measured from llama.cpp's own buffer against localrun's prediction.
+
+    .venv/bin/python scripts/bench_kv.py MODEL.gguf [...] [--ctx 4096] [--budget 2GiB]
+
+For f16, q8_0 and q4_0 (K and V alike) it creates a context, reads the KV
+buffer size llama.cpp reports, and prints bytes per token, the ratio to f16,
+the prediction's error, and the longest context that fits in --budget
+(weights + compute buffer + KV cache, with the measured figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from localrun.engine import Engine, EngineConfig
+from localrun.ggufmeta import read_gguf
+from localrun.modelinfo import KV_BYTES_PER_ELEMENT, describe, parse_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+", type=Path)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--budget", default="2GiB")
+    args = ap.parse_args()
+    budget = parse_size(args.budget)
+    for model in args.models:
+        info = describe(read_gguf(model))
+        print(f"\n{model.name}: weights {info.weights_bytes / 2**20:.0f} MiB, budget {budget / 2**20:.0f} MiB")
+        header = ("KV type", "measured B/tok", "predicted", "error", "vs f16", "fits", "vs f16")
+        print("  {:8} {:>15} {:>10} {:>7} {:>7} {:>8} {:>7}".format(*header))
+        base: tuple[float, int] | None = None
+        for kv_type in KV_BYTES_PER_ELEMENT:
+            engine = Engine(EngineConfig(model_path=model, n_ctx=args.ctx, type_k=kv_type, type_v=kv_type))
+            kv_bytes, cells, compute = engine.kv_cache_bytes, engine.kv_cells, engine.compute_buffer_bytes
+            engine.close()
+            if not kv_bytes or not cells or compute is None:
+                raise SystemExit("llama.cpp did not report its buffer sizes")
+            per_token = kv_bytes / cells
+            predicted = info.kv_bytes_per_token(kv_type)
+            fits = int((budget - info.weights_bytes - compute) // per_token)
+            base = base or (per_token, fits)
+            print(
+                f"  {kv_type:8} {per_token:15.0f} {predicted:10d} {predicted / per_token - 1:+7.1%} "
+                f"{per_token / base[0]:6.3f}x {fits:8d} {fits / base[1]:6.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
