@@ -22,7 +22,7 @@ import llama_cpp
 
 from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
 from localrun.ggufmeta import GGUFInfo, read_gguf
-from localrun.modelinfo import describe
+from localrun.modelinfo import CONTEXT_STEP, ModelInfo, available_memory, describe
 
 DEFAULT_CTX = 4096
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
@@ -107,7 +107,8 @@ def _init_backend() -> None:
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
-    n_ctx: int | None = None  # None: the smaller of DEFAULT_CTX and the trained context
+    n_ctx: int | None = None  # None: auto, the longest context that fits memory_budget
+    memory_budget: int | None = None  # bytes for weights + KV cache + compute; None: available RAM
     n_threads: int | None = None  # None: default_threads()
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -124,6 +125,39 @@ FLASH_ATTN = {
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
 _QUANT_BLOCK = 32
+
+
+_RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
+
+
+def choose_context(shape: ModelInfo, config: EngineConfig) -> int:
+    """`--ctx auto`: the longest context that fits the memory budget; `--ctx N`:
+    N, or an error with the numbers when it does not fit."""
+    available = available_memory()
+    budget = config.memory_budget or (available - _RESERVE if available else 0)
+    if not budget:  # nothing known about memory
+        return config.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
+    fits = shape.max_context(budget, config.type_k, config.type_v)
+    kv = f"KV {config.type_k}/{config.type_v}"
+    if config.n_ctx is None:
+        if fits < CONTEXT_STEP:
+            raise UsageError(
+                f"the model does not fit in {budget / 2**30:.1f} GiB: weights {shape.weights_bytes / 2**30:.2f} GiB, "
+                f"compute {shape.compute_bytes() / 2**30:.2f} GiB, and no room for a {CONTEXT_STEP}-token {kv} cache",
+                hint="free some memory, or pass --ctx N to try anyway",
+            )
+        return fits
+    if config.n_ctx < 16:
+        raise UsageError(f"context size {config.n_ctx} is too small", hint="use --ctx 512 or more")
+    need = shape.memory_needed(config.n_ctx, config.type_k, config.type_v)
+    if need > budget:
+        raise UsageError(
+            f"--ctx {config.n_ctx} needs {need / 2**30:.2f} GiB (weights {shape.weights_bytes / 2**30:.2f}, "
+            f"{kv} {config.n_ctx * shape.kv_bytes_per_token(config.type_k, config.type_v) / 2**30:.2f}, "
+            f"compute {shape.compute_bytes() / 2**30:.2f}); the memory budget is {budget / 2**30:.2f} GiB",
+            hint=f"--ctx auto fits {fits} tokens; --kv q8_0 halves the KV cache",
+        )
+    return config.n_ctx
 
 
 def check_kv_config(config: EngineConfig, key_length: int, value_length: int) -> str:
@@ -174,13 +208,14 @@ class Engine:
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
 
-        n_ctx = config.n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
-        if n_ctx < 16:
-            self.close()
-            raise UsageError(f"context size {n_ctx} is too small", hint="use --ctx 512 or more")
-        threads = config.n_threads or default_threads()
         shape = describe(self.info)
-        flash_attn = check_kv_config(config, shape.key_length, shape.value_length)
+        try:
+            flash_attn = check_kv_config(config, shape.key_length, shape.value_length)
+            n_ctx = choose_context(shape, config)
+        except UsageError:
+            self.close()
+            raise
+        threads = config.n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
         cparams.type_k = KV_TYPES[config.type_k]
         cparams.type_v = KV_TYPES[config.type_v]

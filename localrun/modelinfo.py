@@ -16,6 +16,7 @@ from gguf import LlamaFileType
 from localrun.ggufmeta import GGUFInfo
 
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+CONTEXT_STEP = 256
 
 
 def _as_int(value: Any, default: int) -> int:
@@ -45,16 +46,27 @@ class ModelInfo:
     def grouped_query_attention(self) -> bool:
         return 0 < self.kv_heads < self.heads
 
-    def kv_bytes_per_token(self, kv_type: str) -> int:
-        per_element = KV_BYTES_PER_ELEMENT[kv_type]
-        return round(self.layers * self.kv_heads * (self.key_length + self.value_length) * per_element)
+    def kv_bytes_per_token(self, type_k: str, type_v: str | None = None) -> int:
+        k, v = KV_BYTES_PER_ELEMENT[type_k], KV_BYTES_PER_ELEMENT[type_v or type_k]
+        return round(self.layers * self.kv_heads * (self.key_length * k + self.value_length * v))
 
-    def max_context(self, kv_type: str, budget_bytes: int) -> int:
-        """The longest context whose KV cache fits beside the weights in ``budget_bytes``."""
-        room = budget_bytes - self.weights_bytes
+    def compute_bytes(self, n_ubatch: int = 512) -> int:
+        """An estimate of llama.cpp's compute buffer: a ubatch of logits plus
+        activations (measured 300 MiB on Qwen2.5-Coder-0.5B; this gives 325)."""
+        return 4 * n_ubatch * (self.vocab_size + 16 * self.heads * self.key_length)
+
+    def memory_needed(self, n_ctx: int, type_k: str, type_v: str | None = None) -> int:
+        return self.weights_bytes + self.compute_bytes() + n_ctx * self.kv_bytes_per_token(type_k, type_v)
+
+    def max_context(self, budget_bytes: int, type_k: str, type_v: str | None = None) -> int:
+        """The longest context (a multiple of 256, as llama.cpp pads it, up to
+        the trained context) whose KV cache fits beside the weights and the
+        compute buffer in ``budget_bytes``; 0 when none does."""
+        room = budget_bytes - self.weights_bytes - self.compute_bytes()
         if room <= 0:
             return 0
-        return min(self.context_length, room // self.kv_bytes_per_token(kv_type))
+        fits = room // self.kv_bytes_per_token(type_k, type_v) // CONTEXT_STEP * CONTEXT_STEP
+        return min(self.context_length, fits) if self.context_length else fits
 
 
 def describe(info: GGUFInfo) -> ModelInfo:

@@ -57,3 +57,41 @@ def test_head_size_too_small_for_quantized_cache(tiny_model: Path) -> None:
 def test_unknown_kv_type(wide_model: Path) -> None:
     res = cli("generate", "-m", str(wide_model), "--kv", "q5_1", "hi")
     assert res.returncode == 2 and "unknown KV cache type" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def wide_long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("kvlong")
+    return write_tiny_model(folder / "wide-long.gguf", n_embd=128, n_head=4, n_head_kv=2, n_ctx_train=32768)
+
+
+def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
+    long_model = wide_long_model
+    shape = describe(read_gguf(long_model))
+    per_token = shape.kv_bytes_per_token("f16")
+    budget = shape.weights_bytes + shape.compute_bytes() + 3000 * per_token
+    with Engine(EngineConfig(model_path=long_model, memory_budget=budget)) as engine:
+        assert engine.n_ctx == 2816  # 3000 tokens of room, in steps of 256
+    with Engine(EngineConfig(model_path=long_model, memory_budget=budget, type_k="q8_0", type_v="q8_0")) as engine:
+        assert engine.n_ctx == 3000 * per_token // shape.kv_bytes_per_token("q8_0") // 256 * 256
+
+
+def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
+    with Engine(EngineConfig(model_path=tiny_model, memory_budget=10**10)) as engine:
+        assert engine.n_ctx == 512
+
+
+def test_context_that_does_not_fit_is_refused_with_numbers(long_model: Path) -> None:
+    shape = describe(read_gguf(long_model))
+    budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.kv_bytes_per_token("f16")
+    with pytest.raises(UsageError, match=r"--ctx 8192 needs .* GiB .*memory budget") as info:
+        Engine(EngineConfig(model_path=long_model, n_ctx=8192, memory_budget=budget))
+    assert info.value.hint is not None and "--ctx auto fits 768" in info.value.hint
+    with pytest.raises(UsageError, match="does not fit"):
+        Engine(EngineConfig(model_path=long_model, memory_budget=shape.weights_bytes))
+
+
+def test_ctx_option(tiny_model: Path) -> None:
+    assert cli("generate", "-m", str(tiny_model), "--ctx", "auto", "-n", "2", "hi").returncode == 0
+    bad = cli("generate", "-m", str(tiny_model), "--ctx", "lots", "hi")
+    assert bad.returncode == 2 and "--ctx auto" in bad.stderr

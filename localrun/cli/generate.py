@@ -49,6 +49,15 @@ def ctrl_c_stops(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def parse_ctx(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--ctx {value!r} is not a number", hint="use --ctx auto or --ctx 8192") from None
+
+
 def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
     if as_json:
         return JsonRenderer(sys.stdout)
@@ -81,7 +90,9 @@ def generate(
     seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed.")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
-    ctx: Annotated[int | None, typer.Option("--ctx", help="Context size in tokens.")] = None,
+    ctx: Annotated[
+        str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
+    ] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
     kv: Annotated[str | None, typer.Option("--kv", help="KV cache type for K and V: f16, q8_0 or q4_0.")] = None,
     kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV cache type for K (overrides --kv).")] = None,
@@ -104,7 +115,7 @@ def generate(
         text = read_prompt(prompt)
         path, target = resolve_model(model, offline=offline, with_draft=True)
         defaults = target.entry.defaults if target.entry else {}
-        ctx = ctx or defaults.get("ctx")
+        n_ctx = parse_ctx(ctx) if ctx is not None else defaults.get("ctx")
         system = system if system is not None else defaults.get("system")
         type_k = kv_k or kv or defaults.get("kv_k") or defaults.get("kv") or "f16"
         type_v = kv_v or kv or defaults.get("kv_v") or defaults.get("kv") or "f16"
@@ -115,7 +126,7 @@ def generate(
         with Engine(
             EngineConfig(
                 model_path=info.path,
-                n_ctx=ctx,
+                n_ctx=n_ctx,
                 n_threads=threads,
                 type_k=type_k,
                 type_v=type_v,

@@ -180,7 +180,7 @@ def show(
             raise UsageError(str(exc)) from exc
         info = describe(read_gguf(path))
         kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
-        fits = {t: info.max_context(t, budget_bytes) for t in KV_BYTES_PER_ELEMENT}
+        fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
         record = {
             "name": info.name,
             "path": str(info.path),
@@ -196,6 +196,7 @@ def show(
             "vocab_size": info.vocab_size,
             "chat_template": info.has_chat_template,
             "kv_bytes_per_token": kv,
+            "compute_bytes_estimate": info.compute_bytes(),
             "budget_bytes": budget_bytes,
             "max_context": fits,
         }
