@@ -315,11 +315,15 @@ class Engine:
         return self.token_text(eos) if eos >= 0 else ""
 
     def check_fits(self, n_prompt: int) -> None:
-        if n_prompt >= self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt is {n_prompt} tokens; the context holds {self.n_ctx}",
-                hint=f"shorten the input, or raise --ctx (this model was trained on {self.n_ctx_train} tokens)",
-            )
+        if n_prompt < self.n_ctx:
+            return
+        if n_prompt >= self.n_ctx_train:
+            hint = f"shorten the input: this model was trained on {self.n_ctx_train} tokens"
+        elif self.config.type_k == "f16" or self.config.type_v == "f16":
+            hint = f"--ctx {n_prompt + 512} if memory allows, or --kv q8_0 to fit about twice the context"
+        else:
+            hint = f"--ctx {n_prompt + 512} if memory allows, or shorten the input"
+        raise ContextOverflowError(f"the prompt is {n_prompt} tokens; the context holds {self.n_ctx}", hint=hint)
 
     # -- lifetime --
 
