@@ -103,6 +103,37 @@ class Decoder:
                 self.n_past += len(chunk)
         return _DECODE_OK
 
+    def evaluate_rows(self, tokens: Sequence[int]) -> int:
+        """Decode ``tokens`` (at most n_batch) at the current position with
+        logits for every row: what a verify step or a perplexity run needs.
+        Read them with `logits`."""
+        n = len(tokens)
+        if not 0 < n <= self.engine.n_batch:
+            raise ValueError(f"evaluate_rows takes 1 to {self.engine.n_batch} tokens, got {n}")
+        batch = llama_cpp.llama_batch_init(n, 0, 1)
+        try:
+            for i, token in enumerate(tokens):
+                batch.token[i] = token
+                batch.pos[i] = self.n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = True
+            batch.n_tokens = n
+            with self.engine.abortable():
+                status = self._check(llama_cpp.llama_decode(self.engine.ctx, batch))
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        if status == _DECODE_OK:
+            self.n_past += n
+        return status
+
+    def logits(self, row: int) -> Any:
+        """The logits of ``row`` of the last batch, as a numpy view (no copy)."""
+        import numpy as np
+
+        ptr = llama_cpp.llama_get_logits_ith(self.engine.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.engine.n_vocab,))
+
     @staticmethod
     def _check(status: int) -> int:
         if status < 0:

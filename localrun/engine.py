@@ -206,6 +206,7 @@ class Engine:
                 hint=f"architecture {self.info.architecture!r} may be unsupported by this llama.cpp build",
             )
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
 
         shape = describe(self.info)

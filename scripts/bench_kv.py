@@ -7,6 +7,8 @@ For f16, q8_0 and q4_0 (K and V alike) it creates a context, reads the KV
 buffer size llama.cpp reports, and prints bytes per token, the ratio to f16,
 the prediction's error, and the longest context that fits in --budget
 (weights + compute buffer + KV cache, with the measured figures).
+With --ppl it also measures perplexity over a fixed text (default: this
+project's README) with each KV type, in windows of --window tokens.
 """
 
 from __future__ import annotations
@@ -17,9 +19,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
+
+from localrun.decode import Decoder
 from localrun.engine import Engine, EngineConfig
 from localrun.ggufmeta import read_gguf
 from localrun.modelinfo import KV_BYTES_PER_ELEMENT, describe, parse_size
+
+
+def perplexity(model: Path, kv_type: str, text: str, window: int, max_tokens: int) -> tuple[float, int]:
+    """exp(mean negative log-likelihood) of the text's tokens, window by window."""
+    with Engine(EngineConfig(model_path=model, n_ctx=window, type_k=kv_type, type_v=kv_type)) as engine:
+        tokens = engine.tokenize(text)[:max_tokens]
+        dec = Decoder(engine)
+        nll, count = 0.0, 0
+        for start in range(0, len(tokens) - 1, window):
+            chunk = tokens[start : start + window]
+            dec.rollback(0)
+            dec.evaluate_rows(chunk)
+            for i in range(len(chunk) - 1):
+                row = dec.logits(i).astype(np.float64)
+                top = row.max()
+                nll += float(top + np.log(np.exp(row - top).sum()) - row[chunk[i + 1]])
+                count += 1
+    return float(np.exp(nll / count)), count
 
 
 def main() -> None:
@@ -27,6 +50,10 @@ def main() -> None:
     ap.add_argument("models", nargs="+", type=Path)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--budget", default="2GiB")
+    ap.add_argument("--ppl", action="store_true", help="also measure perplexity per KV type")
+    ap.add_argument("--text", type=Path, default=Path(__file__).resolve().parent.parent / "README.md")
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--ppl-tokens", type=int, default=3072)
     args = ap.parse_args()
     budget = parse_size(args.budget)
     for model in args.models:
@@ -49,6 +76,13 @@ def main() -> None:
                 f"  {kv_type:8} {per_token:15.0f} {predicted:10d} {predicted / per_token - 1:+7.1%} "
                 f"{per_token / base[0]:6.3f}x {fits:8d} {fits / base[1]:6.2f}x"
             )
+        if args.ppl:
+            text = args.text.read_text(encoding="utf-8")
+            ppl = {t: perplexity(model, t, text, args.window, args.ppl_tokens) for t in KV_BYTES_PER_ELEMENT}
+            f16 = ppl["f16"][0]
+            for t, (value, n) in ppl.items():
+                delta = value / f16 - 1
+                print(f"  perplexity {t:5} {value:8.4f} ({delta:+.2%} vs f16) over {n} tokens of {args.text.name}")
 
 
 if __name__ == "__main__":

@@ -156,3 +156,20 @@ def test_stop_matcher(chunks: list[str], stops: list[str], expected: str, hit: b
     if not reached:
         out += matcher.flush()
     assert (out, reached) == (expected, hit)
+
+
+def test_rows_logits_match_one_token_at_a_time(engine: Engine) -> None:
+    """evaluate_rows gives each row the logits that stepping token by token gives."""
+    import numpy as np
+
+    tokens = engine.tokenize("the other one")
+    dec = Decoder(engine)
+    dec.rollback(0)
+    stepwise = []
+    for tok in tokens:
+        dec.evaluate([tok])
+        stepwise.append(np.array(dec.logits(-1)))
+    dec.rollback(0)
+    assert dec.evaluate_rows(tokens) == 0 and dec.n_past == len(tokens)
+    for i, expected in enumerate(stepwise):
+        assert np.allclose(dec.logits(i), expected, atol=1e-3)
