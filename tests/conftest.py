@@ -58,3 +58,20 @@ def cli(
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+def on_terminal(*args: str, rows: int = 30, cols: int = 100) -> tuple[int | None, str]:
+    """Run `python -m localrun ARGS` on a pseudo-terminal; (exit status, what the screen got)."""
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", *args],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(rows, cols),
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus, child.before or ""

@@ -1,17 +1,15 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pexpect
 import pytest
 
-from tests.conftest import cli
+from tests.conftest import cli, on_terminal
 
 ANSI = "\x1b"
 
@@ -152,18 +150,8 @@ def test_ctrl_c_keeps_text_and_exits_130(long_model: Path) -> None:
 
 
 def test_terminal_shows_live_panel(tiny_model: Path) -> None:
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "localrun", "generate", "-m", str(tiny_model), "-n", "40", "hello"],
-        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(30, 100),
-    )
-    child.expect(pexpect.EOF)
-    child.close()
-    screen = child.before or ""
-    assert child.exitstatus == 0
+    status, screen = on_terminal("generate", "-m", str(tiny_model), "-n", "40", "hello")
+    assert status == 0
     assert "tiny-test-llama" in screen  # panel title
     assert "40 tokens" in screen and "tok/s" in screen and "stop: length" in screen
     assert "╭" in screen or "+" in screen

@@ -11,11 +11,10 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import pexpect
 import pytest
 
 from localrun import registry
-from tests.conftest import cli
+from tests.conftest import cli, on_terminal
 from tests.fakehub import HubState, serve
 
 REPO = "tester/tiny-GGUF"
@@ -267,18 +266,8 @@ def test_registry_defaults_apply_to_generate(hub: HubState, tiny_model: Path) ->
 def test_terminal_shows_a_progress_bar(hub: HubState) -> None:
     hub.add(REPO, "bar.gguf", os.urandom(6_000_000))
     hub.seconds_per_mb = 0.3
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "localrun", "pull", f"hf://{REPO}/bar.gguf"],
-        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "20"},
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(20, 120),
-    )
-    child.expect(pexpect.EOF)
-    child.close()
-    screen = child.before or ""
-    assert child.exitstatus == 0, screen
+    status, screen = on_terminal("pull", f"hf://{REPO}/bar.gguf", rows=20, cols=120)
+    assert status == 0, screen
     assert "MB/s" in screen or "kB/s" in screen  # transfer speed column
     assert "/6.0 MB" in screen  # bytes done of total
     assert "6.0 MB from hub" in screen
