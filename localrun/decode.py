@@ -78,7 +78,7 @@ class Decoder:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.n_past = 0
+        self.tokens: list[int] = []  # what the KV cache holds, position by position
         self._one = (llama_cpp.llama_token * 1)()
         self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
 
@@ -90,7 +90,7 @@ class Decoder:
             self._one[0] = tokens[0]
             status = llama_cpp.llama_decode(ctx, self._one_batch)
             if status == _DECODE_OK:
-                self.n_past += 1
+                self.tokens.append(tokens[0])
             return self._check(status)
         step = self.engine.n_batch
         with self.engine.abortable():
@@ -100,7 +100,7 @@ class Decoder:
                 status = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
                 if status != _DECODE_OK:
                     return self._check(status)
-                self.n_past += len(chunk)
+                self.tokens.extend(chunk)
         return _DECODE_OK
 
     def evaluate_rows(self, tokens: Sequence[int]) -> int:
@@ -114,7 +114,7 @@ class Decoder:
         try:
             for i, token in enumerate(tokens):
                 batch.token[i] = token
-                batch.pos[i] = self.n_past + i
+                batch.pos[i] = len(self.tokens) + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = True
@@ -124,7 +124,7 @@ class Decoder:
         finally:
             llama_cpp.llama_batch_free(batch)
         if status == _DECODE_OK:
-            self.n_past += n
+            self.tokens.extend(tokens)
         return status
 
     def logits(self, row: int) -> Any:
@@ -144,10 +144,30 @@ class Decoder:
         """Sample (and accept) a token from the logits of ``row`` of the last batch."""
         return int(llama_cpp.llama_sampler_sample(sampler.handle, self.engine.ctx, row))
 
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
     def rollback(self, pos: int) -> None:
         """Forget every cell from ``pos`` on, so decoding continues at ``pos``."""
         llama_cpp.llama_memory_seq_rm(self.engine.memory, 0, pos, -1)
-        self.n_past = min(self.n_past, pos)
+        del self.tokens[pos:]
+
+    def reusable(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the KV cache already holds, leaving at
+        least one to evaluate (its logits are what the next sample reads)."""
+        limit = min(len(self.tokens), len(tokens) - 1)
+        n = 0
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        return n
+
+    def prefill(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """Make the KV cache hold exactly ``tokens``, evaluating only what
+        differs from what it holds. Returns (llama_decode status, tokens reused)."""
+        keep = self.reusable(tokens)
+        self.rollback(keep)
+        return self.evaluate(tokens[keep:]), keep
 
 
 class StopMatcher:
@@ -180,6 +200,84 @@ class StopMatcher:
         return out
 
 
+class TokenOutput:
+    """One sequence's way from sampled tokens to events: bytes to text (UTF-8
+    across token boundaries), stop strings, counts, timing and the final Stats.
+    Every loop (plain, speculative, batched) feeds it the tokens it accepts."""
+
+    def __init__(self, engine: Engine, *, n_prompt: int, stop: Sequence[str] = (), ignore_eos: bool = False) -> None:
+        self.engine = engine
+        self.n_prompt = n_prompt
+        self.ignore_eos = ignore_eos
+        self.matcher = StopMatcher(stop)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.n_gen = 0
+        self.n_cached = 0
+        self.reason: StopReason | None = None
+        self.t_start = time.perf_counter()
+        self.t_prompt = 0.0
+        self.t_first = self.t_last = self.t_start
+        self.ttft = 0.0
+        self.text_parts: list[str] = []
+
+    def prompt_done(self, n_cached: int = 0) -> None:
+        """The prompt is evaluated (``n_cached`` of its tokens were already in the cache)."""
+        self.t_prompt = time.perf_counter() - self.t_start
+        self.n_cached = n_cached
+
+    def push(self, token: int) -> TokenEvent | None:
+        """Account for one accepted token; sets `reason` when it ends the sequence
+        (end of generation or a stop string). Returns the text event, if any."""
+        now = time.perf_counter()
+        if self.n_gen == 0 and self.reason is None:
+            self.t_first = now
+            self.ttft = now - self.t_start
+        self.t_last = now
+        if self.engine.is_eog(token) and not self.ignore_eos:
+            self.reason = "eos"
+            return None
+        self.n_gen += 1
+        text, hit = self.matcher.feed(self.utf8.decode(self.engine.piece(token)))
+        if hit:
+            self.reason = "stop"
+        if not text:
+            return None
+        self.text_parts.append(text)
+        return TokenEvent(text, self.n_gen, self.ttft, now - self.t_start, self.decode_rate())
+
+    def decode_rate(self) -> float:
+        span = self.t_last - self.t_first
+        return (self.n_gen - 1) / span if self.n_gen > 1 and span > 0 else 0.0
+
+    def finish(self, reason: StopReason, **extra: Any) -> Iterator[Event]:
+        """The held-back tail (unless a stop string cut it) and the DoneEvent.
+        ``reason`` applies unless `push` already ended the sequence."""
+        final: StopReason = self.reason or reason
+        if final != "stop":
+            tail = self.matcher.flush() + self.utf8.decode(b"", final=True)
+            if tail:
+                self.text_parts.append(tail)
+                yield TokenEvent(tail, self.n_gen, self.ttft, self.t_last - self.t_start, 0.0)
+        evaluated = self.n_prompt - self.n_cached
+        yield DoneEvent(
+            Stats(
+                prompt_tokens=self.n_prompt,
+                generated_tokens=self.n_gen,
+                ttft_s=self.ttft,
+                decode_tokens_per_s=self.decode_rate(),
+                elapsed_s=time.perf_counter() - self.t_start,
+                stop_reason=final,
+                prompt_tokens_per_s=evaluated / self.t_prompt if evaluated and self.t_prompt > 0 else 0.0,
+                cached_tokens=self.n_cached,
+                **extra,
+            )
+        )
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
 def generate(
     engine: Engine,
     prompt_tokens: Sequence[int],
@@ -188,74 +286,41 @@ def generate(
     max_tokens: int | None = None,
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
+    decoder: Decoder | None = None,
 ) -> Iterator[Event]:
     """Evaluate the prompt, then sample until end of generation, ``max_tokens``,
-    a stop string, a full context, or ``engine.abort_requested``."""
+    a stop string, a full context, or ``engine.abort_requested``.
+
+    With a ``decoder`` that ran before (a chat, a loaded prompt cache), only the
+    part of the prompt that differs from what its KV cache holds is evaluated."""
     engine.check_fits(len(prompt_tokens))
-    decoder = Decoder(engine)
-    decoder.rollback(0)
+    decoder = decoder or Decoder(engine)
     sampler = Sampler(sampling)
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    matcher = StopMatcher(stop)
+    out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos)
     limit = engine.n_ctx - len(prompt_tokens)
     if max_tokens is not None:
         limit = min(limit, max_tokens)
-
-    clock = time.perf_counter
-    t_start = clock()
     reason: StopReason = "length"
-    n_gen = 0
-    ttft = 0.0
-    t_first = t_last = t_start
     try:
-        status = decoder.evaluate(prompt_tokens) if limit > 0 else _DECODE_OK
-        t_prompt = clock() - t_start
+        status = _DECODE_OK
+        if limit > 0:
+            status, cached = decoder.prefill(prompt_tokens)
+            out.prompt_done(cached)
         if status == _DECODE_ABORTED:
             reason = "interrupted"
-        while status == _DECODE_OK and n_gen < limit:
+        while status == _DECODE_OK and out.n_gen < limit:
             if engine.abort_requested:
                 reason = "interrupted"
                 break
             token = decoder.sample(sampler)
-            t_last = clock()
-            if n_gen == 0:
-                t_first = t_last
-                ttft = t_last - t_start
-            if engine.is_eog(token) and not ignore_eos:
-                reason = "eos"
-                break
-            n_gen += 1
-            text, hit = matcher.feed(utf8.decode(engine.piece(token)))
-            if text:
-                rate = (n_gen - 1) / (t_last - t_first) if n_gen > 1 else 0.0
-                yield TokenEvent(text, n_gen, ttft, t_last - t_start, rate)
-            if hit:
-                reason = "stop"
-                break
-            if n_gen >= limit:
+            event = out.push(token)
+            if event is not None:
+                yield event
+            if out.reason is not None or out.n_gen >= limit:
                 break
             status = decoder.evaluate((token,))
             if status == _DECODE_ABORTED:
                 reason = "interrupted"
-            elif status == _DECODE_NO_SLOT:
-                reason = "length"
-        if reason != "stop":
-            tail = matcher.flush() + utf8.decode(b"", final=True)
-            if tail:
-                yield TokenEvent(tail, n_gen, ttft, t_last - t_start, 0.0)
+        yield from out.finish(reason)
     finally:
         sampler.close()
-    elapsed = clock() - t_start
-    decode_rate = (n_gen - 1) / (t_last - t_first) if n_gen > 1 and t_last > t_first else 0.0
-    prompt_rate = len(prompt_tokens) / t_prompt if limit > 0 and t_prompt > 0 else 0.0
-    yield DoneEvent(
-        Stats(
-            prompt_tokens=len(prompt_tokens),
-            generated_tokens=n_gen,
-            ttft_s=ttft,
-            decode_tokens_per_s=decode_rate,
-            elapsed_s=elapsed,
-            stop_reason=reason,
-            prompt_tokens_per_s=prompt_rate,
-        )
-    )
