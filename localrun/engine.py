@@ -130,11 +130,19 @@ _QUANT_BLOCK = 32
 _RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
 
 
+def memory_budget(configured: int | None = None) -> int:
+    """The bytes a model may use: ``configured``, or the available RAM less a
+    reserve for the rest of the system; 0 when nothing is known."""
+    if configured:
+        return configured
+    available = available_memory()
+    return available - _RESERVE if available else 0
+
+
 def choose_context(shape: ModelInfo, config: EngineConfig) -> int:
     """`--ctx auto`: the longest context that fits the memory budget; `--ctx N`:
     N, or an error with the numbers when it does not fit."""
-    available = available_memory()
-    budget = config.memory_budget or (available - _RESERVE if available else 0)
+    budget = memory_budget(config.memory_budget)
     if not budget:  # nothing known about memory
         return config.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
     fits = shape.max_context(budget, config.type_k, config.type_v)

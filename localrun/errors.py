@@ -36,6 +36,10 @@ class RegistryError(LocalrunError):
     """A models.toml file is broken: which file, which entry, why."""
 
 
+class ConfigError(LocalrunError):
+    """The user's config.toml is broken: which file, which key, why."""
+
+
 class DownloadError(LocalrunError):
     """A model could not be fetched or failed verification."""
 

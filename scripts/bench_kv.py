@@ -19,30 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np
-
-from localrun.decode import Decoder
 from localrun.engine import Engine, EngineConfig
 from localrun.ggufmeta import read_gguf
 from localrun.modelinfo import KV_BYTES_PER_ELEMENT, describe, parse_size
+from localrun.perplexity import perplexity as measure_perplexity
 
 
 def perplexity(model: Path, kv_type: str, text: str, window: int, max_tokens: int) -> tuple[float, int]:
-    """exp(mean negative log-likelihood) of the text's tokens, window by window."""
     with Engine(EngineConfig(model_path=model, n_ctx=window, type_k=kv_type, type_v=kv_type)) as engine:
-        tokens = engine.tokenize(text)[:max_tokens]
-        dec = Decoder(engine)
-        nll, count = 0.0, 0
-        for start in range(0, len(tokens) - 1, window):
-            chunk = tokens[start : start + window]
-            dec.rollback(0)
-            dec.evaluate_rows(chunk)
-            for i in range(len(chunk) - 1):
-                row = dec.logits(i).astype(np.float64)
-                top = row.max()
-                nll += float(top + np.log(np.exp(row - top).sum()) - row[chunk[i + 1]])
-                count += 1
-    return float(np.exp(nll / count)), count
+        result = measure_perplexity(engine, engine.tokenize(text)[:max_tokens], window)
+    return result.value, result.tokens
 
 
 def main() -> None:

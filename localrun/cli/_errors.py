@@ -13,6 +13,7 @@ import typer
 
 from localrun.errors import (
     BadModelError,
+    ConfigError,
     ContextOverflowError,
     DownloadError,
     EngineError,
@@ -42,6 +43,7 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     ContextOverflowError: ExitCode.OUT_OF_CONTEXT,
     EngineError: ExitCode.ERROR,
     RegistryError: ExitCode.BAD_CONFIG,
+    ConfigError: ExitCode.BAD_CONFIG,
     DownloadError: ExitCode.DOWNLOAD_FAILED,
 }
 

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from localrun.cli._errors import ExitCode, error_boundary
 from localrun.cli.models import resolve_model
+from localrun.config import load as load_config
 from localrun.decode import SamplingParams
 from localrun.decode import generate as run_generation
 from localrun.engine import Engine, EngineConfig
@@ -98,8 +99,11 @@ def generate(
     kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV cache type for K (overrides --kv).")] = None,
     kv_v: Annotated[str | None, typer.Option("--kv-v", help="KV cache type for V (overrides --kv).")] = None,
     flash_attn: Annotated[
-        str, typer.Option("--flash-attn", help="on, off or auto (on whenever V is quantized).")
-    ] = "auto",
+        str | None,
+        typer.Option(
+            "--flash-attn", help="on, off or auto (on whenever V is quantized). Default: auto.", show_default=False
+        ),
+    ] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")] = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
@@ -112,13 +116,14 @@ def generate(
             raise UsageError("--max-tokens must be at least 1")
         if threads is not None and threads < 1:
             raise UsageError("--threads must be at least 1")
+        user = load_config()  # precedence: option, then the registry entry's defaults, then the user's config
         text = read_prompt(prompt)
         path, target = resolve_model(model, offline=offline, with_draft=True)
         defaults = target.entry.defaults if target.entry else {}
         n_ctx = parse_ctx(ctx) if ctx is not None else defaults.get("ctx")
         system = system if system is not None else defaults.get("system")
-        type_k = kv_k or kv or defaults.get("kv_k") or defaults.get("kv") or "f16"
-        type_v = kv_v or kv or defaults.get("kv_v") or defaults.get("kv") or "f16"
+        type_k = kv_k or kv or defaults.get("kv_k") or defaults.get("kv") or user.kv_k or "f16"
+        type_v = kv_v or kv or defaults.get("kv_v") or defaults.get("kv") or user.kv_v or "f16"
         info = read_gguf(path)
         sampling = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
@@ -127,10 +132,11 @@ def generate(
             EngineConfig(
                 model_path=info.path,
                 n_ctx=n_ctx,
-                n_threads=threads,
+                n_threads=threads or user.threads,
+                memory_budget=user.memory_budget,
                 type_k=type_k,
                 type_v=type_v,
-                flash_attn=flash_attn,
+                flash_attn=flash_attn or user.flash_attn or "auto",
                 verbose=verbose,
             ),
             info,

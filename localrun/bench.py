@@ -1,0 +1,426 @@
+"""`localrun bench`: a ladder of techniques measured on the same prompts.
+
+A technique is a function in `TECHNIQUES` that returns row specs: a label,
+the user defaults the row stands for, and a `measure` function that runs one
+round of it (load, warm up, generate every prompt) and returns a `Round`.
+Rounds are interleaved (round 1 of every row, then round 2 of every row...),
+so a slow spell of a noisy machine lands on all rows alike; each row's figure
+is the median of its rounds, and the spread between rounds is shown.
+
+To add a technique, write a function ``def rows(bench: Bench) -> list[RowSpec]``
+and `register` it; a technique this build cannot run returns
+`unavailable(...)` rows, which the table shows as such.
+
+The core never prints: it reports `Progress` to a callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import re
+import resource
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localrun.benchstats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
+from localrun.decode import SamplingParams, generate
+from localrun.engine import Engine, EngineConfig, default_threads, memory_budget
+from localrun.errors import LocalrunError, UsageError
+from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.ggufmeta import read_gguf
+from localrun.modelinfo import ModelInfo, describe
+from localrun.perplexity import REFERENCE_TEXT, Perplexity, perplexity
+from localrun.prompt import prompt_tokens
+
+PROMPTS = (
+    "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one sorted list "
+    "in linear time, with a docstring and three doctest examples. Then explain in two sentences why "
+    "it runs in linear time.",
+    "Rename the variable `tmp` to `total` in this function and return the whole function:\n\n"
+    "def add_prices(items):\n"
+    "    tmp = 0\n"
+    "    for item in items:\n"
+    "        if item.price > 0:\n"
+    "            tmp += item.price * item.quantity\n"
+    "    tax = tmp * 0.2\n"
+    "    tmp = tmp + tax\n"
+    "    return round(tmp, 2)\n",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to measure: `quick` or full, and the engine settings every row shares."""
+
+    quick: bool = False
+    rounds: int = 4
+    max_tokens: int = 64
+    prompts: tuple[str, ...] = PROMPTS
+    warmup_tokens: int = 2
+    n_ctx: int = 1024
+    ppl_tokens: int = 1024
+    ppl_window: int = 512
+    threads: int | None = None
+    flash_attn: str = "auto"
+    memory_budget: int | None = None  # None: the available RAM less a reserve
+
+    @classmethod
+    def make(cls, quick: bool, **overrides: Any) -> Plan:
+        base = (
+            cls(quick=True, rounds=3, max_tokens=32, prompts=PROMPTS[:1], ppl_tokens=256, ppl_window=256)
+            if quick
+            else cls()
+        )
+        return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of one row: every prompt generated once."""
+
+    decode_tokens_per_s: float  # aggregate over the round's tokens (and sequences)
+    token_ms: tuple[float, ...]  # time of each output token after the first of its sequence
+    ttft_s: float
+    peak_rss_bytes: int
+    kv_bytes_per_token: float | None = None
+    context_fits: int | None = None
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    technique: str
+    measure: Callable[[Bench], Round] | None  # None when unavailable
+    settings: dict[str, Any] | None = None  # user defaults the row stands for (None: not a setting)
+    quality: Callable[[Bench], Perplexity] | None = None  # perplexity over the reference text
+    sequences: int = 1
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    label: str
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    model: Path
+    quantization: str
+    plan: Plan
+    threads: int
+    budget_bytes: int
+    rows: list[Row]
+    advice: Advice
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": str(self.model),
+            "quantization": self.quantization,
+            "mode": "quick" if self.plan.quick else "full",
+            "rounds": self.plan.rounds,
+            "max_tokens": self.plan.max_tokens,
+            "prompts": len(self.plan.prompts),
+            "threads": self.threads,
+            "memory_budget_bytes": self.budget_bytes,
+            "rows": [r.as_dict() for r in self.rows],
+            "advice": self.advice.as_dict(),
+        }
+
+
+# ------------------------------------------------------------ measurement --
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss() -> int:
+    """Peak resident memory since `reset_peak_rss` (bytes); where that cannot
+    be reset, the process's lifetime peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def token_times(events: Iterable[Event]) -> tuple[Stats, list[float]]:
+    """Drain a generation's events; its Stats and the time (ms) of each output
+    token after the first, from the event timestamps. Tokens that produced no
+    text of their own (an incomplete UTF-8 sequence) share the interval up to
+    the next event evenly."""
+    marks: list[tuple[int, float]] = []
+    stats: Stats | None = None
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            marks.append((ev.generated_tokens, ev.elapsed_s))
+        elif isinstance(ev, DoneEvent):
+            stats = ev.stats
+    if stats is None:
+        raise RuntimeError("generation ended without a done event")
+    times: list[float] = []
+    count, at = 1, stats.ttft_s
+    for n, t in marks:
+        if n > count:
+            times.extend([(t - at) * 1000 / (n - count)] * (n - count))
+            count, at = n, t
+    return stats, times
+
+
+class Bench:
+    """What technique functions work with: the model, the plan, and helpers
+    that measure a configuration."""
+
+    def __init__(self, model: Path, plan: Plan, *, compare: Path | None = None) -> None:
+        self.model = model
+        self.plan = plan
+        self.compare = compare
+        self.shape = describe(read_gguf(model))
+        self.budget = memory_budget(plan.memory_budget)
+        self._shapes: dict[Path, ModelInfo] = {model: self.shape}
+        self._reference: dict[Path, list[int]] = {}
+
+    def shape_of(self, path: Path) -> ModelInfo:
+        if path not in self._shapes:
+            self._shapes[path] = describe(read_gguf(path))
+        return self._shapes[path]
+
+    def engine_config(self, **changes: Any) -> EngineConfig:
+        base = EngineConfig(
+            model_path=self.model,
+            n_ctx=self.plan.n_ctx,
+            n_threads=self.plan.threads,
+            flash_attn=self.plan.flash_attn,
+            memory_budget=self.plan.memory_budget,
+        )
+        return dataclasses.replace(base, **changes)
+
+    def context_fits(self, config: EngineConfig) -> int:
+        """Tokens of KV cache that fit the budget beside the weights and compute
+        buffer, not capped by the trained context (so KV types compare)."""
+        shape = dataclasses.replace(self.shape_of(config.model_path), context_length=0)
+        return shape.max_context(self.budget, config.type_k, config.type_v)
+
+    def prompts(self, engine: Engine) -> list[list[int]]:
+        return [prompt_tokens(engine, text) for text in self.plan.prompts]
+
+    def single(self, config: EngineConfig) -> Round:
+        """One round of plain decoding, one sequence: load, warm up, then
+        every prompt, greedy, a fixed number of tokens."""
+        reset_peak_rss()
+        greedy = SamplingParams(temperature=0.0)
+        with Engine(config) as engine:
+            prompts = self.prompts(engine)
+            warm = prompts[0][: max(1, min(8, len(prompts[0])))]
+            token_times(generate(engine, warm, greedy, max_tokens=self.plan.warmup_tokens, ignore_eos=True))
+            ttfts: list[float] = []
+            times: list[float] = []
+            for tokens in prompts:
+                stats, run = token_times(
+                    generate(engine, tokens, greedy, max_tokens=self.plan.max_tokens, ignore_eos=True)
+                )
+                ttfts.append(stats.ttft_s)
+                times.extend(run)
+            kv = engine.kv_cache_bytes / engine.kv_cells if engine.kv_cache_bytes and engine.kv_cells else None
+            peak = peak_rss()
+        return Round(
+            decode_tokens_per_s=len(times) / (sum(times) / 1000) if times and sum(times) > 0 else 0.0,
+            token_ms=tuple(times),
+            ttft_s=median(ttfts),
+            peak_rss_bytes=peak,
+            kv_bytes_per_token=kv,
+            context_fits=self.context_fits(config),
+        )
+
+    def quality(self, config: EngineConfig) -> Perplexity:
+        """Perplexity over the first `ppl_tokens` of the reference text."""
+        config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, self.plan.ppl_window))
+        with Engine(config) as engine:
+            tokens = engine.tokenize(REFERENCE_TEXT)[: self.plan.ppl_tokens]
+            return perplexity(engine, tokens, self.plan.ppl_window)
+
+
+# ------------------------------------------------------------- techniques --
+
+Technique = Callable[[Bench], list[RowSpec]]
+
+
+def unavailable(techniques: Sequence[str], module: str | None = None, reason: str | None = None) -> list[RowSpec]:
+    """Slots for rows this build cannot measure."""
+    if reason is None:
+        present = module is not None and importlib.util.find_spec(module) is not None
+        reason = "not wired into bench yet" if present else "not available in this build"
+    return [RowSpec(t, None, note=reason) for t in techniques]
+
+
+def plain_row(technique: str, settings: dict[str, Any] | None, *, with_quality: bool = True, **changes: Any) -> RowSpec:
+    """A row measured by `Bench.single` on the engine config with ``changes``."""
+    return RowSpec(
+        technique,
+        measure=lambda b: b.single(b.engine_config(**changes)),
+        settings=settings,
+        quality=(lambda b: b.quality(b.engine_config(**changes))) if with_quality else None,
+    )
+
+
+def baseline_rows(bench: Bench) -> list[RowSpec]:
+    return [plain_row("baseline", {"kv_k": "f16", "kv_v": "f16"}, type_k="f16", type_v="f16")]
+
+
+def kv_cache_rows(bench: Bench) -> list[RowSpec]:
+    pairs = [("q8_0", "q8_0"), ("q4_0", "q4_0")]
+    if not bench.plan.quick:
+        pairs.append(("q8_0", "q4_0"))  # the smallest cache that keeps Qwen2.5's quality (README)
+    return [
+        plain_row(f"kv-cache {k}" if k == v else f"kv-cache {k}/{v}", {"kv_k": k, "kv_v": v}, type_k=k, type_v=v)
+        for k, v in pairs
+    ]
+
+
+def speculative_rows(bench: Bench) -> list[RowSpec]:
+    return unavailable(["speculative draft", "speculative lookup", "speculative auto"], module="localrun.speculative")
+
+
+def batching_rows(bench: Bench) -> list[RowSpec]:
+    return unavailable([f"batching n={n}" for n in (1, 2, 4, 8)], module="localrun.batch")
+
+
+_QUANT_IN_NAME = re.compile(r"(?i)([-_.])(q\d(?:_k)?(?:_[msl]|_\d)?|f16|bf16|f32)(\.gguf)$")
+
+
+def other_weights(path: Path) -> Path | None:
+    """A sibling file of the same model in 8-bit when ``path`` is 4-bit (and
+    the other way round): the same name with the quantization swapped."""
+    found = _QUANT_IN_NAME.search(path.name)
+    if not found:
+        return None
+    quant = found.group(2).lower()
+    wanted = ("q8_0",) if quant.startswith("q4") else ("q4_k_m", "q4_0", "q4_k_s") if quant == "q8_0" else ()
+    stem = path.name[: found.start()] + found.group(1)
+    for q in wanted:
+        for spelled in (q, q.upper()):
+            candidate = path.with_name(f"{stem}{spelled}{found.group(3)}")
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def weights_rows(bench: Bench) -> list[RowSpec]:
+    other = bench.compare or other_weights(bench.model)
+    if other is None:
+        return unavailable(
+            ["weights 8-bit"], reason="no other quantization of this model found (localrun quantize makes one)"
+        )
+    shape = bench.shape_of(other)
+    same_vocab = shape.vocab_size == bench.shape.vocab_size
+    row = plain_row(f"weights {shape.quantization.lower()}", None, with_quality=same_vocab, model_path=other)
+    return [dataclasses.replace(row, note=other.name)]
+
+
+TECHNIQUES: list[Technique] = [baseline_rows, kv_cache_rows, speculative_rows, batching_rows, weights_rows]
+
+
+def register(technique: Technique, *, replace: Technique | None = None) -> None:
+    """Add a technique to the ladder (after the others), or put it in the
+    place of an existing one (e.g. a build that has `localrun.batch`
+    replaces `batching_rows`)."""
+    if replace is not None and replace in TECHNIQUES:
+        TECHNIQUES[TECHNIQUES.index(replace)] = technique
+    elif technique not in TECHNIQUES:
+        TECHNIQUES.append(technique)
+
+
+# ----------------------------------------------------------------- runner --
+
+
+def _summarize(spec: RowSpec, rounds: list[Round], ppl: Perplexity | None) -> Row:
+    rates = [r.decode_tokens_per_s for r in rounds]
+    times = [t for r in rounds for t in r.token_ms]
+    return Row(
+        technique=spec.technique,
+        note=spec.note,
+        sequences=spec.sequences,
+        decode_tokens_per_s=median(rates),
+        repeats_tokens_per_s=rates,
+        spread=spread(rates),
+        p50_token_ms=percentile(times, 50) if times else None,
+        p95_token_ms=percentile(times, 95) if times else None,
+        ttft_s=median([r.ttft_s for r in rounds]),
+        peak_rss_bytes=max(r.peak_rss_bytes for r in rounds),
+        kv_bytes_per_token=rounds[-1].kv_bytes_per_token,
+        context_fits=rounds[-1].context_fits,
+        perplexity=ppl.value if ppl else None,
+        settings=spec.settings,
+        extra=merge_extra([r.extra for r in rounds]),
+    )
+
+
+def run(
+    bench: Bench,
+    progress: Callable[[Progress], None] | None = None,
+    techniques: Sequence[Technique] | None = None,
+) -> BenchResult:
+    """Measure every row in interleaved rounds, then perplexity once per row."""
+    specs = [spec for technique in (techniques or TECHNIQUES) for spec in technique(bench)]
+    live = [s for s in specs if s.measure is not None]
+    total = bench.plan.rounds * len(live) + sum(1 for s in live if s.quality is not None)
+    done = 0
+
+    def step(label: str) -> None:
+        nonlocal done
+        if progress is not None:
+            progress(Progress(done, total, label))
+        done += 1
+
+    rounds: dict[str, list[Round]] = {s.technique: [] for s in live}
+    failed: dict[str, str] = {}
+    for r in range(bench.plan.rounds):
+        for spec in live:
+            if spec.technique in failed or spec.measure is None:
+                continue
+            step(f"round {r + 1}/{bench.plan.rounds} · {spec.technique}")
+            try:
+                rounds[spec.technique].append(spec.measure(bench))
+            except LocalrunError as exc:  # e.g. a head size a quantized KV cache cannot take
+                if spec.technique == "baseline":
+                    raise
+                failed[spec.technique] = exc.message
+    quality: dict[str, Perplexity] = {}
+    for spec in live:
+        if spec.quality is not None and spec.technique not in failed:
+            step(f"perplexity · {spec.technique}")
+            quality[spec.technique] = spec.quality(bench)
+    if progress is not None:
+        progress(Progress(total, total, "done"))
+
+    rows: list[Row] = []
+    for spec in specs:
+        if spec.measure is None or spec.technique in failed:
+            rows.append(Row(spec.technique, available=False, note=failed.get(spec.technique, spec.note)))
+        else:
+            rows.append(_summarize(spec, rounds[spec.technique], quality.get(spec.technique)))
+    baseline = next((r for r in rows if r.technique == "baseline" and r.measured), None)
+    if baseline is None:
+        raise UsageError("the ladder has no baseline row", hint="a technique list must start with baseline_rows")
+    relate_to_baseline(rows, baseline)
+    return BenchResult(
+        model=bench.model,
+        quantization=bench.shape.quantization,
+        plan=bench.plan,
+        threads=bench.plan.threads or default_threads(),
+        budget_bytes=bench.budget,
+        rows=rows,
+        advice=advise(rows, baseline),
+    )

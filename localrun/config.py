@@ -1,0 +1,161 @@
+"""The user's config file: defaults that apply when neither an option nor the
+model's registry entry says otherwise.
+
+    # ~/.config/localrun/config.toml (or $LOCALRUN_HOME/config/config.toml)
+    [defaults]
+    kv_k = "q8_0"            # KV cache type for K: f16, q8_0, q4_0
+    kv_v = "q8_0"            # and for V
+    flash_attn = "auto"      # auto, on, off
+    threads = 2              # CPU threads
+    draft = "auto"           # speculative decoding: a draft model, or a mode
+    parallel = 4             # sequences decoded together in batch work
+    memory_budget = "6GiB"   # weights + KV cache + compute (bytes or a size)
+
+Precedence everywhere: a command-line option, then the model's registry
+defaults, then this file, then localrun's built-in default. The file is
+validated on load (the file, the key and the reason on error) and written
+atomically (`localrun bench --save-defaults` writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localrun import paths
+from localrun.errors import ConfigError
+from localrun.modelinfo import KV_BYTES_PER_ELEMENT, parse_size
+
+FLASH_ATTN_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """[defaults] of config.toml; None where the file says nothing."""
+
+    kv_k: str | None = None
+    kv_v: str | None = None
+    flash_attn: str | None = None
+    threads: int | None = None
+    draft: str | None = None
+    parallel: int | None = None
+    memory_budget: int | None = None  # bytes
+
+
+def config_file() -> Path:
+    return paths.config_dir() / "config.toml"
+
+
+def _fail(path: Path, key: str | None, reason: str) -> ConfigError:
+    where = f"{path}: [defaults] {key}" if key else str(path)
+    return ConfigError(f"{where}: {reason}", hint="fix or remove the config file named above")
+
+
+def _choice(path: Path, key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise _fail(path, key, f"{value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _positive_int(path: Path, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(path, key, f"{value!r} must be a whole number of at least 1")
+    return value
+
+
+def _size(path: Path, key: str, value: Any) -> int:
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError as exc:
+            raise _fail(path, key, str(exc)) from None
+    return _positive_int(path, key, value)
+
+
+def _text(path: Path, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, key, f"{value!r} must be a non-empty string")
+    return value
+
+
+_KV = tuple(KV_BYTES_PER_ELEMENT)
+_PARSERS: dict[str, Callable[[Path, str, Any], Any]] = {
+    "kv_k": lambda p, k, v: _choice(p, k, v, _KV),
+    "kv_v": lambda p, k, v: _choice(p, k, v, _KV),
+    "flash_attn": lambda p, k, v: _choice(p, k, v, FLASH_ATTN_MODES),
+    "threads": _positive_int,
+    "draft": _text,
+    "parallel": _positive_int,
+    "memory_budget": _size,
+}
+KEYS = tuple(_PARSERS)
+
+
+def parse(raw: Mapping[str, Any], path: Path) -> UserConfig:
+    """Check the file's content (a parsed TOML document) and type it."""
+    unknown = sorted(set(raw) - {"defaults"})
+    if unknown:
+        raise _fail(path, None, f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise _fail(path, None, "'defaults' must be a table ([defaults])")
+    values: dict[str, Any] = {}
+    for key, value in defaults.items():
+        if key not in _PARSERS:
+            raise _fail(path, key, f"unknown key (known: {', '.join(KEYS)})")
+        values[key] = _PARSERS[key](path, key, value)
+    return UserConfig(**values)
+
+
+def _read_raw(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(path, None, f"not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, None, f"cannot read: {exc}") from exc
+
+
+def load(path: Path | None = None) -> UserConfig:
+    """The user's defaults; all None when there is no file."""
+    path = path or config_file()
+    return parse(_read_raw(path), path)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def save_defaults(values: Mapping[str, Any], path: Path | None = None) -> Path:
+    """Merge ``values`` into [defaults] (checked as on load) and write the file
+    atomically: a temporary file in the same folder, then a rename. Comments in
+    an existing file are not kept."""
+    path = path or config_file()
+    raw = _read_raw(path)
+    parse(raw, path)  # refuse to build on a broken file
+    merged = {**raw.get("defaults", {}), **values}
+    parse({"defaults": merged}, path)
+    lines = ["# localrun user defaults: see `localrun bench --save-defaults` and the README", "[defaults]"]
+    lines += [f"{key} = {_toml_value(merged[key])}" for key in KEYS if key in merged]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("\n".join(lines) + "\n")
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
