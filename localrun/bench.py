@@ -68,6 +68,7 @@ class Plan:
     threads: int | None = None
     flash_attn: str = "auto"
     memory_budget: int | None = None  # None: the available RAM less a reserve
+    verbose: bool = False  # llama.cpp's own log on stderr
 
     @classmethod
     def make(cls, quick: bool, **overrides: Any) -> Plan:
@@ -204,6 +205,7 @@ class Bench:
             n_threads=self.plan.threads,
             flash_attn=self.plan.flash_attn,
             memory_budget=self.plan.memory_budget,
+            verbose=self.plan.verbose,
         )
         return dataclasses.replace(base, **changes)
 

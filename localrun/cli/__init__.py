@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from localrun.cli import generate, models
+from localrun.cli import bench, generate, models
 
 app = typer.Typer(
     name="localrun",
@@ -18,6 +18,8 @@ app.command("pull")(models.pull)
 app.command("list")(models.list_models)
 app.command("rm")(models.rm)
 app.command("show")(models.show)
+app.command("bench")(bench.bench_command)
+app.command("quantize")(bench.quantize_command)
 
 
 @app.callback()

@@ -1,0 +1,153 @@
+"""`localrun bench` and `localrun quantize`: parse, call the core, render."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from localrun import bench as core
+from localrun import benchview
+from localrun.cli._errors import error_boundary
+from localrun.cli.models import resolve_model
+from localrun.config import load as load_config
+from localrun.config import save_defaults
+from localrun.errors import UsageError
+from localrun.modelinfo import parse_size
+from localrun.quantize import QUANT_TYPES, quantize
+from localrun.render import human_bytes
+
+
+def _stdout_console() -> Console:
+    """A wide console into a pipe, so the table is not squeezed to 80 columns."""
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 180)
+
+
+def bench_command(
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "-m",
+            "--model",
+            envvar="LOCALRUN_MODEL",
+            help="Alias, owner/repo:QUANT, hf://... or a GGUF path. Default: the registry's default.",
+            show_default=False,
+        ),
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer rounds, one prompt, shorter outputs.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The raw figures as one JSON object on stdout.")] = False,
+    chart: Annotated[
+        Path | None, typer.Option("--chart", help="Also write an SVG bar chart to this file.", show_default=False)
+    ] = None,
+    save: Annotated[
+        bool, typer.Option("--save-defaults", help="Write the advised settings to the user's config.toml.")
+    ] = False,
+    compare: Annotated[
+        Path | None,
+        typer.Option(
+            "--compare",
+            help="Another quantization of the model for the weights row (default: a sibling 8-bit/4-bit file).",
+            show_default=False,
+        ),
+    ] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", help="Repeats of every row.", show_default=False)] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.", show_default=False)
+    ] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="Memory budget for the KV fits column, e.g. 4GiB.")
+    ] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Never download: use only models already here.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+) -> None:
+    """Measure each technique on this machine: a table with the speedup against the baseline."""
+    with error_boundary(debug):
+        if rounds is not None and rounds < 1:
+            raise UsageError("--rounds must be at least 1")
+        if max_tokens is not None and max_tokens < 2:
+            raise UsageError("--max-tokens must be at least 2")
+        if threads is not None and threads < 1:
+            raise UsageError("--threads must be at least 1")
+        try:
+            budget_bytes = parse_size(budget) if budget else None
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="--budget 4GiB") from None
+        user = load_config()
+        path, _ = resolve_model(model, offline=offline)
+        plan = core.Plan.make(
+            quick,
+            rounds=rounds,
+            max_tokens=max_tokens,
+            threads=threads or user.threads,
+            memory_budget=budget_bytes or user.memory_budget,
+            flash_attn=user.flash_attn,
+            verbose=verbose or None,
+        )
+        with benchview.BenchProgress(sys.stderr) as progress:
+            result = core.run(core.Bench(path, plan, compare=compare), progress=progress.update)
+        if as_json:
+            sys.stdout.write(json.dumps(result.as_dict()) + "\n")
+        else:
+            console = _stdout_console()
+            console.print(benchview.table(result))
+            console.print(f"advice: {result.advice.text}", highlight=False)
+        if chart is not None:
+            chart.write_text(benchview.chart(result), encoding="utf-8")
+            sys.stderr.write(f"chart: {chart}\n")
+        if save:
+            written = save_defaults(result.advice.defaults)
+            pairs = ", ".join(f"{k} = {v}" for k, v in result.advice.defaults.items())
+            sys.stderr.write(f"saved defaults to {written}: {pairs}\n")
+
+
+def quantize_command(
+    source: Annotated[Path, typer.Argument(help="The GGUF model to quantize (ideally f16 or f32).")],
+    output: Annotated[Path, typer.Argument(help="The GGUF file to write.")],
+    qtype: Annotated[str, typer.Option("--type", help=f"One of: {', '.join(QUANT_TYPES)}.")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
+    allow_requantize: Annotated[
+        bool, typer.Option("--allow-requantize", help="Quantize weights that are already quantized.")
+    ] = False,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+) -> None:
+    """Quantize a GGUF model with llama.cpp's quantizer; prints the output path."""
+    with error_boundary(debug):
+        if threads is not None and threads < 1:
+            raise UsageError("--threads must be at least 1")
+        bar = Progress(
+            SpinnerColumn(),
+            TextColumn(f"quantizing to {qtype}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("tensors"),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            transient=True,
+            disable=not sys.stderr.isatty() or verbose,
+        )
+        with bar:
+            task = bar.add_task("quantize", total=None)
+            done = quantize(
+                source,
+                output,
+                qtype,
+                force=force,
+                allow_requantize=allow_requantize,
+                threads=threads,
+                progress=lambda n, total: bar.update(task, completed=n, total=total),
+                verbose=verbose,
+            )
+        sys.stderr.write(
+            f"{done.type}: {human_bytes(done.input_bytes)} -> {human_bytes(done.output_bytes)} "
+            f"in {done.seconds:.1f}s, checked: loads, file type {done.type}\n"
+        )
+        sys.stdout.write(f"{done.path}\n")

@@ -1,0 +1,332 @@
+from __future__ import annotations
+
+import json
+import random
+import re
+import xml.dom.minidom
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localrun import bench, config
+from localrun.benchstats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
+from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.quantize import quantize
+from tests.conftest import cli
+from tests.tinymodel import write_tiny_model
+
+# ------------------------------------------------------------- arithmetic --
+
+
+def test_percentiles_of_known_samples() -> None:
+    samples = [float(x) for x in range(100, 0, -1)]  # 100..1, unsorted on purpose
+    assert percentile(samples, 50) == pytest.approx(50.5)
+    assert percentile(samples, 95) == pytest.approx(95.05)
+    assert percentile(samples, 0) == 1.0 and percentile(samples, 100) == 100.0
+    assert percentile([7.0], 95) == 7.0
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    rng = random.Random(1)
+    noisy = [rng.expovariate(0.1) for _ in range(257)]
+    for q in (5, 50, 90, 95, 99):
+        assert percentile(noisy, q) == pytest.approx(float(np.percentile(noisy, q)))
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_spread_is_range_over_median() -> None:
+    assert spread([9.0, 10.0, 12.0]) == pytest.approx(0.3)
+    assert spread([5.0]) == 0.0
+
+
+def _events(ttft: float, marks: list[tuple[int, float]], total: int) -> list[Event]:
+    out: list[Event] = [TokenEvent("x", n, ttft, t, 0.0) for n, t in marks]
+    stats = Stats(
+        prompt_tokens=3,
+        generated_tokens=total,
+        ttft_s=ttft,
+        decode_tokens_per_s=0.0,
+        elapsed_s=marks[-1][1],
+        stop_reason="length",
+    )
+    return [*out, DoneEvent(stats)]
+
+
+def test_token_times_from_event_timestamps() -> None:
+    # token 1 at 1.0 s; token 3 produced no text of its own (its event comes with token 4)
+    stats, times = bench.token_times(_events(1.0, [(1, 1.0), (2, 1.1), (4, 1.35), (5, 1.4)], 5))
+    assert stats.generated_tokens == 5
+    assert times == pytest.approx([100.0, 125.0, 125.0, 50.0])
+
+
+# ----------------------------------------------------------------- advice --
+
+
+def _row(name: str, rate: float, *, spread: float = 0.02, ppl: float = 10.0, **kw: object) -> Row:
+    settings = kw.pop("settings", {"kv_k": name, "kv_v": name})
+    return Row(
+        name,
+        decode_tokens_per_s=rate,
+        repeats_tokens_per_s=[rate],
+        spread=spread,
+        perplexity=ppl,
+        settings=settings,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_advice_follows_the_measurements() -> None:
+    base = _row("baseline", 10.0, settings={"kv_k": "f16", "kv_v": "f16"})
+    faster = _row("q8_0", 12.0)
+    rows = [base, faster]
+    relate_to_baseline(rows, base)
+    advice = advise(rows, base)
+    assert advice.interactive == "q8_0" and advice.defaults == {"kv_k": "q8_0", "kv_v": "q8_0"}
+    assert "interactive: q8_0 (12.0 tok/s, 1.20x)" in advice.text
+
+
+def test_advice_keeps_the_baseline_within_noise() -> None:
+    base = _row("baseline", 10.0, spread=0.15, settings={"kv_k": "f16", "kv_v": "f16"})
+    rows = [base, _row("q8_0", 11.0)]  # +10%, but the baseline's rounds spread 15%
+    relate_to_baseline(rows, base)
+    advice = advise(rows, base)
+    assert advice.interactive == "baseline" and advice.batch == "baseline"
+    assert advice.defaults == {"kv_k": "f16", "kv_v": "f16"}
+    assert "no technique beat the baseline" in advice.text
+
+
+def test_advice_rejects_a_fast_setting_that_ruins_quality() -> None:
+    base = _row("baseline", 10.0, settings={"kv_k": "f16", "kv_v": "f16"})
+    broken = _row("q4_0", 20.0, ppl=10.0 * (1 + QUALITY_LIMIT * 3))
+    good = _row("q8_0", 13.0, ppl=10.05)
+    rows = [base, broken, good]
+    relate_to_baseline(rows, base)
+    advice = advise(rows, base)
+    assert advice.interactive == "q8_0"
+    assert "not advised for quality" in advice.text and "q4_0" in advice.text
+
+
+def test_advice_for_batch_work_takes_aggregate_throughput() -> None:
+    base = _row("baseline", 10.0, settings={"kv_k": "f16", "kv_v": "f16"})
+    batch4 = _row("batching n=4", 21.0, sequences=4, settings={"parallel": 4})
+    weights = _row("weights q8_0", 30.0, settings=None)  # a file, not a setting: never advised
+    rows = [base, batch4, weights]
+    relate_to_baseline(rows, base)
+    advice = advise(rows, base)
+    assert advice.interactive == "baseline"
+    assert advice.batch == "batching n=4"
+    assert advice.defaults == {"kv_k": "f16", "kv_v": "f16", "parallel": 4}
+
+
+def test_relate_to_baseline() -> None:
+    base = _row("baseline", 10.0, ppl=20.0)
+    other = _row("x", 5.0, ppl=21.0)
+    relate_to_baseline([base, other], base)
+    assert base.speedup == 1.0 and other.speedup == pytest.approx(0.5)
+    assert other.perplexity_change == pytest.approx(0.05) and base.perplexity_change == 0.0
+
+
+# ----------------------------------------------------------- measurement --
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model with head size 32 (quantized KV caches need it), as f32,
+    and quantized to q4_0 and q8_0 side by side."""
+    folder = tmp_path_factory.mktemp("bench")
+    f32 = write_tiny_model(folder / "wide-f32.gguf", n_embd=128, n_head=4, n_head_kv=2)
+    out = {"f32": f32}
+    for q in ("q4_0", "q8_0"):
+        out[q] = quantize(f32, folder / f"wide-{q}.gguf", q).path
+    return out
+
+
+def _quick(**kw: object) -> bench.Plan:
+    return bench.Plan.make(True, rounds=2, max_tokens=6, ppl_tokens=64, ppl_window=32, **kw)
+
+
+def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
+    steps: list[bench.Progress] = []
+    result = bench.run(bench.Bench(weights["q4_0"], _quick()), progress=steps.append)
+    rows = {r.technique: r for r in result.rows}
+    measured = ["baseline", "kv-cache q8_0", "kv-cache q4_0", "weights q8_0"]
+    for name in measured:
+        row = rows[name]
+        assert row.measured, (name, row.note)
+        assert row.decode_tokens_per_s and row.decode_tokens_per_s > 0
+        assert len(row.repeats_tokens_per_s) == 2
+        assert row.p50_token_ms is not None and row.p95_token_ms is not None
+        assert 0 < row.p50_token_ms <= row.p95_token_ms
+        assert row.ttft_s and row.ttft_s > 0
+        assert row.peak_rss_bytes and row.peak_rss_bytes > 10**6
+        assert row.perplexity and row.perplexity > 1
+        assert row.speedup is not None
+    assert rows["weights q8_0"].note == "wide-q8_0.gguf"
+    assert rows["baseline"].speedup == 1.0 and rows["baseline"].perplexity_change == 0.0
+    # measured KV bytes per token: q8_0 stores 34 bytes and q4_0 18 bytes per 32 values, f16 64
+    f16, q8, q4 = (rows[n].kv_bytes_per_token or 0 for n in ("baseline", "kv-cache q8_0", "kv-cache q4_0"))
+    assert q8 / f16 == pytest.approx(34 / 64, rel=0.02) and q4 / f16 == pytest.approx(18 / 64, rel=0.02)
+    fits = [rows[n].context_fits or 0 for n in ("baseline", "kv-cache q8_0", "kv-cache q4_0")]
+    assert fits[0] < fits[1] < fits[2]
+    for name in ("speculative draft", "speculative lookup", "speculative auto", "batching n=1", "batching n=8"):
+        assert not rows[name].available and rows[name].note == "not available in this build"
+    assert [s.done for s in steps] == list(range(len(steps)))
+    assert steps[-1].done == steps[-1].total == 2 * 4 + 4  # two rounds of four rows, four perplexities
+    assert result.advice.interactive in rows
+
+
+def test_a_row_the_model_cannot_take_is_marked_unavailable(tiny_model: Path) -> None:
+    """The tiny model's head size (16) is too small for a quantized KV cache."""
+    result = bench.run(bench.Bench(tiny_model, _quick()), techniques=[bench.baseline_rows, bench.kv_cache_rows])
+    rows = {r.technique: r for r in result.rows}
+    assert rows["baseline"].measured
+    assert not rows["kv-cache q8_0"].available and "multiple of 32" in rows["kv-cache q8_0"].note
+
+
+def test_a_registered_technique_gets_its_row(tiny_model: Path) -> None:
+    def fake_measure(b: bench.Bench) -> bench.Round:
+        plain = b.single(b.engine_config(n_threads=1))
+        return bench.Round(
+            plain.decode_tokens_per_s, plain.token_ms, plain.ttft_s, plain.peak_rss_bytes, extra={"acceptance": 0.75}
+        )
+
+    def one_thread(b: bench.Bench) -> list[bench.RowSpec]:
+        return [bench.RowSpec("one thread", fake_measure, settings={"threads": 1})]
+
+    techniques = list(bench.TECHNIQUES)
+    try:
+        bench.register(one_thread)
+        assert bench.TECHNIQUES[-1] is one_thread
+        result = bench.run(bench.Bench(tiny_model, _quick()), techniques=[bench.baseline_rows, one_thread])
+    finally:
+        bench.TECHNIQUES[:] = techniques
+    row = result.rows[1]
+    assert row.technique == "one thread" and row.measured and row.extra == {"acceptance": 0.75}
+    assert row.as_dict()["acceptance"] == 0.75
+
+
+def test_other_weights_are_found_beside_the_model(tmp_path: Path) -> None:
+    q4 = tmp_path / "Model-7B-Q4_K_M.gguf"
+    q4.write_bytes(b"")
+    assert bench.other_weights(q4) is None
+    q8 = tmp_path / "Model-7B-Q8_0.gguf"
+    q8.write_bytes(b"")
+    assert bench.other_weights(q4) == q8
+    assert bench.other_weights(q8) == q4
+    assert bench.other_weights(tmp_path / "plain.gguf") is None
+
+
+# -------------------------------------------------------------------- CLI --
+
+ROW_FIELDS = {
+    "technique": str,
+    "decode_tokens_per_s": float,
+    "speedup": float,
+    "p50_token_ms": float,
+    "p95_token_ms": float,
+    "ttft_s": float,
+    "peak_rss_bytes": int,
+    "spread": float,
+    "repeats_tokens_per_s": list,
+    "kv_bytes_per_token": float,
+    "context_fits": int,
+    "perplexity": float,
+    "perplexity_change": float,
+    "available": bool,
+    "note": str,
+    "sequences": int,
+}
+
+
+def test_json_schema_chart_and_saved_defaults(weights: dict[str, Path], tmp_path: Path) -> None:
+    chart = tmp_path / "bench.svg"
+    args = ["bench", "--quick", "--rounds", "1", "-n", "4", "-m", str(weights["q4_0"]), "--json"]
+    res = cli(*args, "--chart", str(chart), "--save-defaults")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)  # stdout is the JSON object alone
+    assert data["mode"] == "quick" and data["rounds"] == 1 and data["max_tokens"] == 4
+    assert {r["technique"] for r in data["rows"]} >= {"baseline", "kv-cache q8_0", "kv-cache q4_0", "weights q8_0"}
+    for row in data["rows"]:
+        if not row["available"]:
+            assert row["decode_tokens_per_s"] is None and row["note"]
+            continue
+        for key, kind in ROW_FIELDS.items():
+            assert isinstance(row[key], kind), (row["technique"], key, row[key])
+    advice = data["advice"]
+    assert set(advice) == {"interactive", "batch", "defaults", "text"}
+    assert advice["interactive"] in {r["technique"] for r in data["rows"]}
+    saved = config.load()
+    assert saved.kv_k == advice["defaults"]["kv_k"] and saved.kv_v == advice["defaults"]["kv_v"]
+    assert "saved defaults to" in res.stderr
+    doc = xml.dom.minidom.parse(str(chart))
+    labels = [t.firstChild.data for t in doc.getElementsByTagName("text") if t.firstChild]  # type: ignore[union-attr]
+    for row in data["rows"]:
+        assert row["technique"] in labels
+    measured = sum(1 for r in data["rows"] if r["available"])
+    assert len(doc.getElementsByTagName("rect")) == 1 + measured  # the background and one bar per measured row
+
+
+def test_table_into_a_pipe(weights: dict[str, Path]) -> None:
+    res = cli("bench", "--quick", "--rounds", "1", "-n", "3", "-m", str(weights["q8_0"]))
+    assert res.returncode == 0, res.stderr
+    assert "\x1b[" not in res.stdout
+    for name in ("baseline", "kv-cache q8_0", "kv-cache q4_0", "speculative draft", "batching n=4", "weights q4_0"):
+        assert name in res.stdout
+    assert re.search(r"^advice: interactive: ", res.stdout, re.M)
+    assert "round 1/1" in res.stderr  # progress goes to stderr
+
+
+def test_bench_usage_errors(tiny_model: Path) -> None:
+    res = cli("bench", "-m", str(tiny_model), "--rounds", "0")
+    assert res.returncode == 2 and "--rounds" in res.stderr
+    res = cli("bench", "-m", str(tiny_model), "--budget", "lots")
+    assert res.returncode == 2 and "not a size" in res.stderr
+
+
+# --------------------------------------------------------------- quantize --
+
+
+def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str, Path], tmp_path: Path) -> None:
+    from gguf import GGMLQuantizationType, LlamaFileType
+
+    from localrun.decode import SamplingParams, generate
+    from localrun.engine import Engine, EngineConfig
+    from localrun.ggufmeta import read_gguf
+
+    out = tmp_path / "out-q8_0.gguf"
+    res = cli("quantize", str(weights["f32"]), str(out), "--type", "q8_0")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(out)
+    info = read_gguf(out)
+    assert info.metadata["general.file_type"] == LlamaFileType.MOSTLY_Q8_0
+    matrices = [t for t in info.tensors if len(t.shape) == 2]
+    assert matrices and all(t.type == GGMLQuantizationType.Q8_0 for t in matrices)
+    assert out.stat().st_size < weights["f32"].stat().st_size / 3
+    with Engine(EngineConfig(model_path=out, n_ctx=256)) as engine:
+        events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=4))
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.stats.generated_tokens == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out-q8_0.gguf"]  # no temporary file left
+
+
+def test_quantize_refuses_to_overwrite_without_force(weights: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "exists.gguf"
+    out.write_bytes(b"keep me")
+    res = cli("quantize", str(weights["f32"]), str(out), "--type", "q4_0")
+    assert res.returncode == 2 and "already exists" in res.stderr and "--force" in res.stderr
+    assert out.read_bytes() == b"keep me"
+    res = cli("quantize", str(weights["f32"]), str(out), "--type", "q4_0", "--force")
+    assert res.returncode == 0, res.stderr
+    assert out.read_bytes()[:4] == b"GGUF"
+
+
+def test_quantize_errors(weights: dict[str, Path], tmp_path: Path) -> None:
+    res = cli("quantize", str(weights["f32"]), str(tmp_path / "x.gguf"), "--type", "q9_9")
+    assert res.returncode == 2 and "unknown quantization type" in res.stderr and "q4_k_m" in res.stderr
+    res = cli("quantize", str(weights["q4_0"]), str(tmp_path / "y.gguf"), "--type", "q8_0")
+    assert res.returncode == 2 and "already quantized" in res.stderr and "--allow-requantize" in res.stderr
+    res = cli("quantize", str(tmp_path / "missing.gguf"), str(tmp_path / "z.gguf"), "--type", "q8_0")
+    assert res.returncode == 3
+    assert list(tmp_path.iterdir()) == []
+    res = cli("quantize", str(weights["q4_0"]), str(tmp_path / "y.gguf"), "--type", "q8_0", "--allow-requantize")
+    assert res.returncode == 0, res.stderr

@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+
+from localrun import config, paths, registry
+from localrun.errors import ConfigError
+from tests.conftest import cli
+from tests.tinymodel import write_tiny_model
+
+
+def write_config(text: str) -> Path:
+    path = config.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_no_file_means_no_defaults() -> None:
+    assert not config.config_file().exists()
+    assert config.load() == config.UserConfig()
+
+
+def test_values_are_typed() -> None:
+    write_config(
+        '[defaults]\nkv_k = "q8_0"\nkv_v = "q4_0"\nflash_attn = "on"\nthreads = 3\n'
+        'draft = "qwen2.5-coder:0.5b"\nparallel = 4\nmemory_budget = "2GiB"\n'
+    )
+    assert config.load() == config.UserConfig(
+        kv_k="q8_0",
+        kv_v="q4_0",
+        flash_attn="on",
+        threads=3,
+        draft="qwen2.5-coder:0.5b",
+        parallel=4,
+        memory_budget=2 * 2**30,
+    )
+    write_config("[defaults]\nmemory_budget = 1000000\n")
+    assert config.load().memory_budget == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "reason"),
+    [
+        ("[defaults\n", "", "not valid TOML"),
+        ("threads = 2\n", "", "unknown top-level key: threads"),
+        ("defaults = 3\n", "", "must be a table"),
+        ("[defaults]\nkv = 'q8_0'\n", "[defaults] kv", "unknown key"),
+        ("[defaults]\nkv_k = 'q5_1'\n", "[defaults] kv_k", "not one of f16, q8_0, q4_0"),
+        ("[defaults]\nflash_attn = true\n", "[defaults] flash_attn", "not one of auto, on, off"),
+        ("[defaults]\nthreads = 'two'\n", "[defaults] threads", "whole number"),
+        ("[defaults]\nthreads = 0\n", "[defaults] threads", "whole number"),
+        ("[defaults]\nparallel = true\n", "[defaults] parallel", "whole number"),
+        ("[defaults]\nmemory_budget = 'lots'\n", "[defaults] memory_budget", "not a size"),
+        ("[defaults]\ndraft = ''\n", "[defaults] draft", "non-empty"),
+    ],
+)
+def test_bad_content_names_the_file_and_key(text: str, where: str, reason: str) -> None:
+    path = write_config(text)
+    with pytest.raises(ConfigError) as caught:
+        config.load()
+    assert caught.value.message.startswith(f"{path}: {where}".rstrip())
+    assert reason in caught.value.message
+
+
+def test_a_broken_config_stops_generate_with_exit_6(tiny_model: Path) -> None:
+    path = write_config("[defaults]\nthreads = -1\n")
+    res = cli("generate", "-m", str(tiny_model), "-n", "2", "hi")
+    assert res.returncode == 6
+    assert str(path) in res.stderr and "threads" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_save_defaults_merges_and_writes_atomically() -> None:
+    write_config('[defaults]\nthreads = 2\nkv_k = "f16"\n')
+    written = config.save_defaults({"kv_k": "q8_0", "kv_v": "q8_0", "memory_budget": "3GiB"})
+    assert written == config.config_file()
+    assert config.load() == config.UserConfig(kv_k="q8_0", kv_v="q8_0", threads=2, memory_budget=3 * 2**30)
+    assert [p.name for p in written.parent.iterdir()] == ["config.toml"]  # no temporary file left
+    with pytest.raises(ConfigError, match="parallel"):
+        config.save_defaults({"parallel": 0})
+    assert config.load().kv_k == "q8_0"  # a refused save leaves the file as it was
+
+
+def test_save_defaults_refuses_to_build_on_a_broken_file() -> None:
+    path = write_config("[defaults]\nbogus = 1\n")
+    with pytest.raises(ConfigError, match="bogus"):
+        config.save_defaults({"threads": 2})
+    assert path.read_text() == "[defaults]\nbogus = 1\n"
+
+
+def test_save_defaults_creates_the_folder() -> None:
+    assert not paths.config_dir().exists()
+    config.save_defaults({"draft": 'a "quoted" name'})
+    assert config.load().draft == 'a "quoted" name'
+
+
+# ----------------------------------------------------------- precedence --
+
+KV_LINE = re.compile(r"K \((\w+)\):.*V \((\w+)\):")
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Head size 32: what quantized KV cache blocks need."""
+    return write_tiny_model(tmp_path_factory.mktemp("cfg") / "wide.gguf", n_embd=128, n_head=4, n_head_kv=2)
+
+
+def kv_types(*args: str) -> tuple[str, str]:
+    """The K and V cache types llama.cpp allocated for `generate ARGS`."""
+    res = cli("generate", "--verbose", "-n", "2", *args, "hi")
+    assert res.returncode == 0, res.stderr[-2000:]
+    found = KV_LINE.search(res.stderr)
+    assert found, res.stderr[-2000:]
+    return found.group(1), found.group(2)
+
+
+def registered(model: Path, defaults: str) -> str:
+    """An alias for ``model`` in the user's models.toml, already in localrun's
+    cache (a mirror copy), with these registry defaults."""
+    data = model.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    cached = paths.cache_dir() / "mirror" / sha / "wide.gguf"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(data)
+    path = registry.user_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'[models."wide:test"]\nrepo = "tester/wide"\nfile = "wide.gguf"\ndefaults = {{ {defaults} }}\n'
+        f'[[models."wide:test".mirrors]]\nsha256 = "{sha}"\n'
+        'parts = [{ wheel = "wide-part==1.0", member = "wide.gguf" }]\n'
+    )
+    return "wide:test"
+
+
+def test_precedence_option_then_registry_then_config(wide_model: Path) -> None:
+    model = str(wide_model)
+    assert kv_types("-m", model) == ("f16", "f16")  # built-in default
+    write_config('[defaults]\nkv_k = "q8_0"\nkv_v = "q8_0"\n')
+    assert kv_types("-m", model) == ("q8_0", "q8_0")  # the config applies
+    assert kv_types("-m", model, "--kv", "f16") == ("f16", "f16")  # an option wins over it
+    assert kv_types("-m", model, "--kv-v", "q4_0") == ("q8_0", "q4_0")
+    alias = registered(wide_model, 'kv = "q4_0"')
+    assert kv_types("-m", alias) == ("q4_0", "q4_0")  # the registry entry wins over the config
+    assert kv_types("-m", alias, "--kv-k", "f16") == ("f16", "q4_0")  # and an option over both
+
+
+def test_config_flash_attention_and_budget_apply(wide_model: Path) -> None:
+    write_config('[defaults]\nkv_v = "q8_0"\nflash_attn = "off"\n')
+    res = cli("generate", "-m", str(wide_model), "-n", "2", "hi")
+    assert res.returncode == 2 and "needs flash attention" in res.stderr
+    assert kv_types("-m", str(wide_model), "--flash-attn", "on") == ("f16", "q8_0")
+    write_config("[defaults]\nthreads = 1\nmemory_budget = 100000\n")
+    res = cli("generate", "-m", str(wide_model), "-n", "2", "hi")
+    assert res.returncode == 2 and "does not fit in" in res.stderr
+    write_config("[defaults]\nthreads = 1\nmemory_budget = '1GiB'\n")
+    res = cli("generate", "-m", str(wide_model), "-n", "2", "--stats", "hi")
+    assert res.returncode == 0, res.stderr
