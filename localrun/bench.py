@@ -323,7 +323,7 @@ def weights_rows(bench: Bench) -> list[RowSpec]:
     other = bench.compare or other_weights(bench.model)
     if other is None:
         return unavailable(
-            ["weights 8-bit"], reason="no other quantization of this model found (localrun quantize makes one)"
+            ["weights 8-bit"], reason="no 8-bit/4-bit file of this model beside it (localrun quantize makes one)"
         )
     shape = bench.shape_of(other)
     same_vocab = shape.vocab_size == bench.shape.vocab_size
