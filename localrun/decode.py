@@ -219,6 +219,7 @@ class TokenOutput:
         self.t_first = self.t_last = self.t_start
         self.ttft = 0.0
         self.text_parts: list[str] = []
+        self.tokens: list[int] = []  # the generated tokens, end of generation excluded
 
     def prompt_done(self, n_cached: int = 0) -> None:
         """The prompt is evaluated (``n_cached`` of its tokens were already in the cache)."""
@@ -237,6 +238,7 @@ class TokenOutput:
             self.reason = "eos"
             return None
         self.n_gen += 1
+        self.tokens.append(token)
         text, hit = self.matcher.feed(self.utf8.decode(self.engine.piece(token)))
         if hit:
             self.reason = "stop"

@@ -35,6 +35,54 @@ def render_chat(template: str, messages: list[Message], *, bos_token: str, eos_t
         ) from exc
 
 
+# Templates for models whose GGUF carries none (`chat --template NAME`).
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+        "{{ m.content }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else 'user' %}"
+        "<start_of_turn>{{ role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    "phi3": (
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+}
+
+
+def chat_template(engine: Engine, name: str | None = None) -> str:
+    """The template a chat uses: ``name`` (a built-in) if given, else the GGUF's own."""
+    if name is not None:
+        if name not in BUILTIN_TEMPLATES:
+            raise UsageError(f"unknown chat template {name!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
+        return BUILTIN_TEMPLATES[name]
+    template = engine.info.chat_template
+    if template is None:
+        raise UsageError(
+            f"{engine.info.name} has no chat template in its GGUF metadata",
+            hint=f"choose one with --template ({', '.join(BUILTIN_TEMPLATES)})",
+        )
+    return template
+
+
+def render_messages(engine: Engine, template: str, messages: list[Message]) -> str:
+    return render_chat(template, messages, bos_token=engine.bos_token, eos_token=engine.eos_token)
+
+
+def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:
+    """Tokens of a rendered template, with a BOS unless the template wrote one."""
+    bos = engine.bos_token
+    return engine.tokenize(rendered, add_special=engine.add_bos and not (bos and rendered.startswith(bos)))
+
+
 def compose(instruction: str | None, material: str | None) -> str:
     """The prompt from an argument and piped stdin: the argument is the
     instruction, stdin the material it applies to."""
@@ -54,7 +102,4 @@ def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: 
     if system:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
-    bos, eos = engine.bos_token, engine.eos_token
-    rendered = render_chat(template, messages, bos_token=bos, eos_token=eos)
-    add_bos = engine.add_bos and not (bos and rendered.startswith(bos))
-    return engine.tokenize(rendered, add_special=add_bos)
+    return tokenize_rendered(engine, render_messages(engine, template, messages))
