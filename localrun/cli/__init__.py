@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from localrun.cli import chat, generate, models
+from localrun.cli import cache, chat, generate, models
 
 app = typer.Typer(
     name="localrun",
@@ -19,6 +19,7 @@ app.command("pull")(models.pull)
 app.command("list")(models.list_models)
 app.command("rm")(models.rm)
 app.command("show")(models.show)
+app.add_typer(cache.app, name="cache")
 
 
 @app.callback()
