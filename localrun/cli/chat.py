@@ -189,7 +189,11 @@ class Repl:
             return first[: -len(MULTILINE)]
         lines = [first] if first else []
         while True:
-            more = input("... ")
+            try:
+                more = input("... ")
+            except KeyboardInterrupt:  # drop the unfinished block, stay in the session
+                self.console.print("\n(message discarded)", style="dim")
+                return ""
             if more.rstrip().endswith(MULTILINE):
                 lines.append(more.rstrip()[: -len(MULTILINE)])
                 return "\n".join(lines).strip("\n")
