@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -35,26 +36,111 @@ def render_chat(template: str, messages: list[Message], *, bos_token: str, eos_t
         ) from exc
 
 
+# Templates for models whose GGUF carries none (`chat --template NAME`).
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+        "{{ m.content }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else 'user' %}"
+        "<start_of_turn>{{ role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    "phi3": (
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+}
+
+
+def chat_template(engine: Engine, name: str | None = None) -> str:
+    """The template a chat uses: ``name`` (a built-in) if given, else the GGUF's own."""
+    if name is not None:
+        if name not in BUILTIN_TEMPLATES:
+            raise UsageError(f"unknown chat template {name!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
+        return BUILTIN_TEMPLATES[name]
+    template = engine.info.chat_template
+    if template is None:
+        raise UsageError(
+            f"{engine.info.name} has no chat template in its GGUF metadata",
+            hint=f"choose one with --template ({', '.join(BUILTIN_TEMPLATES)})",
+        )
+    return template
+
+
+def render_messages(engine: Engine, template: str, messages: list[Message]) -> str:
+    return render_chat(template, messages, bos_token=engine.bos_token, eos_token=engine.eos_token)
+
+
+def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:
+    """Tokens of a rendered template, with a BOS unless the template wrote one."""
+    bos = engine.bos_token
+    return engine.tokenize(rendered, add_special=engine.add_bos and not (bos and rendered.startswith(bos)))
+
+
 def compose(instruction: str | None, material: str | None) -> str:
-    """The prompt from an argument and piped stdin: the argument is the
-    instruction, stdin the material it applies to."""
-    parts = [p for p in (instruction, material) if p and p.strip()]
-    text = "\n\n".join(p.rstrip("\n") if p is material else p for p in parts)
+    """The prompt from an argument and piped stdin: the material first, then the
+    instruction about it (so runs over the same material share a prefix)."""
+    return _join(material, instruction)
+
+
+def _join(material: str | None, instruction: str | None) -> str:
+    parts = [material.rstrip("\n")] if material and material.strip() else []
+    if instruction and instruction.strip():
+        parts.append(instruction)
+    text = "\n\n".join(parts)
     if not text.strip():
         raise UsageError("the prompt is empty", hint='pass a prompt: localrun generate "Write a haiku"')
     return text
 
 
-def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    shared: int  # leading tokens other runs are likely to share: the system prompt and piped material
+
+
+def build_prompt(
+    engine: Engine,
+    instruction: str | None,
+    material: str | None = None,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+) -> Prompt:
+    """The prompt's tokens (the chat template unless ``raw``), and how many of
+    them stand for the system prompt and the material, which a prompt cache can
+    keep: the same material with another question shares them."""
+    text = compose(instruction, material)
     template = None if raw else engine.info.chat_template
     if template is None:
         full = f"{system}\n\n{text}" if system else text
-        return engine.tokenize(full, add_special=engine.add_bos)
-    messages: list[Message] = []
-    if system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": text})
-    bos, eos = engine.bos_token, engine.eos_token
-    rendered = render_chat(template, messages, bos_token=bos, eos_token=eos)
-    add_bos = engine.add_bos and not (bos and rendered.startswith(bos))
-    return engine.tokenize(rendered, add_special=add_bos)
+        tokens = engine.tokenize(full, add_special=engine.add_bos)
+    else:
+        messages: list[Message] = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        full = render_messages(engine, template, messages)
+        tokens = tokenize_rendered(engine, full)
+    stable = material.rstrip("\n") if material and material.strip() else system
+    end = full.find(stable) + len(stable) if stable and stable in full else 0
+    if not end:
+        return Prompt(tokens, 0)
+    prefix = (
+        tokenize_rendered(engine, full[:end]) if template else engine.tokenize(full[:end], add_special=engine.add_bos)
+    )
+    shared = 0
+    for a, b in zip(prefix, tokens, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return Prompt(tokens, min(shared, len(tokens) - 1))
+
+
+def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+    return build_prompt(engine, text, system=system, raw=raw).tokens

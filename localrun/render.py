@@ -17,6 +17,7 @@ from typing import IO, Protocol
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
@@ -69,19 +70,31 @@ class PlainRenderer:
 class JsonRenderer:
     """One JSON object per line: {"type":"token","text":...} then {"type":"done",...}."""
 
-    DONE_FIELDS = ("prompt_tokens", "generated_tokens", "ttft_s", "decode_tokens_per_s", "elapsed_s", "stop_reason")
+    DONE_FIELDS = (
+        "prompt_tokens",
+        "generated_tokens",
+        "ttft_s",
+        "decode_tokens_per_s",
+        "elapsed_s",
+        "stop_reason",
+        "cached_tokens",  # prompt tokens found in the KV cache (a chat turn, a prompt cache hit)
+    )
 
-    def __init__(self, out: IO[str]) -> None:
+    def __init__(self, out: IO[str], *, extra: dict[str, object] | None = None) -> None:
         self.out = out
+        self.extra = extra or {}  # added to every event (chat adds its turn number)
 
     def render(self, events: Iterable[Event]) -> Stats:
         stats: Stats | None = None
         for ev in events:
             if isinstance(ev, TokenEvent):
-                self.out.write(json.dumps({"type": "token", "text": ev.text}, ensure_ascii=False) + "\n")
+                record: dict[str, object] = {"type": "token", "text": ev.text, **self.extra}
+                self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
             else:
                 stats = ev.stats
-                record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}}
+                record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}, **self.extra}
+                if stats.prompt_cache:
+                    record["prompt_cache"] = stats.prompt_cache
                 self.out.write(json.dumps(record) + "\n")
             self.out.flush()
         return _final(stats)
@@ -111,9 +124,12 @@ class LiveRenderer:
     once in a final panel.
     """
 
-    def __init__(self, console: Console, *, title: str = "", refresh_per_second: float = 5.0) -> None:
+    def __init__(
+        self, console: Console, *, title: str = "", refresh_per_second: float = 5.0, markdown: bool = False
+    ) -> None:
         self.console = console
         self.title = title
+        self.markdown = markdown  # the final panel renders the reply as Markdown
         self.refresh_per_second = refresh_per_second
         self._chunks: list[str] = []
         self._last: TokenEvent | None = None
@@ -162,7 +178,8 @@ class LiveRenderer:
         foot = footer(
             final.generated_tokens, final.decode_tokens_per_s, final.ttft_s, final.elapsed_s, final.stop_reason
         )
-        body = Text("".join(self._chunks))
+        text = "".join(self._chunks)
+        body: RenderableType = Markdown(text, code_theme="monokai") if self.markdown else Text(text)
         self.console.print(
             Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )

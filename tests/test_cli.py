@@ -44,7 +44,9 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "decode_tokens_per_s",
         "elapsed_s",
         "stop_reason",
+        "cached_tokens",
     }
+    assert done["cached_tokens"] == 0
     assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0
     plain = cli("generate", "-m", str(tiny_model), "-n", "10", "--temperature", "0", "hello")
     assert "".join(e["text"] for e in events[:-1]) == plain.stdout.rstrip("\n")

@@ -158,3 +158,11 @@ def test_config_flash_attention_and_budget_apply(wide_model: Path) -> None:
     write_config("[defaults]\nthreads = 1\nmemory_budget = '1GiB'\n")
     res = cli("generate", "-m", str(wide_model), "-n", "2", "--stats", "hi")
     assert res.returncode == 0, res.stderr
+
+
+def test_chat_takes_the_config_too(wide_model: Path) -> None:
+    write_config('[defaults]\nkv_k = "q8_0"\n')
+    res = cli("chat", "--verbose", "-m", str(wide_model), "-n", "2", input="hi\n")
+    assert res.returncode == 0, res.stderr[-2000:]
+    found = KV_LINE.search(res.stderr)
+    assert found and found.groups() == ("q8_0", "f16")

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from localrun import bench as core
 from localrun import benchview
+from localrun.cli import _options as opt
 from localrun.cli._errors import error_boundary
 from localrun.cli.models import resolve_model
 from localrun.config import load as load_config
@@ -29,16 +30,7 @@ def _stdout_console() -> Console:
 
 
 def bench_command(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "-m",
-            "--model",
-            envvar="LOCALRUN_MODEL",
-            help="Alias, owner/repo:QUANT, hf://... or a GGUF path. Default: the registry's default.",
-            show_default=False,
-        ),
-    ] = None,
+    model: opt.Model = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer rounds, one prompt, shorter outputs.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The raw figures as one JSON object on stdout.")] = False,
     chart: Annotated[
@@ -59,13 +51,13 @@ def bench_command(
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.", show_default=False)
     ] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
+    threads: opt.Threads = None,
     budget: Annotated[
         str | None, typer.Option("--budget", help="Memory budget for the KV fits column, e.g. 4GiB.")
     ] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="Never download: use only models already here.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+    offline: opt.Offline = False,
+    verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
 ) -> None:
     """Measure each technique on this machine: a table with the speedup against the baseline."""
     with error_boundary(debug):
@@ -115,9 +107,9 @@ def quantize_command(
     allow_requantize: Annotated[
         bool, typer.Option("--allow-requantize", help="Quantize weights that are already quantized.")
     ] = False,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+    threads: opt.Threads = None,
+    verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
 ) -> None:
     """Quantize a GGUF model with llama.cpp's quantizer; prints the output path."""
     with error_boundary(debug):

@@ -12,25 +12,25 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from localrun.cli import _options as opt
 from localrun.cli._errors import ExitCode, error_boundary
-from localrun.cli.models import resolve_model
-from localrun.config import load as load_config
-from localrun.decode import SamplingParams
 from localrun.decode import generate as run_generation
-from localrun.engine import Engine, EngineConfig
+from localrun.engine import Engine
 from localrun.errors import UsageError
-from localrun.ggufmeta import read_gguf
-from localrun.prompt import compose, prompt_tokens
+from localrun.prompt import build_prompt, compose
+from localrun.promptcache import checkpoint_for
 from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
 
 
-def read_prompt(argument: str | None) -> str:
-    """PROMPT from the argument, or stdin when it is `-` or stdin is piped;
-    with both, the argument is the instruction and stdin the material."""
+def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
+    """(instruction, material): PROMPT from the argument, or stdin when it is
+    `-` or stdin is piped; with both, the argument is the instruction and stdin
+    the material."""
     if argument == "-":
-        return compose(None, sys.stdin.read())
+        return None, sys.stdin.read()
     material = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    return compose(argument, material)
+    compose(argument, material)  # an empty prompt fails here, before a model loads
+    return argument, material
 
 
 @contextmanager
@@ -50,15 +50,6 @@ def ctrl_c_stops(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def parse_ctx(value: str) -> int | None:
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"--ctx {value!r} is not a number", hint="use --ctx auto or --ctx 8192") from None
-
-
 def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
     if as_json:
         return JsonRenderer(sys.stdout)
@@ -71,80 +62,56 @@ def generate(
     prompt: Annotated[
         str | None, typer.Argument(help="The prompt; '-' or a pipe reads stdin.", show_default=False)
     ] = None,
-    model: Annotated[
-        str | None,
+    model: opt.Model = None,
+    offline: opt.Offline = False,
+    max_tokens: opt.MaxTokens = None,
+    temperature: opt.Temperature = 0.8,
+    top_p: opt.TopP = 0.95,
+    top_k: opt.TopK = 40,
+    min_p: opt.MinP = 0.05,
+    repeat_penalty: opt.RepeatPenalty = 1.0,
+    seed: opt.Seed = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
+    system: opt.System = None,
+    ctx: opt.Ctx = None,
+    threads: opt.Threads = None,
+    kv: opt.Kv = None,
+    kv_k: opt.KvK = None,
+    kv_v: opt.KvV = None,
+    flash_attn: opt.FlashAttn = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    prompt_cache: Annotated[
+        bool | None,
         typer.Option(
-            "-m",
-            "--model",
-            envvar="LOCALRUN_MODEL",
-            help="Alias (family:tag), owner/repo:QUANT, hf://... or a GGUF path. Default: the registry's default.",
+            "--prompt-cache/--no-prompt-cache",
+            help="Keep the prompt's KV state on disk for the next run with the same start "
+            "(default: when the system prompt or piped material is long).",
             show_default=False,
         ),
     ] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="Never download: use only models already here.")] = False,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", help="Stop after this many tokens.")] = None,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 for greedy decoding.")] = 0.8,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
-    seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed.")] = None,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
-    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
-    ctx: Annotated[
-        str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
-    ] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")] = None,
-    kv: Annotated[str | None, typer.Option("--kv", help="KV cache type for K and V: f16, q8_0 or q4_0.")] = None,
-    kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV cache type for K (overrides --kv).")] = None,
-    kv_v: Annotated[str | None, typer.Option("--kv-v", help="KV cache type for V (overrides --kv).")] = None,
-    flash_attn: Annotated[
-        str | None,
-        typer.Option(
-            "--flash-attn", help="on, off or auto (on whenever V is quantized). Default: auto.", show_default=False
-        ),
-    ] = None,
-    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")] = False,
+    as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+    verbose: opt.Verbose = False,
+    debug: opt.Debug = False,
 ) -> None:
     """Generate text from a prompt, streamed as it is produced."""
     with error_boundary(debug):
         if max_tokens is not None and max_tokens < 1:
             raise UsageError("--max-tokens must be at least 1")
-        if threads is not None and threads < 1:
-            raise UsageError("--threads must be at least 1")
-        user = load_config()  # precedence: option, then the registry entry's defaults, then the user's config
-        text = read_prompt(prompt)
-        path, target = resolve_model(model, offline=offline, with_draft=True)
-        defaults = target.entry.defaults if target.entry else {}
-        n_ctx = parse_ctx(ctx) if ctx is not None else defaults.get("ctx")
-        system = system if system is not None else defaults.get("system")
-        type_k = kv_k or kv or defaults.get("kv_k") or defaults.get("kv") or user.kv_k or "f16"
-        type_v = kv_v or kv or defaults.get("kv_v") or defaults.get("kv") or user.kv_v or "f16"
-        info = read_gguf(path)
-        sampling = SamplingParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
-        )
-        with Engine(
-            EngineConfig(
-                model_path=info.path,
-                n_ctx=n_ctx,
-                n_threads=threads or user.threads,
-                memory_budget=user.memory_budget,
-                type_k=type_k,
-                type_v=type_v,
-                flash_attn=flash_attn or user.flash_attn or "auto",
-                verbose=verbose,
-            ),
-            info,
-        ) as engine:
-            tokens = prompt_tokens(engine, text, system=system, raw=raw)
-            renderer = pick_renderer(as_json, stats, info.name)
+        instruction, material = read_prompt(prompt)
+        sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+        choice = opt.EngineChoice(model, offline, ctx, threads, kv, kv_k, kv_v, flash_attn, verbose)
+        opened = opt.open_engine(choice, system=system)
+        with opened.engine as engine:
+            built = build_prompt(engine, instruction, material, system=opened.system, raw=raw)
+            checkpoint = checkpoint_for(built, engine, prompt_cache)
+            renderer = pick_renderer(as_json, stats, engine.info.name)
             with ctrl_c_stops(engine):
-                events = run_generation(engine, tokens, sampling, max_tokens=max_tokens, stop=stop or ())
+                events = run_generation(
+                    engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
+                )
                 final = renderer.render(events)
+            for warning in checkpoint.warnings if checkpoint else ():
+                sys.stderr.write(f"warning: {warning}\n")
         if final.stop_reason == "interrupted":
             raise typer.Exit(int(ExitCode.INTERRUPTED))

@@ -1,0 +1,216 @@
+"""A conversation held in one context: each turn evaluates only its new tokens.
+
+`ChatSession` keeps the messages and, beside them, exactly what the KV cache
+holds (tokens, and the rendered text they stand for). A new turn renders the
+whole conversation with the chat template; when the rendering extends the text
+already in the cache, only the extension is tokenized and evaluated. When the
+conversation no longer fits the context, the oldest turns are dropped (the
+system prompt stays) and the caller is told how many.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localrun.decode import Decoder, SamplingParams, generate
+from localrun.engine import Engine
+from localrun.errors import UsageError
+from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.prompt import Message, render_messages, tokenize_rendered
+
+REPLY_RESERVE = 512  # context kept free for a reply when older turns must go
+
+
+@dataclass
+class Turn:
+    """One user message and the reply to it."""
+
+    user: str
+    reply: str = ""
+    interrupted: bool = False
+    stats: Stats | None = None
+
+
+@dataclass
+class SessionTotals:
+    turns: int = 0
+    generated_tokens: int = 0
+    evaluated_tokens: int = 0
+    cached_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def add(self, stats: Stats) -> None:
+        self.turns += 1
+        self.generated_tokens += stats.generated_tokens
+        self.evaluated_tokens += stats.prompt_tokens - stats.cached_tokens
+        self.cached_tokens += stats.cached_tokens
+        if stats.decode_tokens_per_s:
+            self.decode_seconds += max(stats.generated_tokens - 1, 0) / stats.decode_tokens_per_s
+
+    def summary(self) -> str:
+        rate = (self.generated_tokens - self.turns) / self.decode_seconds if self.decode_seconds else 0.0
+        return (
+            f"{self.turns} turns, {self.generated_tokens} tokens generated at {rate:.1f} tok/s, "
+            f"prompt tokens evaluated {self.evaluated_tokens}, reused from the cache {self.cached_tokens}"
+        )
+
+
+@dataclass
+class TurnPlan:
+    """The prompt of the next turn and how many old turns were dropped to fit it."""
+
+    tokens: list[int]
+    dropped: int = 0
+
+
+@dataclass
+class ChatSession:
+    engine: Engine
+    template: str
+    sampling: SamplingParams
+    system: str | None = None
+    max_tokens: int | None = None
+    turns: list[Turn] = field(default_factory=list)
+    totals: SessionTotals = field(default_factory=SessionTotals)
+
+    def __post_init__(self) -> None:
+        self.decoder = Decoder(self.engine)
+        self._cached_text = ""  # the rendered text that the KV cache's tokens stand for
+        self._cached_tokens: list[int] = []
+
+    # -- conversation --
+
+    def messages(self, turns: list[Turn] | None = None) -> list[Message]:
+        out: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
+        for turn in self.turns if turns is None else turns:
+            out.append({"role": "user", "content": turn.user})
+            if turn.reply:
+                out.append({"role": "assistant", "content": turn.reply})
+        return out
+
+    def clear(self) -> None:
+        self.turns.clear()
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+
+    # -- turns --
+
+    def plan(self, user: str) -> TurnPlan:
+        """Add the user's message and build the prompt for the reply, dropping
+        the oldest turns while the conversation does not fit the context."""
+        if not user.strip():
+            raise UsageError("the message is empty")
+        self.turns.append(Turn(user))
+        reserve = min(self.max_tokens or REPLY_RESERVE, REPLY_RESERVE)
+        dropped = 0
+        while True:
+            text = render_messages(self.engine, self.template, self.messages())
+            tokens = self._tokens_for(text)
+            if len(tokens) + reserve <= self.engine.n_ctx or len(self.turns) == 1:
+                break
+            self.turns.pop(0)
+            dropped += 1
+        if len(tokens) >= self.engine.n_ctx:
+            self.turns.pop()
+            self.engine.check_fits(len(tokens))  # raises with the numbers and a hint
+        self._pending_text = text
+        return TurnPlan(tokens, dropped)
+
+    def _tokens_for(self, text: str) -> list[int]:
+        if self._cached_text and text.startswith(self._cached_text):
+            rest = text[len(self._cached_text) :]
+            return self._cached_tokens + self.engine.tokenize(rest, add_special=False)
+        return tokenize_rendered(self.engine, text)
+
+    def reply(self, plan: TurnPlan) -> Iterator[Event]:
+        """Stream the reply to the last planned message; the turn keeps what was
+        generated, even when interrupted."""
+        turn = self.turns[-1]
+        self.engine.abort_requested = False
+        for event in generate(
+            self.engine, plan.tokens, self.sampling, max_tokens=self.max_tokens, decoder=self.decoder
+        ):
+            if isinstance(event, TokenEvent):
+                turn.reply += event.text
+            elif isinstance(event, DoneEvent):
+                turn.stats = event.stats
+                turn.interrupted = event.stats.stop_reason == "interrupted"
+                self.totals.add(event.stats)
+            yield event
+        # Remember the text the cache's tokens stand for, so the next turn
+        # tokenizes only its own part (a different tokenization of the reply
+        # would otherwise cut the reuse short). A reply cut short leaves its
+        # last token unevaluated: the next turn evaluates it with its own text.
+        held = self.decoder.tokens
+        if len(held) >= len(plan.tokens):
+            self._cached_tokens = list(held)
+            self._cached_text = self._pending_text + self.engine.detokenize(held[len(plan.tokens) :])
+        else:  # stopped during the prompt
+            self._cached_tokens, self._cached_text = [], ""
+
+    def retry(self) -> TurnPlan:
+        """Forget the last reply and plan it again."""
+        if not self.turns:
+            raise UsageError("there is no reply to retry yet")
+        last = self.turns.pop()
+        return self.plan(last.user)
+
+    # -- files --
+
+    def save(self, path: Path) -> None:
+        record: dict[str, Any] = {
+            "format": "localrun-chat/1",
+            "model": self.engine.info.name,
+            "system": self.system,
+            "messages": [
+                m
+                for t in self.turns
+                for m in (
+                    {"role": "user", "content": t.user},
+                    {"role": "assistant", "content": t.reply, **({"interrupted": True} if t.interrupted else {})},
+                )
+            ],
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        system, turns = read_conversation(path)
+        self.system = system
+        self.turns = turns
+
+
+def read_conversation(path: Path) -> tuple[str | None, list[Turn]]:
+    """A conversation saved by `ChatSession.save` (or any {"messages": [...]} file)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not a saved conversation: {exc}") from None
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(messages, list):
+        raise UsageError(f"{path} is not a saved conversation: no 'messages' list")
+    system = record.get("system")
+    turns: list[Turn] = []
+    for i, m in enumerate(messages, 1):
+        role = m.get("role") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, str) or role not in ("system", "user", "assistant"):
+            raise UsageError(f"{path}: message {i} needs a role (system, user, assistant) and text content")
+        if role == "system":
+            system = content
+        elif role == "user":
+            turns.append(Turn(content))
+        elif turns and not turns[-1].reply:
+            turns[-1].reply = content
+            turns[-1].interrupted = bool(m.get("interrupted"))
+        else:
+            raise UsageError(f"{path}: message {i} is a reply with no question before it")
+    return (system if isinstance(system, str) else None), turns
