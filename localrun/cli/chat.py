@@ -272,8 +272,8 @@ class Repl:
 
     def _stats(self, _: str) -> bool:
         last: Stats | None = next((t.stats for t in reversed(self.session.turns) if t.stats), None)
-        self.console.print(f"last turn: {last.summary() if last else 'none yet'}")
-        self.console.print(f"session:   {self.session.totals.summary()}")
+        self.console.print(f"last turn: {last.summary() if last else 'none yet'}", soft_wrap=True)
+        self.console.print(f"session:   {self.session.totals.summary()}", soft_wrap=True)
         return True
 
     def _clear(self, _: str) -> bool:
