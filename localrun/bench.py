@@ -191,7 +191,6 @@ class Bench:
         self.shape = describe(read_gguf(model))
         self.budget = memory_budget(plan.memory_budget)
         self._shapes: dict[Path, ModelInfo] = {model: self.shape}
-        self._reference: dict[Path, list[int]] = {}
 
     def shape_of(self, path: Path) -> ModelInfo:
         if path not in self._shapes:
