@@ -50,7 +50,7 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     with _log_lock:
         if "MiB" in message:  # buffer sizes; the debug chatter would flush them out
             _recent_log.append(message)
-        if level == 3:  # GGML_LOG_LEVEL_ERROR
+        if level == 4:  # GGML_LOG_LEVEL_ERROR in ggml.h (3 is WARN)
             _recent_errors.append(message.strip())
     if _verbose:
         os.write(2, text)
