@@ -116,6 +116,8 @@ class EngineConfig:
     type_v: str = "f16"
     flash_attn: str = "auto"  # auto, on or off
     verbose: bool = False
+    n_seq_max: int = 1  # sequences sharing the context (batched decoding)
+    kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -130,11 +132,17 @@ _QUANT_BLOCK = 32
 _RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
 
 
+def memory_budget(config: EngineConfig) -> int:
+    """Bytes for weights, KV cache and compute: the configured budget, or the
+    available RAM less a reserve; 0 when nothing is known about memory."""
+    available = available_memory()
+    return config.memory_budget or (available - _RESERVE if available else 0)
+
+
 def choose_context(shape: ModelInfo, config: EngineConfig) -> int:
     """`--ctx auto`: the longest context that fits the memory budget; `--ctx N`:
     N, or an error with the numbers when it does not fit."""
-    available = available_memory()
-    budget = config.memory_budget or (available - _RESERVE if available else 0)
+    budget = memory_budget(config)
     if not budget:  # nothing known about memory
         return config.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
     fits = shape.max_context(budget, config.type_k, config.type_v)
@@ -226,6 +234,8 @@ class Engine:
         cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        cparams.n_seq_max = config.n_seq_max
+        cparams.kv_unified = config.kv_unified
         cparams.no_perf = True
         _logged_buffers()  # forget what the model load logged
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
@@ -240,6 +250,8 @@ class Engine:
         self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = _logged_buffers()
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}

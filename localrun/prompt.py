@@ -46,14 +46,19 @@ def compose(instruction: str | None, material: str | None) -> str:
 
 
 def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
-    template = None if raw else engine.info.chat_template
-    if template is None:
-        full = f"{system}\n\n{text}" if system else text
-        return engine.tokenize(full, add_special=engine.add_bos)
     messages: list[Message] = []
     if system:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
+    return chat_tokens(engine, messages, raw=raw)
+
+
+def chat_tokens(engine: Engine, messages: list[Message], *, raw: bool = False) -> list[int]:
+    """A conversation through the model's chat template; without one (or with
+    ``raw``), the messages' contents joined by blank lines."""
+    template = None if raw else engine.info.chat_template
+    if template is None:
+        return engine.tokenize("\n\n".join(m["content"] for m in messages), add_special=engine.add_bos)
     bos, eos = engine.bos_token, engine.eos_token
     rendered = render_chat(template, messages, bos_token=bos, eos_token=eos)
     add_bos = engine.add_bos and not (bos and rendered.startswith(bos))
