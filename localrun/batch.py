@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
@@ -40,7 +40,7 @@ class BatchRequest:
 
     index: int
     tokens: Sequence[int]
-    sampling: SamplingParams = SamplingParams()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -156,7 +156,8 @@ class _BatchRun:
     def _fill_slots(self) -> None:
         for seq_id, slot in enumerate(self.slots):
             if slot is None and self.queue:
-                self.slots[seq_id] = _Slot(self.engine, seq_id, self.queue.popleft(), len(self.prefix_tokens), self.capacity)
+                request = self.queue.popleft()
+                self.slots[seq_id] = _Slot(self.engine, seq_id, request, len(self.prefix_tokens), self.capacity)
 
     def _step(self) -> int:
         """One shared decode: each decoding sequence's next token, and prompt

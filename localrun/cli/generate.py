@@ -6,6 +6,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -105,6 +106,17 @@ def generate(
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")] = False,
+    batch: Annotated[
+        str | None,
+        typer.Option("--batch", help="Many prompts: a file (or - for stdin) of lines or JSONL; JSONL results."),
+    ] = None,
+    parallel: Annotated[
+        int | None, typer.Option("--parallel", help="--batch: sequences decoded together (default: what fits).")
+    ] = None,
+    unordered: Annotated[bool, typer.Option("--unordered", help="--batch: write results as they finish.")] = False,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="--batch: skip the ids already in this file; append to it.")
+    ] = None,
 ) -> None:
     """Generate text from a prompt, streamed as it is produced."""
     with error_boundary(debug):
@@ -112,7 +124,7 @@ def generate(
             raise UsageError("--max-tokens must be at least 1")
         if threads is not None and threads < 1:
             raise UsageError("--threads must be at least 1")
-        text = read_prompt(prompt)
+        text = read_prompt(prompt) if batch is None else ""
         path, target = resolve_model(model, offline=offline, with_draft=True)
         defaults = target.entry.defaults if target.entry else {}
         n_ctx = parse_ctx(ctx) if ctx is not None else defaults.get("ctx")
@@ -123,6 +135,32 @@ def generate(
         sampling = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
         )
+        if batch is not None:  # many prompts: localrun/cli/batch.py
+            from localrun.cli import batch as batch_cli
+
+            settings = batch_cli.BatchSettings(
+                source=batch,
+                instruction=prompt,
+                system=system,
+                raw=raw,
+                sampling=sampling,
+                max_tokens=max_tokens,
+                stop=tuple(stop or ()),
+                seq_ctx=parse_ctx(ctx) if ctx is not None else None,
+                parallel=parallel,
+                unordered=unordered,
+                resume=resume,
+                show_stats=stats,
+            )
+            config = EngineConfig(
+                model_path=info.path,
+                n_threads=threads,
+                type_k=type_k,
+                type_v=type_v,
+                flash_attn=flash_attn,
+                verbose=verbose,
+            )
+            raise typer.Exit(batch_cli.run(settings, config, info))
         with Engine(
             EngineConfig(
                 model_path=info.path,
