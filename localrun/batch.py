@@ -228,6 +228,7 @@ class _BatchRun:
             evaluated_tokens=self.evaluated,
             shared_prefix=len(self.prefix_tokens),
             elapsed_s=time.perf_counter() - self.t0,
+            parallel=len(self.slots),
             final=final,
             interrupted=interrupted,
         )

@@ -86,7 +86,8 @@ def summary(p: BatchProgress, failed: int) -> str:
     prefix = f", shared prefix {p.shared_prefix} tokens" if p.shared_prefix else ""
     return (
         f"batch {state} {p.done}/{p.total} prompts, {p.generated_tokens} tokens in {p.elapsed_s:.1f}s "
-        f"({p.tokens_per_s:.1f} tok/s aggregate){prefix}" + (f"; {failed} lines failed" if failed else "")
+        f"({p.tokens_per_s:.1f} tok/s aggregate, {p.parallel} at a time){prefix}"
+        + (f"; {failed} lines failed" if failed else "")
     )
 
 

@@ -69,6 +69,7 @@ class BatchProgress:
     evaluated_tokens: int  # prompt tokens decoded; a shared prefix counts once
     shared_prefix: int  # prompt tokens every sequence shares, evaluated once
     elapsed_s: float
+    parallel: int = 0  # sequences decoded together, at most
     final: bool = False
     interrupted: bool = False
 
