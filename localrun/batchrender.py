@@ -63,11 +63,6 @@ class JsonlWriter:
             self._write(self.held.pop(self.next))
             self.next += 1
 
-    def skip(self, position: int) -> None:
-        """Nothing will come for ``position`` (the run stopped before it finished)."""
-        if self.ordered:
-            self.held.pop(position, None)
-
     def flush_finished(self) -> None:
         """The run stopped early: write what finished, in order, leaving gaps for what did not."""
         for position in sorted(self.held):

@@ -86,6 +86,8 @@ def _tokenize(engine: Engine, job: _Job, settings: BatchSettings) -> None:
     except (UsageError, BadModelError) as exc:
         job.error = exc.message
         return
+    if not job.tokens:
+        job.error = "the prompt is empty"
     job.max_tokens = line.settings.get("max_tokens", settings.max_tokens)
 
 
@@ -110,7 +112,11 @@ def _output(settings: BatchSettings) -> Iterator[IO[str]]:
         yield sys.stdout
         return
     path = settings.resume
-    cut = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    cut = False
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
     with path.open("a", encoding="utf-8") as f:
         if cut:
             f.write("\n")
@@ -121,30 +127,50 @@ def run(settings: BatchSettings, config: EngineConfig, info: GGUFInfo) -> int:
     """Run the batch; returns the exit code (0, BATCH_FAILED when a line failed, 130 when interrupted)."""
     if settings.parallel is not None and settings.parallel < 1:
         raise UsageError("--parallel must be at least 1")
+    if settings.seq_ctx is not None and settings.seq_ctx < 16:
+        raise UsageError(f"context size {settings.seq_ctx} is too small", hint="use --ctx 512 or more")
     lines = _read_source(settings.source)
     done_ids: set[LineId] = finished_ids(settings.resume) if settings.resume else set()
-    jobs = [_Job(i, line) for i, line in enumerate(line for line in lines if line.id not in done_ids)]
+    jobs = [_Job(i, line, error=line.error) for i, line in enumerate(x for x in lines if x.id not in done_ids)]
     if not jobs:
         return int(ExitCode.OK)
-
     # tokenize with a small context: the real one is sized from the prompts
     with Engine(replace(config, n_ctx=CONTEXT_STEP, n_seq_max=1), info) as tokenizer:
         n_ctx_train = tokenizer.n_ctx_train
         for job in jobs:
-            if job.line.error is None:
+            if job.error is None:
                 _tokenize(tokenizer, job, settings)
-            else:
-                job.error = job.line.error
     seq_ctx = _sequence_context(jobs, settings, n_ctx_train)
     for job in jobs:
-        if job.tokens is not None and job.error is None and len(job.tokens) >= seq_ctx:
+        if job.error is None and job.tokens is not None and len(job.tokens) >= seq_ctx:
             job.error = f"the prompt is {len(job.tokens)} tokens; each sequence's context holds {seq_ctx}"
-    runnable = [job for job in jobs if job.error is None and job.tokens]
+    runnable = [job for job in jobs if job.error is None]
+    parallel = _parallel(len(runnable), seq_ctx, settings, config, info)
 
+    failed = [job for job in jobs if job.error is not None]
+    final: BatchProgress | None = None
+    with _output(settings) as out, BatchProgressBar(sys.stderr, len(runnable)) as bar:
+        to_terminal = settings.resume is None and out.isatty() and sys.stderr.isatty()
+        writer = JsonlWriter(bar.print_line if to_terminal else _writer(out), ordered=not settings.unordered)
+        for job in failed:
+            writer.add(job.position, error_record(job.line.id, job.error or ""))
+        if runnable:
+            run_config = replace(config, n_ctx=parallel * seq_ctx, n_seq_max=parallel)
+            final = _run_jobs(runnable, settings, run_config, info, writer, bar)
+    if final is not None and (settings.show_stats or final.interrupted or sys.stderr.isatty()):
+        sys.stderr.write(summary(final, len(failed)) + "\n")
+    elif failed:
+        sys.stderr.write(f"warning: {len(failed)} of {len(jobs)} lines failed; see their error records\n")
+    if final is not None and final.interrupted:
+        return int(ExitCode.INTERRUPTED)
+    return int(ExitCode.BATCH_FAILED) if failed else int(ExitCode.OK)
+
+
+def _parallel(n_prompts: int, seq_ctx: int, settings: BatchSettings, config: EngineConfig, info: GGUFInfo) -> int:
+    """--parallel, checked against memory; by default as many as fit, up to DEFAULT_MAX_PARALLEL."""
     budget = memory_budget(config)
-    shape = describe(info)
-    fits = parallel_that_fits(shape, seq_ctx, config.type_k, config.type_v, budget) if budget else None
-    if fits == 0 and runnable:
+    fits = parallel_that_fits(describe(info), seq_ctx, config.type_k, config.type_v, budget) if budget else None
+    if fits == 0 and n_prompts:
         raise UsageError(
             f"not even one sequence of {seq_ctx} tokens fits in {budget / 2**30:.1f} GiB beside the weights",
             hint="lower --max-tokens or --ctx, or use --kv q8_0",
@@ -154,31 +180,7 @@ def run(settings: BatchSettings, config: EngineConfig, info: GGUFInfo) -> int:
             f"--parallel {settings.parallel} with {seq_ctx}-token sequences does not fit in memory; {fits} do",
             hint=f"use --parallel {fits}, a smaller --ctx or --max-tokens, or --kv q8_0",
         )
-    parallel = min(settings.parallel or default_parallel(len(runnable), fits), max(len(runnable), 1))
-
-    failed = 0
-    with _output(settings) as out:
-        to_terminal = settings.resume is None and out.isatty() and sys.stderr.isatty()
-        with BatchProgressBar(sys.stderr, len(runnable)) as bar:
-            emit: Callable[[str], None] = bar.print_line if to_terminal else _writer(out)
-            writer = JsonlWriter(emit, ordered=not settings.unordered)
-            for job in jobs:
-                if job.error is not None:
-                    writer.add(job.position, error_record(job.line.id, job.error))
-                    failed += 1
-            final: BatchProgress | None = None
-            if runnable:
-                final = _run_jobs(
-                    runnable, settings, replace(config, n_ctx=parallel * seq_ctx, n_seq_max=parallel), info, writer, bar
-                )
-    show = final is not None and (settings.show_stats or final.interrupted or sys.stderr.isatty())
-    if final is not None and show:
-        sys.stderr.write(summary(final, failed) + "\n")
-    elif failed:
-        sys.stderr.write(f"warning: {failed} of {len(jobs)} lines failed; see their error records\n")
-    if final is not None and final.interrupted:
-        return int(ExitCode.INTERRUPTED)
-    return int(ExitCode.BATCH_FAILED) if failed else int(ExitCode.OK)
+    return min(settings.parallel or default_parallel(n_prompts, fits), max(n_prompts, 1))
 
 
 def _writer(out: IO[str]) -> Callable[[str], None]:
