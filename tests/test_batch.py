@@ -12,13 +12,23 @@ from typing import Any
 
 import pytest
 
-from localrun.batch import BatchRequest, run_batch, shared_prefix
+from localrun.batch import (
+    DEFAULT_MAX_PARALLEL,
+    BatchRequest,
+    default_parallel,
+    parallel_that_fits,
+    run_batch,
+    shared_prefix,
+    slot_context,
+)
 from localrun.batchinput import finished_ids, read_lines
 from localrun.batchrender import JsonlWriter
 from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
 from localrun.events import BatchProgress, SequenceDone, Stats, TokenEvent
+from localrun.ggufmeta import read_gguf
+from localrun.modelinfo import describe
 from localrun.prompt import prompt_tokens
 from tests.conftest import cli, on_terminal
 
@@ -72,6 +82,16 @@ def test_shared_prefix_leaves_each_prompt_a_token() -> None:
     assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2  # the last token is evaluated by each
     assert shared_prefix([[4, 2], [1, 2]]) == 0
     assert shared_prefix([[7]]) == 0
+
+
+def test_sizing_of_a_run(tiny_model: Path) -> None:
+    assert (slot_context(10, 512), slot_context(300, 512), slot_context(5000, 4096)) == (256, 512, 4096)
+    assert default_parallel(40, None) == DEFAULT_MAX_PARALLEL
+    assert (default_parallel(3, 100), default_parallel(40, 5), default_parallel(0, 5)) == (3, 5, 1)
+    shape = describe(read_gguf(tiny_model))
+    per_sequence = 512 * shape.kv_bytes_per_token("f16")
+    budget = shape.weights_bytes + shape.compute_bytes() + 3 * per_sequence + per_sequence // 2
+    assert parallel_that_fits(shape, 512, "f16", "f16", budget) == 3
 
 
 @pytest.mark.parametrize("unified", [False, True])
