@@ -37,6 +37,18 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def cpu_has_amx() -> bool:
+    """Whether the CPU has AMX. llama.cpp's AMX matrix kernels crash (SIGSEGV in
+    ggml_backend_amx_mul_mat, llama.cpp issue 20824) on some such machines as
+    soon as a decode holds a few tokens, so weights are not repacked there;
+    measured on a 2-vCPU AMX Xeon, the plain kernels run as fast."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_int8" in flags.split()
+
+
 # ---------------------------------------------------------------- logging --
 
 _log_lock = threading.Lock()
@@ -117,6 +129,7 @@ class EngineConfig:
     flash_attn: str = "auto"  # auto, on or off
     verbose: bool = False
     n_seq_max: int = 1  # sequences sharing the context (batched decoding)
+    repack: bool | None = None  # weights in llama.cpp's repacked (AMX / SIMD) layouts; None: unless the CPU has AMX
     kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
 
 
@@ -207,6 +220,7 @@ class Engine:
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = config.repack if config.repack is not None else not cpu_has_amx()
         self._model = llama_cpp.llama_model_load_from_file(str(self.info.path).encode(), mparams)
         if not self._model:
             raise BadModelError(
