@@ -161,8 +161,8 @@ class _BatchRun:
 
     def _step(self) -> int:
         """One shared decode: each decoding sequence's next token, and prompt
-        tokens in the room left. Tokens go in seq_id order: llama.cpp splits a
-        batch into ubatches of consecutive sequences."""
+        tokens in the room left. Tokens go in seq_id order: with a KV cache per
+        sequence, llama.cpp splits a batch into ubatches of consecutive seq_ids."""
         live = [s for s in self.slots if s is not None]
         room = self.engine.n_batch - sum(1 for s in live if not s.pending)
         for s in live:
