@@ -116,6 +116,9 @@ class EngineConfig:
     type_v: str = "f16"
     flash_attn: str = "auto"  # auto, on or off
     verbose: bool = False
+    n_seq_max: int = 1  # sequences sharing the context (batched decoding)
+    repack: bool = True  # weights in llama.cpp's repacked SIMD layouts (scripts/setup compiles AMX out)
+    kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -207,6 +210,7 @@ class Engine:
 
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = config.repack
         self._model = llama_cpp.llama_model_load_from_file(str(self.info.path).encode(), mparams)
         if not self._model:
             raise BadModelError(
@@ -234,6 +238,8 @@ class Engine:
         cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        cparams.n_seq_max = config.n_seq_max
+        cparams.kv_unified = config.kv_unified
         cparams.no_perf = True
         _logged_buffers()  # forget what the model load logged
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
@@ -248,6 +254,8 @@ class Engine:
         self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = _logged_buffers()
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}

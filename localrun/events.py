@@ -50,3 +50,34 @@ class DoneEvent:
 
 
 Event = TokenEvent | DoneEvent
+
+
+@dataclass(frozen=True)
+class SequenceDone:
+    """One prompt of a batch has finished: its text and figures (times from when it got a slot)."""
+
+    index: int
+    text: str
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """Where a batch run stands, after each shared decode and once at the end."""
+
+    done: int  # prompts finished
+    total: int
+    generated_tokens: int  # over all sequences
+    evaluated_tokens: int  # prompt tokens decoded; a shared prefix counts once
+    shared_prefix: int  # prompt tokens every sequence shares, evaluated once
+    elapsed_s: float
+    parallel: int = 0  # sequences decoded together, at most
+    final: bool = False
+    interrupted: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+BatchEvent = SequenceDone | BatchProgress

@@ -144,3 +144,12 @@ def build_prompt(
 
 def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
     return build_prompt(engine, text, system=system, raw=raw).tokens
+
+
+def chat_tokens(engine: Engine, messages: list[Message], *, raw: bool = False) -> list[int]:
+    """A conversation through the model's chat template; without one (or with
+    ``raw``), the messages' contents joined by blank lines."""
+    template = None if raw else engine.info.chat_template
+    if template is None:
+        return engine.tokenize("\n\n".join(m["content"] for m in messages), add_special=engine.add_bos)
+    return tokenize_rendered(engine, render_messages(engine, template, messages))

@@ -33,6 +33,7 @@ class ExitCode(IntEnum):
     OUT_OF_CONTEXT = 5
     BAD_CONFIG = 6
     DOWNLOAD_FAILED = 7
+    BATCH_FAILED = 8  # generate --batch: some lines failed (each has an error record)
     INTERRUPTED = 130
 
 

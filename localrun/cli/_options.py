@@ -13,7 +13,7 @@ from localrun.config import load as load_config
 from localrun.decode import SamplingParams
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import UsageError
-from localrun.ggufmeta import read_gguf
+from localrun.ggufmeta import GGUFInfo, read_gguf
 from localrun.store import Target
 
 Model = Annotated[
@@ -86,15 +86,26 @@ class EngineChoice:
 
 
 @dataclass
-class Opened:
-    engine: Engine
+class Resolved:
+    """The model file, what its name resolved to, and the engine settings after
+    options, the registry entry's defaults and the user's config.toml."""
+
+    config: EngineConfig
+    info: GGUFInfo
     target: Target
     system: str | None  # the option's, else the registry entry's default
 
 
-def open_engine(choice: EngineChoice, *, system: str | None = None) -> Opened:
-    """Resolve (pull on first use) the model, apply the registry entry's
-    defaults where options are silent, then the user's config.toml, and load it."""
+@dataclass
+class Opened:
+    engine: Engine
+    target: Target
+    system: str | None
+
+
+def resolve_engine(choice: EngineChoice, *, system: str | None = None) -> Resolved:
+    """Resolve (pull on first use) the model and settle its settings: an option
+    wins, then the registry entry's defaults, then config.toml, then built-ins."""
     if choice.threads is not None and choice.threads < 1:
         raise UsageError("--threads must be at least 1")
     user = load_config()
@@ -104,17 +115,20 @@ def open_engine(choice: EngineChoice, *, system: str | None = None) -> Opened:
     type_k = choice.kv_k or choice.kv or defaults.get("kv_k") or defaults.get("kv") or user.kv_k or "f16"
     type_v = choice.kv_v or choice.kv or defaults.get("kv_v") or defaults.get("kv") or user.kv_v or "f16"
     info = read_gguf(path)
-    engine = Engine(
-        EngineConfig(
-            model_path=info.path,
-            n_ctx=n_ctx,
-            n_threads=choice.threads or user.threads,
-            memory_budget=user.memory_budget,
-            type_k=type_k,
-            type_v=type_v,
-            flash_attn=choice.flash_attn or user.flash_attn or "auto",
-            verbose=choice.verbose,
-        ),
-        info,
+    config = EngineConfig(
+        model_path=info.path,
+        n_ctx=n_ctx,
+        n_threads=choice.threads or user.threads,
+        memory_budget=user.memory_budget,
+        type_k=type_k,
+        type_v=type_v,
+        flash_attn=choice.flash_attn or user.flash_attn or "auto",
+        verbose=choice.verbose,
     )
-    return Opened(engine, target, system if system is not None else defaults.get("system"))
+    return Resolved(config, info, target, system if system is not None else defaults.get("system"))
+
+
+def open_engine(choice: EngineChoice, *, system: str | None = None) -> Opened:
+    """`resolve_engine`, then load the model."""
+    resolved = resolve_engine(choice, system=system)
+    return Opened(Engine(resolved.config, resolved.info), resolved.target, resolved.system)

@@ -6,6 +6,8 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -14,6 +16,7 @@ from rich.console import Console
 
 from localrun.cli import _options as opt
 from localrun.cli._errors import ExitCode, error_boundary
+from localrun.config import load as load_config
 from localrun.decode import generate as run_generation
 from localrun.engine import Engine
 from localrun.errors import UsageError
@@ -93,14 +96,44 @@ def generate(
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: opt.Verbose = False,
     debug: opt.Debug = False,
+    batch: Annotated[
+        str | None,
+        typer.Option("--batch", help="Many prompts: a file (or - for stdin) of lines or JSONL; JSONL results."),
+    ] = None,
+    parallel: Annotated[
+        int | None, typer.Option("--parallel", help="--batch: sequences decoded together (default: what fits).")
+    ] = None,
+    unordered: Annotated[bool, typer.Option("--unordered", help="--batch: write results as they finish.")] = False,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="--batch: skip the ids already in this file; append to it.")
+    ] = None,
 ) -> None:
     """Generate text from a prompt, streamed as it is produced."""
     with error_boundary(debug):
         if max_tokens is not None and max_tokens < 1:
             raise UsageError("--max-tokens must be at least 1")
-        instruction, material = read_prompt(prompt)
         sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
         choice = opt.EngineChoice(model, offline, ctx, threads, kv, kv_k, kv_v, flash_attn, verbose)
+        if batch is not None:  # many prompts: localrun/cli/batch.py
+            from localrun.cli import batch as batch_cli
+
+            resolved = opt.resolve_engine(choice, system=system)
+            settings = batch_cli.BatchSettings(
+                source=batch,
+                instruction=prompt,
+                system=resolved.system,
+                raw=raw,
+                sampling=sampling,
+                max_tokens=max_tokens,
+                stop=tuple(stop or ()),
+                seq_ctx=opt.parse_ctx(ctx) if ctx is not None else None,
+                parallel=parallel if parallel is not None else load_config().parallel,
+                unordered=unordered,
+                resume=resume,
+                show_stats=stats,
+            )
+            raise typer.Exit(batch_cli.run(settings, replace(resolved.config, n_ctx=None), resolved.info))
+        instruction, material = read_prompt(prompt)
         opened = opt.open_engine(choice, system=system)
         with opened.engine as engine:
             built = build_prompt(engine, instruction, material, system=opened.system, raw=raw)

@@ -1,0 +1,149 @@
+"""The input of `generate --batch`: one prompt per line, or JSON Lines objects.
+
+The format is set by the first non-blank line: a line starting with `{` makes
+the whole input JSON Lines, one object per line, `{"id", "prompt" or
+"messages", and settings that override the command line}`. Otherwise every
+non-blank line is a prompt, its id the line number. A line that cannot run
+(bad JSON, an unknown key, a wrong type, no prompt, a repeated id) is kept,
+with the reason, so the run can report it under its id and go on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LineId = str | int
+
+# per-line settings (each overrides the command-line option of the same name) and the type each must have
+_INT, _NUMBER, _STR = ((int,), "an integer"), ((int, float), "a number"), ((str,), "a string")
+SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
+    "max_tokens": _INT,
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": _INT,
+    "min_p": _NUMBER,
+    "repeat_penalty": _NUMBER,
+    "seed": _INT,
+    "system": _STR,
+}
+KEYS = {"id", "prompt", "messages", "stop", *SETTINGS}
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One input line, read: its id and what it asks for, or why it cannot run."""
+
+    number: int  # 1-based line number in the input
+    id: LineId
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # overrides of the command line's settings
+    stop: tuple[str, ...] | None = None
+    error: str | None = None
+
+
+class _BadLine(Exception):
+    pass
+
+
+def _check(key: str, value: Any, kind: tuple[tuple[type, ...], str]) -> None:
+    types, expected = kind
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise _BadLine(f"{key!r} must be {expected}, not {json.dumps(value)}")
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise _BadLine("'messages' must be a non-empty list of {role, content} objects")
+    out = []
+    for m in value:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise _BadLine("each message must be an object with string 'role' and 'content'")
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out):
+        raise _BadLine("the messages are empty")
+    return out
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise _BadLine("'stop' must be a string or a list of strings")
+
+
+def _object_line(number: int, text: str) -> BatchLine:
+    line_id: LineId = number
+    try:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _BadLine(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+        if not isinstance(obj, dict):
+            raise _BadLine("expected a JSON object")
+        if "id" in obj:
+            if isinstance(obj["id"], bool) or not isinstance(obj["id"], str | int):
+                raise _BadLine("'id' must be a string or an integer")
+            line_id = obj["id"]
+        unknown = sorted(set(obj) - KEYS)
+        if unknown:
+            raise _BadLine(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KEYS))})")
+        if ("prompt" in obj) == ("messages" in obj):
+            raise _BadLine("give either 'prompt' or 'messages'")
+        prompt = obj.get("prompt")
+        if prompt is not None:
+            _check("prompt", prompt, _STR)
+            if not prompt.strip():
+                raise _BadLine("the prompt is empty")
+        messages = _messages(obj["messages"]) if "messages" in obj else None
+        settings: dict[str, Any] = {}
+        for key, kind in SETTINGS.items():
+            if key in obj and not (key == "seed" and obj[key] is None):
+                _check(key, obj[key], kind)
+                settings[key] = obj[key]
+        if settings.get("max_tokens", 1) < 1:
+            raise _BadLine("'max_tokens' must be at least 1")
+        stop = _stop(obj["stop"]) if "stop" in obj else None
+        return BatchLine(number, line_id, prompt=prompt, messages=messages, settings=settings, stop=stop)
+    except _BadLine as exc:
+        return BatchLine(number, line_id, error=str(exc))
+
+
+def read_lines(lines: Iterable[str]) -> list[BatchLine]:
+    """Parse the input; blank lines are skipped, a repeated id is an error for its later line."""
+    out: list[BatchLine] = []
+    json_lines: bool | None = None
+    seen: set[LineId] = set()
+    for number, raw in enumerate(lines, start=1):
+        text = raw.rstrip("\r\n")
+        if not text.strip():
+            continue
+        if json_lines is None:
+            json_lines = text.lstrip().startswith("{")
+        line = _object_line(number, text) if json_lines else BatchLine(number, number, prompt=text)
+        if line.error is None and line.id in seen:
+            line = BatchLine(number, line.id, error=f"duplicate id {json.dumps(line.id)}")
+        seen.add(line.id)
+        out.append(line)
+    return out
+
+
+def finished_ids(path: Path) -> set[LineId]:
+    """The ids of the records already in a batch output file (unreadable lines are ignored)."""
+    ids: set[LineId] = set()
+    if not path.exists():
+        return ids
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for text in f:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError:
+                continue  # a line cut short when the last run was killed
+            if isinstance(record, dict) and isinstance(record.get("id"), str | int):
+                ids.add(record["id"])
+    return ids

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Measure `localrun generate --batch` side by side with the alternatives, in one run.
+
+    .venv/bin/python scripts/bench_batch.py [MODEL.gguf] [--threads 2] [--prompts 32]
+        [--tokens 128] [--rounds 1] [--native PATH/TO/llama-batched-bench] [--quick]
+
+1. batch vs one by one: the same prompts of mixed length (one system prompt,
+   greedy, up to --tokens each) through `localrun generate --batch` with its
+   default --parallel, and one after another through localrun's own loop
+   (`localrun.decode.generate`, one decoder, so the system prompt is reused
+   there too). Aggregate tokens/sec = generated tokens / wall time of the
+   generation (model load and tokenization left out of both). It also counts
+   how many texts are identical in the two runs (greedy decoding).
+2. with --native: localrun's batching core against llama.cpp's
+   llama-batched-bench at the same batch size (the --parallel of part 1),
+   both on random prompts of --pp tokens generating --tokens each, no shared
+   prefix. Prints total and decode-phase tokens/sec and their ratios.
+
+Rounds alternate the order of the contenders; ratios are taken within a round,
+then the median over rounds. A shared machine is noisy: read the ranges.
+`--quick` (8 prompts, 32 tokens, --pp 64) runs in a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from localrun.batch import BatchRequest, run_batch
+from localrun.decode import Decoder, SamplingParams, generate
+from localrun.engine import Engine, EngineConfig
+from localrun.events import BatchProgress, DoneEvent, TokenEvent
+from localrun.prompt import prompt_tokens
+
+DEFAULT_MODEL = Path("/root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+SYSTEM = "You are a concise coding assistant. Answer with short, correct code and at most two sentences."
+SHORT = [
+    "Write a Python function that reverses a string.",
+    "What does the Unix command tee do?",
+    "Give a regex that matches an IPv4 address.",
+    "Write a bash loop that prints the numbers 1 to 10.",
+    "How do I read a JSON file in Go?",
+    "Write a SQL query that selects the ten newest orders.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a JavaScript function that debounces another function.",
+    "How do I make an HTTP GET request with curl and show the headers?",
+    "Write a C function that swaps two integers through pointers.",
+    "Explain what a mutex is in one sentence.",
+    "Write a Rust function that sums a vector of i32.",
+    "How do I list the ten largest files in a directory on Linux?",
+    "Write a Python generator that yields Fibonacci numbers.",
+    "What does git rebase do, in two sentences?",
+    "Write a TypeScript type for a user with a name, an email and an optional age.",
+    "How do I parse command-line flags in Python?",
+    "Write a Java method that checks whether a string is a palindrome.",
+    "What is a race condition?",
+    "Write a Makefile rule that compiles main.c into main.",
+]
+SNIPPETS = [
+    "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n",
+    "function fetchAll(urls) {\n  const out = [];\n  urls.forEach(async (u) => {\n"
+    "    out.push(await fetch(u));\n  });\n  return out;\n}\n",
+    "int find(int *a, int n, int key) {\n  int lo = 0, hi = n;\n  while (lo < hi) {\n    int mid = (lo + hi) / 2;\n"
+    "    if (a[mid] < key) lo = mid; else hi = mid;\n  }\n  return lo;\n}\n",
+    "class Cache:\n    def __init__(self, size):\n        self.size = size\n        self.data = {}\n"
+    "    def get(self, key):\n        return self.data.get(key)\n    def put(self, key, value):\n"
+    "        if len(self.data) > self.size:\n            self.data.pop(next(iter(self.data)))\n"
+    "        self.data[key] = value\n",
+]
+MEDIUM = [
+    f"{task}\n\n```\n{code}```" for code in SNIPPETS for task in ("Explain what this code does.", "Find the bug.")
+]
+LONG = [
+    "Review this module and list its problems, most serious first.\n\n```python\n"
+    + "".join(SNIPPETS[i % 4].replace("def ", f"def v{i}_") for i in range(k, k + 4))
+    + "```"
+    for k in range(4)
+]
+
+
+def bench_prompts(n: int) -> list[str]:
+    """``n`` prompts, short, medium and long mixed 3:2:1; a prompt used again gets a suffix."""
+    kinds = {"s": SHORT, "m": MEDIUM, "l": LONG}
+    used = dict.fromkeys(kinds, 0)
+    out = []
+    for i in range(n):
+        kind = "ssmsml"[i % 6]
+        pool, j = kinds[kind], used[kind]
+        used[kind] += 1
+        out.append(pool[j % len(pool)] + (f" (take {j // len(pool) + 1})" if j >= len(pool) else ""))
+    return out
+
+
+# --------------------------------------------------------------- part 1 --
+
+_SUMMARY = re.compile(r"batch done: (\d+)/(\d+) prompts, (\d+) tokens in ([\d.]+)s")
+_PARALLEL = re.compile(r"(\d+) at a time")
+
+
+def run_cli_batch(model: Path, prompts: list[str], args: argparse.Namespace) -> tuple[float, int, list[str], int]:
+    """(aggregate tok/s, generated tokens, texts, parallel) of `localrun generate --batch`."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for i, p in enumerate(prompts):
+            f.write(json.dumps({"id": i, "prompt": p}) + "\n")
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--threads", str(args.threads)]
+    cmd += ["-t", "0", "-n", str(args.tokens), "-s", SYSTEM, "--stats", "--batch", f.name]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    Path(f.name).unlink()
+    found = _SUMMARY.search(out.stderr)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"localrun generate --batch failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    texts = [r["text"] for r in sorted(records, key=lambda r: int(r["id"]))]
+    generated, seconds = int(found.group(3)), float(found.group(4))
+    parallel = _PARALLEL.search(out.stderr)
+    return generated / seconds, generated, texts, int(parallel.group(1)) if parallel else 0
+
+
+def run_one_by_one(engine: Engine, prompts: list[str], tokens: int) -> tuple[float, int, list[str]]:
+    """(aggregate tok/s, generated tokens, texts) of localrun's loop, one prompt after another."""
+    decoder = Decoder(engine)
+    prompt_ids = [prompt_tokens(engine, p, system=SYSTEM) for p in prompts]
+    texts, generated = [], 0
+    t0 = time.perf_counter()
+    for ids in prompt_ids:
+        text = ""
+        for ev in generate(engine, ids, SamplingParams(temperature=0.0), max_tokens=tokens, decoder=decoder):
+            if isinstance(ev, TokenEvent):
+                text += ev.text
+            elif isinstance(ev, DoneEvent):
+                generated += ev.stats.generated_tokens
+        texts.append(text)
+    return generated / (time.perf_counter() - t0), generated, texts
+
+
+# --------------------------------------------------------------- part 2 --
+
+Figures = tuple[float, float]  # (total tok/s: prompt + generated, decode-phase tok/s)
+
+
+def run_core_random(engine: Engine, n: int, pp: int, tg: int, seed: int) -> Figures:
+    """localrun's batching core, batched-bench's way: n random prompts of pp
+    tokens, all started together, tg tokens each."""
+    rng = random.Random(seed)
+    requests = [
+        BatchRequest(i, [rng.randrange(engine.n_vocab) for _ in range(pp)], max_tokens=tg, ignore_eos=True)
+        for i in range(n)
+    ]
+    first: BatchProgress | None = None
+    final: BatchProgress | None = None
+    for ev in run_batch(engine, requests, share_prefix=False):
+        if isinstance(ev, BatchProgress):
+            first = first or ev  # after the first decode: every prompt evaluated, first tokens sampled
+            final = ev
+    assert first is not None and final is not None and final.generated_tokens == n * tg
+    total = n * (pp + tg) / final.elapsed_s
+    decode = n * (tg - 1) / (final.elapsed_s - first.elapsed_s)
+    return total, decode
+
+
+_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|(.*)$", re.MULTILINE)
+
+
+def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int) -> Figures:
+    ctx = n * (pp + tg)
+    cmd = [binary, "-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512"]
+    cmd += ["-npp", str(pp), "-ntg", str(tg), "-npl", str(n)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    for m in _ROW.finditer(out.stdout + out.stderr):
+        cols = [c.strip() for c in m.group(4).split("|") if c.strip()]
+        # N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s, T s, S t/s
+        return float(cols[6]), float(cols[4])
+    raise RuntimeError(f"could not read llama-batched-bench's table ({out.returncode}):\n{out.stderr[-2000:]}")
+
+
+# ------------------------------------------------------------------ main --
+
+
+def ratios(a: list[float], b: list[float]) -> str:
+    r = sorted(x / y for x, y in zip(a, b, strict=True))
+    return f"{statistics.median(r):.3f}x" + (f" (range {r[0]:.3f}-{r[-1]:.3f})" if len(r) > 1 else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=128, help="tokens to generate per prompt (at most)")
+    ap.add_argument("--pp", type=int, default=128, help="prompt tokens per sequence in the native comparison")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--native", help="path to llama-batched-bench")
+    ap.add_argument("--quick", action="store_true", help="8 prompts, 32 tokens, --pp 64")
+    args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.tokens, args.pp = 8, 32, 64
+    prompts = bench_prompts(args.prompts)
+    print(f"model {args.model.name}, {args.threads} threads, {len(prompts)} prompts, up to {args.tokens} tokens each")
+
+    seq_ctx = 4096
+    single = Engine(EngineConfig(model_path=args.model, n_ctx=seq_ctx, n_threads=args.threads))
+    lengths = [len(prompt_tokens(single, p, system=SYSTEM)) for p in prompts]
+    print(f"prompt tokens: {min(lengths)} to {max(lengths)}, {sum(lengths)} in all")
+    batch_rate: list[float] = []
+    alone_rate: list[float] = []
+    parallel = 0
+    for r in range(args.rounds):
+        order = ["batch", "alone"] if r % 2 == 0 else ["alone", "batch"]
+        for which in order:
+            if which == "batch":
+                rate, n, batch_texts, parallel = run_cli_batch(args.model, prompts, args)
+                batch_rate.append(rate)
+            else:
+                rate, n, alone_texts = run_one_by_one(single, prompts, args.tokens)
+                alone_rate.append(rate)
+            print(f"  round {r + 1} {which:5s}: {n} tokens, {rate:.2f} tok/s aggregate", flush=True)
+    same = sum(a == b for a, b in zip(batch_texts, alone_texts, strict=True))
+    single.close()
+    print(f"--batch (default --parallel = {parallel}) {statistics.median(batch_rate):.2f} tok/s; "
+          f"one by one {statistics.median(alone_rate):.2f} tok/s")  # fmt: skip
+    print(f"batch / one by one: {ratios(batch_rate, alone_rate)}  (goal >= 1.8x)")
+    print(f"identical greedy texts: {same}/{len(prompts)}")
+
+    if args.native:
+        n = parallel or 16
+        engine = Engine(EngineConfig(model_path=args.model, n_ctx=n * 512, n_seq_max=n, n_threads=args.threads))
+        run_core_random(engine, min(n, 2), 16, 2, seed=0)  # warm up, as batched-bench does
+        ours: list[Figures] = []
+        native: list[Figures] = []
+        print(f"same batch size {n}, random prompts of {args.pp} tokens, {args.tokens} generated each:")
+        for r in range(args.rounds):
+            order = ["localrun", "native"] if r % 2 == 0 else ["native", "localrun"]
+            for which in order:
+                if which == "localrun":
+                    figures = run_core_random(engine, n, args.pp, args.tokens, seed=r)
+                    ours.append(figures)
+                else:
+                    figures = run_native(args.native, args.model, n, args.pp, args.tokens, args.threads)
+                    native.append(figures)
+                print(f"  round {r + 1} {which:8s}: {figures[0]:.2f} tok/s total, {figures[1]:.2f} tok/s decoding")
+        engine.close()
+        print(f"localrun / llama-batched-bench: total {ratios([o[0] for o in ours], [x[0] for x in native])}, "
+              f"decoding {ratios([o[1] for o in ours], [x[1] for x in native])}  (goal >= 0.95x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""`generate --batch`: continuous batching in the core, the input format, the CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.batch import (
+    DEFAULT_MAX_PARALLEL,
+    BatchRequest,
+    default_parallel,
+    parallel_that_fits,
+    run_batch,
+    shared_prefix,
+    slot_context,
+)
+from localrun.batchinput import finished_ids, read_lines
+from localrun.batchrender import JsonlWriter
+from localrun.decode import SamplingParams, generate
+from localrun.engine import Engine, EngineConfig
+from localrun.errors import ContextOverflowError
+from localrun.events import BatchProgress, SequenceDone, Stats, TokenEvent
+from localrun.ggufmeta import read_gguf
+from localrun.modelinfo import describe
+from localrun.prompt import prompt_tokens
+from tests.conftest import cli, on_terminal
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ["hello there", "the cat sat on the mat", "x", "in the beginning was", "on the", "a b c d e f", "what now"]
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model: Path) -> Iterator[Engine]:
+    """One sequence: the reference every batched result is compared with."""
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2)) as eng:
+        yield eng
+
+
+def alone(engine: Engine, tokens: list[int], sampling: SamplingParams = GREEDY, **kw: object) -> tuple[str, Stats]:
+    text, stats = "", None
+    for ev in generate(engine, tokens, sampling, **kw):  # type: ignore[arg-type]
+        if isinstance(ev, TokenEvent):
+            text += ev.text
+        else:
+            stats = ev.stats
+    assert stats is not None
+    return text, stats
+
+
+def batched(
+    engine: Engine, requests: list[BatchRequest], **kw: bool
+) -> tuple[dict[int, SequenceDone], list[BatchProgress]]:
+    done: dict[int, SequenceDone] = {}
+    progress: list[BatchProgress] = []
+    for ev in run_batch(engine, requests, **kw):
+        if isinstance(ev, SequenceDone):
+            assert ev.index not in done
+            done[ev.index] = ev
+        else:
+            progress.append(ev)
+    assert progress[-1].final and not any(p.final for p in progress[:-1])
+    return done, progress
+
+
+def batch_engine(model: Path, parallel: int, seq_ctx: int = 256, *, kv_unified: bool = False) -> Engine:
+    config = EngineConfig(model_path=model, n_ctx=parallel * seq_ctx, n_seq_max=parallel, kv_unified=kv_unified)
+    return Engine(config)
+
+
+# ------------------------------------------------------------------ core --
+
+
+def test_shared_prefix_leaves_each_prompt_a_token() -> None:
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2  # the last token is evaluated by each
+    assert shared_prefix([[4, 2], [1, 2]]) == 0
+    assert shared_prefix([[7]]) == 0
+
+
+def test_sizing_of_a_run(tiny_model: Path) -> None:
+    assert (slot_context(10, 512), slot_context(300, 512), slot_context(5000, 4096)) == (256, 512, 4096)
+    assert default_parallel(40, None) == DEFAULT_MAX_PARALLEL
+    assert (default_parallel(3, 100), default_parallel(40, 5), default_parallel(0, 5)) == (3, 5, 1)
+    shape = describe(read_gguf(tiny_model))
+    per_sequence = 512 * shape.kv_bytes_per_token("f16")
+    budget = shape.weights_bytes + shape.compute_bytes() + 3 * per_sequence + per_sequence // 2
+    assert parallel_that_fits(shape, 512, "f16", "f16", budget) == 3
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_greedy_batch_matches_each_prompt_alone(tiny_model: Path, single: Engine, unified: bool) -> None:
+    """More prompts than slots, different lengths and limits: every text is what
+    the prompt gives when run alone (sequences do not leak into each other)."""
+    with batch_engine(tiny_model, 3, kv_unified=unified) as engine:
+        tokens = [prompt_tokens(engine, p, system="be brief") for p in PROMPTS]
+        requests = [BatchRequest(i, t, GREEDY, max_tokens=6 + 3 * i) for i, t in enumerate(tokens)]
+        done, progress = batched(engine, requests)
+    assert sorted(done) == list(range(len(PROMPTS)))
+    for i, t in enumerate(tokens):
+        text, stats = alone(single, t, max_tokens=6 + 3 * i)
+        assert done[i].text == text, f"prompt {i}"
+        assert done[i].stats.generated_tokens == stats.generated_tokens == 6 + 3 * i
+        assert done[i].stats.prompt_tokens == len(t) and done[i].stats.stop_reason == "length"
+    final = progress[-1]
+    assert (final.done, final.total, final.interrupted) == (len(PROMPTS), len(PROMPTS), False)
+    assert final.generated_tokens == sum(6 + 3 * i for i in range(len(PROMPTS)))
+
+
+def test_shared_prefix_is_evaluated_once(tiny_model: Path) -> None:
+    system = "You answer in one short sentence, always in English, never in code."
+    with batch_engine(tiny_model, 3) as engine:
+        tokens = [prompt_tokens(engine, p, system=system) for p in PROMPTS]
+        requests = [BatchRequest(i, t, GREEDY, max_tokens=8) for i, t in enumerate(tokens)]
+        shared, shared_progress = batched(engine, requests)
+        separate, separate_progress = batched(engine, requests, share_prefix=False)
+        system_tokens = len(engine.tokenize(system))
+    prefix = shared_prefix(tokens)
+    assert prefix > system_tokens  # the system turn and the user turn's opening
+    assert shared_progress[-1].shared_prefix == prefix
+    assert shared_progress[-1].evaluated_tokens == prefix + sum(len(t) - prefix for t in tokens)
+    assert separate_progress[-1].evaluated_tokens == sum(len(t) for t in tokens)
+    assert {i: d.text for i, d in shared.items()} == {i: d.text for i, d in separate.items()}
+
+
+def test_finished_slot_is_refilled_at_once(tiny_model: Path) -> None:
+    """Two slots; A (2 tokens) and B (10) start; C (8) takes A's slot the decode
+    after A ends, its prompt evaluated beside B's next token: 10 decodes in all
+    (waiting for B to end before starting C would take 18)."""
+    with batch_engine(tiny_model, 2) as engine:
+        requests = [
+            BatchRequest(i, engine.tokenize(p), GREEDY, max_tokens=n)
+            for i, (p, n) in enumerate([("first", 2), ("second one", 10), ("third", 8)])
+        ]
+        done, progress = batched(engine, requests, share_prefix=False)
+    assert [done[i].stats.generated_tokens for i in range(3)] == [2, 10, 8]
+    assert len(progress) - 1 == 10  # one progress event per shared decode, then the final one
+    assert [p.done for p in progress[:-1]] == [0] + [1] * 8 + [3]  # A ends at decode 2; B and C at decode 10
+
+
+def test_each_sequence_samples_with_its_own_settings(tiny_model: Path, single: Engine) -> None:
+    hot = [SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=s) for s in (1, 2, 3)]
+    with batch_engine(tiny_model, 4) as engine:
+        tokens = engine.tokenize("in the")
+        requests = [BatchRequest(i, tokens, s, max_tokens=16) for i, s in enumerate(hot)]
+        requests.append(BatchRequest(3, tokens, GREEDY, max_tokens=16))
+        done, _ = batched(engine, requests)
+    texts = [alone(single, tokens, s, max_tokens=16)[0] for s in [*hot, GREEDY]]
+    assert [done[i].text for i in range(4)] == texts
+    assert len(set(texts)) == 4
+
+
+def test_stop_strings_and_end_of_generation(tiny_model: Path, eos_model: Path, single: Engine) -> None:
+    full, _ = alone(single, single.tokenize("on the"), max_tokens=40)
+    stop = full[10:13]
+    with batch_engine(tiny_model, 2) as engine:
+        requests = [
+            BatchRequest(0, engine.tokenize("on the"), GREEDY, max_tokens=40, stop=(stop,)),
+            BatchRequest(1, engine.tokenize("on the"), GREEDY, max_tokens=40),
+        ]
+        done, _ = batched(engine, requests)
+    assert (done[0].text, done[0].stats.stop_reason) == (full[: full.index(stop)], "stop")
+    assert (done[1].text, done[1].stats.stop_reason) == (full, "length")
+    with batch_engine(eos_model, 2) as engine:
+        done, _ = batched(engine, [BatchRequest(i, engine.tokenize(p), GREEDY) for i, p in enumerate("ab")])
+    assert [(d.text, d.stats.stop_reason, d.stats.generated_tokens) for d in done.values()] == [("", "eos", 0)] * 2
+
+
+def test_abort_reports_only_finished_sequences(tiny_model: Path) -> None:
+    with batch_engine(tiny_model, 2) as engine:
+        requests = [BatchRequest(i, engine.tokenize(p), GREEDY, max_tokens=n) for i, (p, n) in enumerate(
+            [("short", 2), ("long", 200), ("never started", 5)]
+        )]  # fmt: skip
+        events = run_batch(engine, requests, share_prefix=False)
+        seen: list[int] = []
+        final = None
+        for ev in events:
+            if isinstance(ev, SequenceDone):
+                seen.append(ev.index)
+                engine.abort_requested = True  # like a Ctrl-C right after the first result
+            elif ev.final:
+                final = ev
+        engine.abort_requested = False
+    assert seen == [0]
+    assert final is not None and final.interrupted and final.done == 1 and final.total == 3
+
+
+def test_prompt_longer_than_a_sequence_context(tiny_model: Path) -> None:
+    with batch_engine(tiny_model, 2) as engine, pytest.raises(ContextOverflowError, match="holds 256"):
+        run_batch(engine, [BatchRequest(0, engine.tokenize("word " * 300))])
+
+
+# ----------------------------------------------------------------- input --
+
+
+def test_plain_lines_are_prompts_numbered_by_line() -> None:
+    lines = read_lines(["first prompt\n", "\n", "{not json: the format is set by line 1}\n", "last"])
+    assert [(x.id, x.prompt, x.error) for x in lines] == [
+        (1, "first prompt", None),
+        (3, "{not json: the format is set by line 1}", None),
+        (4, "last", None),
+    ]
+
+
+def test_jsonl_lines_with_settings_and_errors() -> None:
+    lines = read_lines(
+        [
+            '{"id": "a", "prompt": "hi", "max_tokens": 5, "temperature": 0, "stop": "x", "seed": 3}',
+            '{"messages": [{"role": "user", "content": "yo"}], "system": "terse", "stop": ["a", "b"]}',
+            "not json",
+            '{"id": "c", "prompt": "  "}',
+            '{"id": "d", "prompt": "p", "temprature": 1}',
+            '{"id": "e", "prompt": "p", "top_k": 1.5}',
+            '{"id": "f"}',
+            '{"id": "a", "prompt": "again"}',
+            '{"id": "g", "prompt": "p", "max_tokens": 0}',
+            "[1, 2]",
+        ]
+    )
+    a, b, *bad = lines
+    assert (a.id, a.prompt, a.settings, a.stop) == ("a", "hi", {"max_tokens": 5, "temperature": 0, "seed": 3}, ("x",))
+    assert (b.id, b.messages, b.settings, b.stop) == (
+        2,
+        [{"role": "user", "content": "yo"}],
+        {"system": "terse"},
+        ("a", "b"),
+    )
+    errors = {x.id: x.error for x in bad}
+    assert all(errors.values())
+    assert "invalid JSON" in str(errors[3]) and "empty" in str(errors["c"]) and "'temprature'" in str(errors["d"])
+    assert "integer" in str(errors["e"]) and "either 'prompt' or 'messages'" in str(errors["f"])
+    assert "duplicate" in str(errors["a"]) and "at least 1" in str(errors["g"]) and "object" in str(errors[10])
+
+
+def test_finished_ids_skip_a_line_cut_short(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    assert finished_ids(out) == set()
+    out.write_text('{"id": 1, "text": "a"}\n{"id": "b", "error": "bad"}\n{"id": 3, "te')
+    assert finished_ids(out) == {1, "b"}
+
+
+def test_writer_keeps_input_order_and_flushes_what_finished() -> None:
+    lines: list[str] = []
+    writer = JsonlWriter(lines.append, ordered=True)
+    writer.add(1, {"id": "b"})
+    writer.add(3, {"id": "d"})
+    assert lines == []
+    writer.add(0, {"id": "a"})
+    assert [json.loads(x)["id"] for x in lines] == ["a", "b"]
+    writer.flush_finished()  # the run stopped: position 2 never finished
+    assert [json.loads(x)["id"] for x in lines] == ["a", "b", "d"]
+    unordered: list[str] = []
+    writer = JsonlWriter(unordered.append, ordered=False)
+    writer.add(2, {"id": "c"})
+    assert unordered == ['{"id": "c"}\n']
+
+
+# ------------------------------------------------------------------- CLI --
+
+
+def records(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def run_cli(model: Path, source: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return cli("generate", "-m", str(model), "-t", "0", "--batch", source, *args, input=input)
+
+
+def test_cli_ordered_and_unordered_output(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"id": "slow", "prompt": "one", "max_tokens": 40}\n{"id": "fast", "prompt": "two", "max_tokens": 2}\n'
+    )
+    ordered = run_cli(tiny_model, str(src))
+    assert ordered.returncode == 0, ordered.stderr
+    assert [r["id"] for r in records(ordered.stdout)] == ["slow", "fast"]
+    unordered = run_cli(tiny_model, str(src), "--unordered")
+    assert [r["id"] for r in records(unordered.stdout)] == ["fast", "slow"]
+    slow = records(ordered.stdout)[0]
+    assert set(slow) == {"id", "text", "stop_reason", "prompt_tokens", "generated_tokens", "ttft_s", "elapsed_s"}
+    assert (slow["generated_tokens"], slow["stop_reason"]) == (40, "length")
+    assert ordered.stderr == "" and "\x1b" not in ordered.stdout
+
+
+def test_cli_greedy_matches_single_generate(tiny_model: Path) -> None:
+    prompts = ["hello there", "the cat sat on the mat", "x"]
+    res = run_cli(tiny_model, "-", "-n", "12", "--parallel", "2", input="\n".join(prompts) + "\n")
+    assert res.returncode == 0, res.stderr
+    for prompt, record in zip(prompts, records(res.stdout), strict=True):
+        one = cli("generate", "-m", str(tiny_model), "-t", "0", "-n", "12", "--json", prompt)
+        text = "".join(e["text"] for e in records(one.stdout) if e["type"] == "token")
+        assert record["text"] == text
+
+
+def test_cli_line_settings_override_the_command_line(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"id": 1, "prompt": "on the"}\n'
+        '{"id": 2, "prompt": "on the", "max_tokens": 3}\n'
+        '{"id": 3, "prompt": "on the", "temperature": 0}\n'
+        '{"id": 4, "prompt": "on the", "system": "be brief"}\n'
+    )
+    res = cli(
+        "generate", "-m", str(tiny_model), "-t", "1.5", "--seed", "5", "--top-k", "0", "-n", "20", "--batch", str(src)
+    )
+    assert res.returncode == 0, res.stderr
+    out = {r["id"]: r for r in records(res.stdout)}
+    greedy = records(run_cli(tiny_model, str(src), "-n", "20").stdout)[0]
+    assert out[2]["generated_tokens"] == 3 and out[1]["generated_tokens"] == 20
+    assert out[3]["text"] == greedy["text"] != out[1]["text"]
+    assert out[4]["prompt_tokens"] > out[1]["prompt_tokens"]  # its own system prompt
+
+
+def test_cli_bad_lines_are_reported_and_the_run_goes_on(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"id": "ok", "prompt": "hi"}\n'
+        "{broken\n"
+        '{"id": "empty", "prompt": ""}\n'
+        f'{{"id": "long", "prompt": "{"word " * 300}"}}\n'
+        '{"id": "ok2", "prompt": "there"}\n'
+    )
+    res = run_cli(tiny_model, str(src), "-n", "4", "--ctx", "256")
+    assert res.returncode == 8
+    out = records(res.stdout)
+    assert [r["id"] for r in out] == ["ok", 2, "empty", "long", "ok2"]  # input order
+    errors = {r["id"]: r["error"] for r in out if "error" in r}
+    assert set(errors) == {2, "empty", "long"}
+    assert "invalid JSON" in errors[2] and "empty" in errors["empty"] and "context holds 256" in errors["long"]
+    assert all(r["generated_tokens"] == 4 for r in out if "error" not in r)
+    assert "3 of 5 lines failed" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_resume_skips_what_is_done(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("alpha\nbeta\ngamma\ndelta\n")
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": 2, "text": "done before"}\n{"id": 3, "te')  # the last run was killed mid-line
+    res = run_cli(tiny_model, str(src), "-n", "3", "--resume", str(out))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    lines = out.read_text().splitlines()
+    assert lines[:2] == ['{"id": 2, "text": "done before"}', '{"id": 3, "te']
+    assert [json.loads(x)["id"] for x in lines[2:]] == [1, 3, 4]
+    again = run_cli(tiny_model, str(src), "-n", "3", "--resume", str(out))
+    assert again.returncode == 0 and out.read_text().splitlines() == lines  # nothing left to do
+
+
+def test_cli_instruction_from_the_argument_is_a_shared_prefix(tiny_model: Path) -> None:
+    lines = "first line\nsecond line\n"
+    plain = run_cli(tiny_model, "-", "-n", "2", "--stats", input=lines)
+    instructed = run_cli(tiny_model, "-", "-n", "2", "--stats", "Translate to French:", input=lines)
+    assert plain.returncode == instructed.returncode == 0, plain.stderr + instructed.stderr
+
+    def prefix(stderr: str) -> int:
+        return int(stderr.split("shared prefix ")[1].split(maxsplit=1)[0])
+
+    assert prefix(instructed.stderr) >= prefix(plain.stderr) + len("Translate to French:") // 2
+    assert all(
+        r["prompt_tokens"] > p["prompt_tokens"]
+        for r, p in zip(records(instructed.stdout), records(plain.stdout), strict=True)
+    )
+
+
+def test_cli_ctrl_c_writes_finished_results_and_exits_130(long_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"id": "quick", "prompt": "a", "max_tokens": 2}\n'
+        '{"id": "endless", "prompt": "b"}\n'  # runs until its context is full: thousands of tokens
+        '{"id": "endless too", "prompt": "c"}\n'
+    )
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(long_model), "-t", "0", "--batch", str(src)]
+    proc = subprocess.Popen(
+        [*cmd, "--unordered"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # the quick one is done; the others are running
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert [r["id"] for r in records((first + rest).decode())] == ["quick"]
+    assert b"interrupted" in err and b"Traceback" not in err
+
+
+def test_cli_progress_on_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\nthree\n")
+    status, screen = on_terminal("generate", "-m", str(tiny_model), "-n", "8", "--batch", str(src))
+    assert status == 0
+    assert "tok/s" in screen and "3/3" in screen  # the bar
+    assert "batch done: 3/3 prompts" in screen  # the summary
+    assert screen.count('"generated_tokens": 8') == 3
