@@ -31,9 +31,9 @@ from localrun.benchstats import Advice, Row, advise, median, merge_extra, percen
 from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig, default_threads, memory_budget
 from localrun.errors import LocalrunError, UsageError
-from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.ggufmeta import read_gguf
-from localrun.modelinfo import ModelInfo, describe
+from localrun.modelinfo import CONTEXT_STEP, ModelInfo, describe
 from localrun.perplexity import REFERENCE_TEXT, Perplexity, perplexity
 from localrun.prompt import prompt_tokens
 
@@ -245,6 +245,52 @@ class Bench:
             context_fits=self.context_fits(config),
         )
 
+    def batched(self, config: EngineConfig, parallel: int) -> Round:
+        """One round of continuous batching: twice ``parallel`` requests (the
+        prompts, cycled) through `localrun.batch`, ``parallel`` at a time;
+        tokens/sec is the aggregate. A sequence's token times are its mean
+        step time (the batch loop does not time single tokens)."""
+        from localrun.batch import BatchRequest, run_batch, slot_context
+
+        reset_peak_rss()
+        greedy = SamplingParams(temperature=0.0)
+        with Engine(dataclasses.replace(config, n_ctx=CONTEXT_STEP)) as tokenizer:
+            prompts = self.prompts(tokenizer)
+        requests = [
+            BatchRequest(i, prompts[i % len(prompts)], greedy, self.plan.max_tokens, ignore_eos=True)
+            for i in range(2 * parallel)
+        ]
+        per_seq = slot_context(
+            max(len(r.tokens) for r in requests) + self.plan.max_tokens + 1, self.shape.context_length or 1 << 20
+        )
+        sized = dataclasses.replace(config, n_ctx=per_seq * parallel, n_seq_max=parallel)
+        done: list[SequenceDone] = []
+        final: BatchProgress | None = None
+        with Engine(sized) as engine:
+            for ev in run_batch(engine, requests):
+                if isinstance(ev, SequenceDone):
+                    done.append(ev)
+                elif ev.final:
+                    final = ev
+            kv = engine.kv_cache_bytes / engine.kv_cells if engine.kv_cache_bytes and engine.kv_cells else None
+            peak = peak_rss()
+        if final is None or not done:
+            raise RuntimeError("the batch ended without results")
+        times = [
+            1000 / d.stats.decode_tokens_per_s
+            for d in done
+            if d.stats.decode_tokens_per_s
+            for _ in range(d.stats.generated_tokens - 1)
+        ]
+        return Round(
+            decode_tokens_per_s=final.generated_tokens / final.elapsed_s if final.elapsed_s > 0 else 0.0,
+            token_ms=tuple(times),
+            ttft_s=median([d.stats.ttft_s for d in done]),
+            peak_rss_bytes=peak,
+            kv_bytes_per_token=kv,
+            context_fits=self.context_fits(config),
+        )
+
     def quality(self, config: EngineConfig) -> Perplexity:
         """Perplexity over the first `ppl_tokens` of the reference text."""
         config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, self.plan.ppl_window))
@@ -295,7 +341,16 @@ def speculative_rows(bench: Bench) -> list[RowSpec]:
 
 
 def batching_rows(bench: Bench) -> list[RowSpec]:
-    return unavailable([f"batching n={n}" for n in (1, 2, 4, 8)], module="localrun.batch")
+    """N sequences in one llama.cpp batch: aggregate tokens/sec (for batch work)."""
+    return [
+        RowSpec(
+            f"batching n={n}",
+            measure=lambda b, n=n: b.batched(b.engine_config(type_k="f16", type_v="f16"), n),  # type: ignore[misc]
+            settings={"parallel": n},
+            sequences=n,
+        )
+        for n in (1, 2, 4, 8)
+    ]
 
 
 _QUANT_IN_NAME = re.compile(r"(?i)([-_.])(q\d(?:_k)?(?:_[msl]|_\d)?|f16|bf16|f32)(\.gguf)$")
