@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from localrun.cli import _options as opt
+from localrun.cli._draft import Draft, open_draft
 from localrun.cli._errors import ExitCode, error_boundary
 from localrun.decode import generate as run_generation
 from localrun.engine import Engine
@@ -76,6 +77,7 @@ def generate(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = "auto",
+    draft: Draft = "auto",
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
@@ -93,8 +95,9 @@ def generate(
         with opened.engine as engine:
             tokens = prompt_tokens(engine, text, system=opened.system, raw=raw)
             renderer = pick_renderer(as_json, stats, engine.info.name)
-            with ctrl_c_stops(engine):
-                events = run_generation(engine, tokens, sampling, max_tokens=max_tokens, stop=stop or ())
+            with ctrl_c_stops(engine), open_draft(draft, engine, opened.target, offline=offline) as speculation:
+                run = speculation.generate if speculation else run_generation
+                events = run(engine, tokens, sampling, max_tokens=max_tokens, stop=stop or ())
                 final = renderer.render(events)
         if final.stop_reason == "interrupted":
             raise typer.Exit(int(ExitCode.INTERRUPTED))

@@ -1,0 +1,46 @@
+"""`--draft`: the option, shared by the commands that generate, and the one
+way it becomes a `Speculation` (or none)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from localrun import registry, store
+from localrun.cli.models import resolve_model
+from localrun.engine import Engine
+from localrun.speculative import Speculation, open_speculation
+
+Draft = Annotated[
+    str,
+    typer.Option(
+        "--draft",
+        help="Speculative decoding: auto (the model's matched draft model and prompt lookup, each used only "
+        "while it pays), lookup, none, or a draft model's alias or GGUF path.",
+    ),
+]
+
+
+@contextmanager
+def open_draft(
+    choice: str, engine: Engine, target: store.Target, *, offline: bool = False
+) -> Iterator[Speculation | None]:
+    """The speculation for ``--draft CHOICE`` on ``engine`` (the model
+    ``target`` names), closed at the end. `auto` uses the matched draft only
+    when it is already downloaded; an alias or path is pulled if need be."""
+    path = None
+    if choice == "auto":
+        entry = target.entry
+        if entry is not None and entry.draft:
+            path = store.locate(store.parse(entry.draft, registry.load()))
+    elif choice not in ("none", "lookup"):
+        path, _ = resolve_model(choice, offline=offline)
+    speculation = open_speculation(engine, choice, path)
+    try:
+        yield speculation
+    finally:
+        if speculation is not None:
+            speculation.close()

@@ -1,0 +1,340 @@
+"""Who proposes the tokens that speculative decoding verifies.
+
+- `PromptLookupDrafter`: n-gram lookup over the prompt and the text generated
+  so far. Finds where the last two tokens occurred before (preferring the
+  occurrence that agrees with the most preceding tokens) and proposes what
+  followed; costs microseconds and no model. When a long run of the input is
+  being copied the agreement is long, and so the controller drafts long.
+- `DraftModelDrafter`: a smaller model with the same vocabulary, with its own
+  engine and KV cache kept in step with the target's accepted tokens (rolled
+  back past rejected drafts). Loaded on first use unless asked for eagerly;
+  its vocabulary is checked against the target's before it is loaded.
+
+A drafter first makes an `Offer` (cheap: how long a draft it could make, a
+bucket that predicts how good it will be, how many tokens it must catch up
+on); the controller picks, and `draft` makes the tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from localrun.decode import Decoder, SamplingParams
+from localrun.engine import Engine, EngineConfig
+from localrun.errors import IncompatibleDraftError
+from localrun.ggufmeta import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
+from localrun.spec_sampling import Probs, sample, target_probs
+
+LOOKUP_MAX = 32  # the longest draft prompt lookup offers
+MODEL_MAX = 8  # the longest draft a draft model offers
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the controller assumes about a drafter before it has measured it."""
+
+    name: str
+    step_cost: float  # one drafted token, as a fraction of a plain target step
+    catch_up_cost: float  # one token of catch-up evaluation, as a fraction of a plain step
+    setup_s: float  # a one-time cost before the first draft (loading), seconds
+    acceptance: tuple[float, ...]  # prior acceptance per bucket
+    free: bool  # drafting costs next to nothing (no model runs)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a drafter could do at this step."""
+
+    drafter: int  # its index in the speculation's drafters
+    bucket: int = 0  # a class of situation with its own acceptance estimate
+    max_len: int = 1
+    catch_up: int = 0  # tokens it must evaluate before it can draft
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: list[Probs] | None = None  # the distribution each token was drawn from; None: deterministic
+    n_sync: int = 0  # tokens evaluated to catch up before drafting
+    sync_s: float = 0.0
+    steps_s: float = 0.0  # the rest of the drafting time
+
+
+class Drafter(Protocol):
+    profile: Profile
+
+    def begin(self, context: Sequence[int]) -> None:
+        """A new generation starts after ``context`` (its prompt)."""
+
+    def offer(self, context: Sequence[int], index: int) -> Offer | None:
+        """What it could draft after ``context`` now, cheaply; None: nothing."""
+
+    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Up to ``n`` tokens to follow ``context``."""
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- lookup --
+
+_MATCH_CAP = 64
+_CANDIDATES = 8
+# buckets by how many tokens before the cursor agree with the source: 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
+_BUCKET_EDGES = (3, 4, 6, 9, 16, 32)
+LOOKUP_PRIOR = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85)
+
+
+def match_bucket(match: int) -> int:
+    for i, edge in enumerate(_BUCKET_EDGES):
+        if match < edge:
+            return i
+    return len(_BUCKET_EDGES)
+
+
+class PromptLookupDrafter:
+    """N-gram lookup over the prompt and the generated text."""
+
+    def __init__(self) -> None:
+        self.profile = Profile(
+            name="lookup", step_cost=0.0, catch_up_cost=0.0, setup_s=0.0, acceptance=LOOKUP_PRIOR, free=True
+        )
+        self._index: dict[tuple[int, int], list[int]] = {}
+        self._seen: list[int] = []
+        self._source = 0  # where the chosen continuation starts
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._index = {}
+        self._seen = []
+        self._update(context)
+
+    def _update(self, context: Sequence[int]) -> None:
+        seen = self._seen
+        n = len(seen)
+        if len(context) < n or (n and context[n - 1] != seen[n - 1]):
+            self.begin(context[:0])
+            n = 0
+        index = self._index
+        for i in range(n, len(context)):
+            token = context[i]
+            if i:
+                index.setdefault((seen[i - 1], token), []).append(i + 1)
+            seen.append(token)
+
+    def offer(self, context: Sequence[int], index: int) -> Offer | None:
+        self._update(context)
+        n = len(context)
+        if n < 3:
+            return None
+        starts = self._index.get((context[-2], context[-1]))
+        if not starts:
+            return None
+        best, best_match = -1, 0
+        seen = self._seen
+        for start in reversed(starts[-_CANDIDATES - 1 :]):
+            if start >= n:
+                continue  # the cursor itself
+            match = 2
+            limit = min(_MATCH_CAP, start)
+            while match < limit and seen[start - 1 - match] == seen[n - 1 - match]:
+                match += 1
+            if match > best_match:
+                best, best_match = start, match
+        if best < 0:
+            return None
+        self._source = best
+        return Offer(index, match_bucket(best_match), LOOKUP_MAX)
+
+    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        t0 = time.perf_counter()
+        seen, start, length = self._seen, self._source, len(self._seen)
+        out: list[int] = []
+        for i in range(n):  # a source that runs into the cursor continues with the draft itself (a loop)
+            j = start + i
+            out.append(seen[j] if j < length else out[j - length])
+        return Draft(out, steps_s=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------- draft model --
+
+SPEC_VOCAB_MAX_DIFF = 128  # llama.cpp's rule for a usable draft
+SPEC_VOCAB_CHECK_FROM = 5
+
+
+def check_draft_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
+    """The rule llama.cpp applies, from the two files' tokenizer metadata:
+    same vocabulary type, the same BOS/EOS, sizes within 128 tokens, and the
+    same token text for every id past the first few. Raises naming what differs."""
+
+    def fail(what: str) -> IncompatibleDraftError:
+        return IncompatibleDraftError(
+            f"{draft.path.name} cannot draft for {target.path.name}: {what}",
+            hint="use a draft model from the same family (same tokenizer), or --draft lookup",
+        )
+
+    t, d = target.metadata, draft.metadata
+    for key, label in (
+        ("tokenizer.ggml.model", "vocabulary type"),
+        ("tokenizer.ggml.add_bos_token", "add-BOS flag"),
+        ("tokenizer.ggml.add_eos_token", "add-EOS flag"),
+        ("tokenizer.ggml.bos_token_id", "BOS token"),
+        ("tokenizer.ggml.eos_token_id", "EOS token"),
+    ):
+        if t.get(key) != d.get(key):
+            raise fail(f"{label} differs (target {t.get(key)!r}, draft {d.get(key)!r})")
+    t_tokens, d_tokens = t.get("tokenizer.ggml.tokens"), d.get("tokenizer.ggml.tokens")
+    if not isinstance(t_tokens, ArrayInfo) or not isinstance(d_tokens, ArrayInfo):
+        raise fail("a vocabulary is missing from the file")
+    if abs(t_tokens.length - d_tokens.length) > SPEC_VOCAB_MAX_DIFF:
+        raise fail(
+            f"vocabulary sizes differ by more than {SPEC_VOCAB_MAX_DIFF} ({t_tokens.length} vs {d_tokens.length})"
+        )
+    stop = min(t_tokens.length, d_tokens.length)
+    if string_span(target.path, t_tokens, SPEC_VOCAB_CHECK_FROM, stop) == string_span(
+        draft.path, d_tokens, SPEC_VOCAB_CHECK_FROM, stop
+    ):
+        return
+    ours = read_strings(target.path, t_tokens, SPEC_VOCAB_CHECK_FROM, stop)
+    theirs = read_strings(draft.path, d_tokens, SPEC_VOCAB_CHECK_FROM, stop)
+    i = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
+    raise fail(
+        f"token {i + SPEC_VOCAB_CHECK_FROM} differs (target {ours[i].decode(errors='replace')!r}, "
+        f"draft {theirs[i].decode(errors='replace')!r})"
+    )
+
+
+DRAFT_PRIOR = (0.7,)
+_LOAD_BYTES_PER_S = 2e9  # a rough guess at loading speed, until the first load is measured
+
+
+@dataclass
+class DraftModelDrafter:
+    """A draft model kept in step with the target's accepted tokens.
+
+    ``p_min``: stop drafting when the draft's own top probability falls below
+    it (a draft it is unsure of is seldom accepted)."""
+
+    path: Path
+    target: Engine
+    eager: bool = False
+    p_min: float = 0.4
+    profile: Profile = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.info = read_gguf(self.path)
+        check_draft_compatible(self.target.info, self.info)
+        size = sum(t.n_bytes for t in self.info.tensors)
+        target_size = sum(t.n_bytes for t in self.target.info.tensors) or 1
+        ratio = size / target_size  # a decode step reads every weight once: its cost follows the size
+        self.profile = Profile(
+            name=self.info.name,
+            step_cost=ratio,
+            catch_up_cost=ratio * 0.15,
+            setup_s=size / _LOAD_BYTES_PER_S,
+            acceptance=DRAFT_PRIOR,
+            free=False,
+        )
+        self.engine: Engine | None = None
+        self.decoder: Decoder | None = None
+        self._known = 0  # leading tokens of the draft's cache known to match the context
+        self._n_prompt = 0
+        if self.eager:
+            self._load()
+
+    def _load(self) -> Decoder:
+        if self.decoder is None:
+            config = self.target.config
+            self.engine = Engine(
+                EngineConfig(
+                    model_path=self.path,
+                    n_ctx=self.target.n_ctx,
+                    n_threads=config.n_threads,
+                    n_batch=min(config.n_batch, 512),
+                    flash_attn=config.flash_attn,
+                    verbose=config.verbose,
+                ),
+                self.info,
+            )
+            self.decoder = Decoder(self.engine)
+        return self.decoder
+
+    @property
+    def loaded(self) -> bool:
+        return self.decoder is not None
+
+    def begin(self, context: Sequence[int]) -> None:
+        self._known = 0
+        self._n_prompt = len(context)
+        if self.decoder is not None:
+            self._known = self._common(context)
+            if self.eager and len(context) > 1:
+                self._sync(context[:-1])  # the prompt now, so the first draft waits only for its last token
+
+    def _common(self, context: Sequence[int]) -> int:
+        assert self.decoder is not None
+        held = self.decoder.tokens
+        n, limit = self._known, min(len(held), len(context))
+        while n < limit and held[n] == context[n]:
+            n += 1
+        return n
+
+    def _sync(self, context: Sequence[int]) -> int:
+        """Make the draft's cache hold ``context``, evaluating at least its
+        last token (whose logits the next draft step reads). Returns how many
+        tokens were evaluated."""
+        decoder = self._load()
+        keep = min(self._common(context), len(context) - 1)
+        decoder.rollback(keep)
+        decoder.evaluate(context[keep:])
+        self._known = decoder.n_past
+        return len(context) - keep
+
+    def offer(self, context: Sequence[int], index: int) -> Offer | None:
+        if self.decoder is None:
+            return Offer(index, 0, MODEL_MAX, catch_up=len(context))
+        return Offer(index, 0, MODEL_MAX, catch_up=max(len(context) - self._common(context), 1))
+
+    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+        t0 = time.perf_counter()
+        n_sync = self._sync(context)
+        decoder = self.decoder
+        assert decoder is not None
+        t1 = time.perf_counter()
+        tokens: list[int] = []
+        probs: list[Probs] | None = None if sampling.greedy else []
+        recent: list[int] = []
+        for i in range(n):
+            logits: Any = decoder.logits(-1)
+            if probs is None:
+                token = int(np.argmax(logits))
+                confidence = 1.0 / float(np.exp(logits - logits[token]).sum())
+            else:
+                if not recent:
+                    recent = list(context[self._n_prompt :])  # the penalty window: generated tokens
+                q = target_probs(logits, sampling, recent)
+                token = sample(q, rng)
+                confidence = float(q.max())
+                probs.append(q)
+                recent.append(token)
+            if confidence < self.p_min and i > 0:
+                if probs is not None:
+                    probs.pop()
+                break
+            tokens.append(token)
+            if i + 1 < n and decoder.evaluate((token,)) != 0:
+                break
+        self._known = decoder.n_past
+        return Draft(tokens, probs, n_sync, t1 - t0, time.perf_counter() - t1)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.decoder = None

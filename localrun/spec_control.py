@@ -1,0 +1,241 @@
+"""Which way to take the next step: plain decoding, or a drafter and a draft length.
+
+`AdaptiveController` measures, while generating, what each way costs on this
+machine and how often each drafter is right, and picks per step the way with
+the highest expected tokens per second:
+
+    expected tokens  E(a, n) = 1 + a + a^2 + ... + a^n
+    time             T(n)    = draft(n) + verify(n + 1)
+    plain                      1 token in one plain step
+
+with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
+token is kept with probability a, given the ones before it were), draft(n)
+the drafter's measured cost for n tokens (plus any catch-up or loading), and
+verify(n) the target's cost for a batch of n rows, modelled as a plain step
+plus a measured cost per extra row. Until something is measured it assumes
+the drafter's `Profile` (a draft model's step costs its size ratio to the
+target; lookup is free) and a verify slope of a third of a plain step per row.
+
+It keeps probing cheaply so it can change its mind when the text changes: a
+way that is not the best is tried again after a number of steps that doubles
+each time it is probed, and only while the estimated time lost to probing
+stays within `explore_share` of the time spent decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from localrun.drafters import Draft, Offer, Profile
+
+PRIOR_VERIFY_SLOPE = 0.33  # an extra verify row, as a fraction of a plain step, until measured
+PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth
+ACCEPT_MEMORY = 0.9  # per round: older acceptance counts fade, so the estimate follows the text
+MAX_ACCEPTANCE = 0.98
+COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
+MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
+MAX_GAP = 4096
+PROBE_MAX = 4  # the longest draft of a probe
+
+
+@dataclass(frozen=True)
+class Plan:
+    offer: Offer | None = None  # None: a plain step
+    n: int = 0  # tokens to draft
+    probe: bool = False
+    best_rate: float = 0.0  # the expected tokens/s of the best way, when the plan was made
+
+
+PLAIN = Plan()
+
+
+class Controller(Protocol):
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        """The way to take this step; drafts at most ``room`` tokens."""
+
+    def observe_plain(self, seconds: float) -> None: ...
+
+    def observe_verify(self, rows: int, seconds: float) -> None: ...
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None: ...
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None: ...
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None: ...
+
+
+class _Average:
+    """An exponential moving average, seeded by its first value."""
+
+    __slots__ = ("count", "value")
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.count = 0
+
+    def get(self, default: float) -> float:
+        return default if self.value is None else self.value
+
+    def add(self, x: float, alpha: float = COST_ALPHA) -> None:
+        self.value = x if self.value is None else self.value + alpha * (x - self.value)
+        self.count += 1
+
+
+def expected_tokens(a: float, n: int) -> float:
+    """1 + a + ... + a^n: tokens a verify step yields with n drafted tokens."""
+    return float(n + 1) if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+
+
+@dataclass
+class AdaptiveController:
+    profiles: Sequence[Profile]
+    explore_share: float = 0.02
+    plain: _Average = field(default_factory=_Average)
+    verify_slope: _Average = field(default_factory=_Average)  # seconds per verify row beyond the first
+
+    def __post_init__(self) -> None:
+        n = len(self.profiles)
+        self.step = [_Average() for _ in range(n)]  # seconds per drafted token
+        self.catch_up = [_Average() for _ in range(n)]  # seconds per catch-up token
+        self.ready = [p.setup_s == 0.0 for p in self.profiles]  # setup (loading) done
+        self.counts: dict[tuple[int, int], tuple[float, float]] = {}  # (accepted, tested), fading
+        self.last_used: dict[tuple[int, int], int] = {}
+        self.gap: dict[tuple[int, int], int] = {}
+        self.rounds = 0
+        self.elapsed = 0.0
+        self.explored = 0.0
+
+    # -- estimates --
+
+    def acceptance(self, drafter: int, bucket: int) -> float:
+        prior = self.profiles[drafter].acceptance
+        a0 = prior[min(bucket, len(prior) - 1)]
+        accepted, tested = self.counts.get((drafter, bucket), (0.0, 0.0))
+        return min((accepted + a0 * PRIOR_WEIGHT) / (tested + PRIOR_WEIGHT), MAX_ACCEPTANCE)
+
+    def plain_cost(self) -> float:
+        return self.plain.get(1.0)
+
+    def verify_cost(self, rows: int) -> float:
+        c1 = self.plain_cost()
+        slope = self.verify_slope.get(PRIOR_VERIFY_SLOPE * c1)
+        return c1 + max(slope, 0.0) * (rows - 1)
+
+    def draft_cost(self, offer: Offer, n: int) -> float:
+        d = offer.drafter
+        profile = self.profiles[d]
+        c1 = self.plain_cost()
+        step = self.step[d].get(profile.step_cost * c1)
+        catch_up = self.catch_up[d].get(profile.catch_up_cost * c1)
+        setup = 0.0 if self.ready[d] else profile.setup_s
+        return setup + max(offer.catch_up - 2, 0) * catch_up + n * step
+
+    def best_length(self, offer: Offer, room: int) -> tuple[float, int]:
+        """(expected tokens/s, draft length) of the offer's best length."""
+        a = self.acceptance(offer.drafter, offer.bucket)
+        best_rate, best_n = 0.0, 0
+        e, power = 1.0, 1.0
+        for n in range(1, min(offer.max_len, room) + 1):
+            power *= a
+            e += power
+            rate = e / (self.draft_cost(offer, n) + self.verify_cost(n + 1))
+            if rate > best_rate:
+                best_rate, best_n = rate, n
+        return best_rate, best_n
+
+    # -- choice --
+
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        self.rounds += 1
+        if self.plain.value is None or room < 1 or not offers:
+            return PLAIN  # the first step measures a plain step
+        best_rate = 1.0 / self.plain_cost()
+        best = PLAIN
+        rated: list[tuple[Offer, float, int]] = []
+        for offer in offers:
+            rate, n = self.best_length(offer, room)
+            rated.append((offer, rate, n))
+            if n and rate > best_rate:
+                best_rate, best = rate, Plan(offer, n)
+        for offer, _rate, best_n in rated:
+            if best.offer is not None and offer == best.offer:
+                continue
+            key = (offer.drafter, offer.bucket)
+            if self.rounds - self.last_used.get(key, -MAX_GAP) < self.gap.get(key, MIN_GAP) or not best_n:
+                continue
+            n = min(best_n, PROBE_MAX)
+            cost = self.draft_cost(offer, n) + self.verify_cost(n + 1)
+            regret = max(cost - expected_tokens(self.acceptance(*key), n) / best_rate, 0.0)
+            if self.explored + regret <= self.explore_share * self.elapsed:
+                self.gap[key] = min(self.gap.get(key, MIN_GAP) * 2, MAX_GAP)
+                self.last_used[key] = self.rounds
+                return Plan(offer, n, probe=True, best_rate=best_rate)
+        if best.offer is not None:
+            key = (best.offer.drafter, best.offer.bucket)
+            self.last_used[key] = self.rounds
+            self.gap[key] = MIN_GAP
+        return Plan(best.offer, best.n, best_rate=best_rate)
+
+    # -- measurements --
+
+    def observe_plain(self, seconds: float) -> None:
+        self.plain.add(seconds)
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        if rows > 1 and self.plain.value is not None:
+            self.verify_slope.add((seconds - self.plain.value) / (rows - 1))
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        self.ready[drafter] = True
+        n = len(draft.tokens)
+        if not n:
+            return
+        if draft.n_sync > 2:  # a catch-up: its cost per token, apart from the drafting steps
+            self.catch_up[drafter].add(draft.sync_s / draft.n_sync)
+            if n > 1:
+                self.step[drafter].add(draft.steps_s / (n - 1))
+        else:
+            self.step[drafter].add((draft.sync_s + draft.steps_s) / n)
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
+        key = (offer.drafter, offer.bucket)
+        acc, tested = self.counts.get(key, (0.0, 0.0))
+        tested_now = accepted + (1 if accepted < proposed else 0)
+        self.counts[key] = (acc * ACCEPT_MEMORY + accepted, tested * ACCEPT_MEMORY + tested_now)
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        self.elapsed += seconds
+        if plan.probe and plan.best_rate > 0:
+            self.explored += max(seconds - tokens / plan.best_rate, 0.0)
+
+
+@dataclass
+class FixedController:
+    """Always the same drafter and draft length when it has something to
+    offer, else a plain step: fixed settings, for comparison."""
+
+    drafter: int
+    n: int
+
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        for offer in offers:
+            if offer.drafter == self.drafter and room >= 1:
+                return Plan(offer, min(self.n, offer.max_len, room))
+        return PLAIN
+
+    def observe_plain(self, seconds: float) -> None:
+        pass
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        pass
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
+        pass
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        pass
