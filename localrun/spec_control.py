@@ -17,9 +17,11 @@ the drafter's `Profile` (a draft model's step costs its size ratio to the
 target; lookup is free) and a verify slope of a third of a plain step per row.
 
 It keeps probing cheaply so it can change its mind when the text changes: a
-way that is not the best is tried again after a number of steps that doubles
-each time it is probed, and only while the estimated time lost to probing
-stays within `explore_share` of the time spent decoding.
+way that is not the best is tried again with a short draft after a number of
+steps that doubles each time it is probed (up to `MAX_GAP`), and only while
+the estimated time lost to probing stays within `explore_share` of the time
+spent decoding. Acceptance counts fade with use and with idle steps, so a
+probe after a change of text weighs more than the old evidence.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from localrun.drafters import Draft, Offer, Profile
 
 PRIOR_VERIFY_SLOPE = 0.33  # an extra verify row, as a fraction of a plain step, until measured
 PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth
-ACCEPT_MEMORY = 0.9  # per round: older acceptance counts fade, so the estimate follows the text
+ACCEPT_MEMORY = 0.9  # per use: older acceptance counts fade, so the estimate follows the text
+IDLE_FADE = 16  # ... and fade once more per this many steps the way was not used
 MAX_ACCEPTANCE = 0.98
 COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
 MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
-MAX_GAP = 4096
-PROBE_MAX = 4  # the longest draft of a probe
+MAX_GAP = 128
+PROBE_MAX = 2  # the longest draft of a probe
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class AdaptiveController:
         self.step = [_Average() for _ in range(n)]  # seconds per drafted token
         self.catch_up = [_Average() for _ in range(n)]  # seconds per catch-up token
         self.ready = [p.setup_s == 0.0 for p in self.profiles]  # setup (loading) done
-        self.counts: dict[tuple[int, int], tuple[float, float]] = {}  # (accepted, tested), fading
+        self.counts: dict[tuple[int, int], tuple[float, float, int]] = {}  # (accepted, tested, step), fading
         self.last_used: dict[tuple[int, int], int] = {}
         self.gap: dict[tuple[int, int], int] = {}
         self.rounds = 0
@@ -112,7 +115,7 @@ class AdaptiveController:
     def acceptance(self, drafter: int, bucket: int) -> float:
         prior = self.profiles[drafter].acceptance
         a0 = prior[min(bucket, len(prior) - 1)]
-        accepted, tested = self.counts.get((drafter, bucket), (0.0, 0.0))
+        accepted, tested, _ = self.counts.get((drafter, bucket), (0.0, 0.0, 0))
         return min((accepted + a0 * PRIOR_WEIGHT) / (tested + PRIOR_WEIGHT), MAX_ACCEPTANCE)
 
     def plain_cost(self) -> float:
@@ -201,9 +204,10 @@ class AdaptiveController:
 
     def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
         key = (offer.drafter, offer.bucket)
-        acc, tested = self.counts.get(key, (0.0, 0.0))
+        acc, tested, last = self.counts.get(key, (0.0, 0.0, self.rounds))
+        fade = ACCEPT_MEMORY ** (1 + (self.rounds - last) / IDLE_FADE)
         tested_now = accepted + (1 if accepted < proposed else 0)
-        self.counts[key] = (acc * ACCEPT_MEMORY + accepted, tested * ACCEPT_MEMORY + tested_now)
+        self.counts[key] = (acc * fade + accepted, tested * fade + tested_now, self.rounds)
 
     def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
         self.elapsed += seconds

@@ -3,6 +3,7 @@ way it becomes a `Speculation` (or none)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -12,6 +13,7 @@ import typer
 from localrun import registry, store
 from localrun.cli.models import resolve_model
 from localrun.engine import Engine
+from localrun.errors import LocalrunError
 from localrun.speculative import Speculation, open_speculation
 
 Draft = Annotated[
@@ -38,7 +40,13 @@ def open_draft(
             path = store.locate(store.parse(entry.draft, registry.load()))
     elif choice not in ("none", "lookup"):
         path, _ = resolve_model(choice, offline=offline)
-    speculation = open_speculation(engine, choice, path)
+    try:
+        speculation = open_speculation(engine, choice, path)
+    except LocalrunError as exc:
+        if choice != "auto":
+            raise
+        sys.stderr.write(f"warning: the matched draft model is not usable ({exc.message}); prompt lookup only\n")
+        speculation = open_speculation(engine, "lookup")
     try:
         yield speculation
     finally:
