@@ -144,8 +144,9 @@ class AdaptiveController:
             power *= a
             e += power
             rate = e / (self.draft_cost(offer, n) + self.verify_cost(n + 1))
-            if rate > best_rate:
-                best_rate, best_n = rate, n
+            if rate <= best_rate:
+                break  # E(n) is concave and T(n) linear in n: the rate has one peak
+            best_rate, best_n = rate, n
         return best_rate, best_n
 
     # -- choice --

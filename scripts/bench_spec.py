@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Speculative decoding side by side with plain decoding, in one run.
+
+    .venv/bin/python scripts/bench_spec.py [--quick] [--rounds 2] [--threads N]
+        [--target PATH.gguf] [--draft PATH.gguf] [--draft-n 3]
+
+Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
+  prose    free generation (an explanation): nothing to copy
+  rename   rename a variable in a ~50-line Python file: the answer copies the input
+  typo     fix the typos in a long paragraph: the answer copies the input
+Columns, run in interleaved rounds (the order rotates) on one target engine:
+  plain    localrun's plain loop (decode.generate)
+  draft    the draft model, a fixed draft length (--draft-n), every step
+  lookup   prompt lookup under the adaptive controller
+  auto     what `--draft auto` does: lookup and the draft model, adaptive
+For each: decode tokens/sec (first token to last, as `--stats` reports it),
+the ratio to plain (taken within each round, median over rounds), acceptance,
+and whether the text is identical to plain's. The prompt is evaluated once
+(KV cache reuse) and is not part of the figures; the draft model's own
+catch-up (auto loads it mid-generation, if at all) is. --quick: 1 round,
+shorter outputs, two workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from localrun.decode import Decoder, SamplingParams, generate
+from localrun.drafters import DraftModelDrafter, PromptLookupDrafter
+from localrun.engine import Engine, EngineConfig
+from localrun.events import Event, Stats, TokenEvent
+from localrun.prompt import prompt_tokens
+from localrun.spec_control import FixedController
+from localrun.speculative import Speculation
+
+MODELS = Path("/root/models")
+TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+GREEDY = SamplingParams(temperature=0.0)
+
+CODE = """import csv
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass
+class Sale:
+    region: str
+    product: str
+    units: int
+    price: float
+
+
+def load_sales(path):
+    items = []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            items.append(Sale(row["region"], row["product"], int(row["units"]), float(row["price"])))
+    return items
+
+
+def total_revenue(items):
+    return sum(sale.units * sale.price for sale in items)
+
+
+def revenue_by_region(items):
+    totals = {}
+    for sale in items:
+        totals[sale.region] = totals.get(sale.region, 0.0) + sale.units * sale.price
+    return totals
+
+
+def best_product(items):
+    counts = {}
+    for sale in items:
+        counts[sale.product] = counts.get(sale.product, 0) + sale.units
+    return max(counts, key=counts.get) if counts else None
+
+
+def median_price(items):
+    prices = [sale.price for sale in items]
+    return statistics.median(prices) if prices else 0.0
+
+
+def report(path):
+    items = load_sales(path)
+    print(f"sales: {len(items)}")
+    print(f"revenue: {total_revenue(items):.2f}")
+    for region, value in sorted(revenue_by_region(items).items()):
+        print(f"  {region}: {value:.2f}")
+    print(f"best product: {best_product(items)}")
+    print(f"median price: {median_price(items):.2f}")
+"""
+
+TEXT = (
+    "The old lighthouse stood at the edge of the cliff for more then a hundred years. Every night its "
+    "lamp turned slowly, sending a long beam accross the dark water so that fishing boats could find "
+    "there way home. The keeper, a quiet man named Tomas, climbed the spiral stairs twice each evening "
+    "to clean the glass and trim the wick. He kept a log of every ship he saw, writting the name, the "
+    "time and the weather in small careful letters. In winter the storms were so strong that the "
+    "windows shook and the sea threw spray all the way up to the gallery. Tomas never missed a night. "
+    "When the town finally replaced the lamp with an automatic light, he kept climbing the stairs "
+    "anyway, becuase he said the sea still needed someone to watch it."
+)
+
+WORKLOADS = {
+    "prose": ("Explain how a hash table works and when to use one, in a few paragraphs.", 160, 64),
+    "rename": (
+        "Rename the variable `items` to `records` everywhere in this code. "
+        "Reply with the complete updated code only.\n\n```python\n" + CODE + "```",
+        700,
+        200,
+    ),
+    "typo": ("Fix the spelling mistakes in this text. Reply with the corrected text only.\n\n" + TEXT, 400, 0),
+}
+COLUMNS = ("plain", "draft", "lookup", "auto")
+
+
+@dataclass
+class Result:
+    stats: Stats
+    text: str
+
+
+def run(events: Iterator[Event]) -> Result:
+    parts: list[str] = []
+    stats = None
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            parts.append(ev.text)
+        else:
+            stats = ev.stats
+    assert stats is not None
+    return Result(stats, "".join(parts))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 round, shorter outputs, two workloads")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--target", type=Path, default=TARGET)
+    parser.add_argument("--draft", type=Path, default=DRAFT)
+    parser.add_argument("--draft-n", type=int, default=3, help="draft length of the fixed draft column")
+    args = parser.parse_args()
+    rounds = 1 if args.quick else args.rounds
+    workloads = {
+        name: (prompt, quick if args.quick else full)
+        for name, (prompt, full, quick) in WORKLOADS.items()
+        if not args.quick or quick
+    }
+
+    engine = Engine(EngineConfig(model_path=args.target, n_ctx=4096, n_threads=args.threads))
+    decoder = Decoder(engine)
+    fixed = Speculation([DraftModelDrafter(args.draft, engine, eager=True)], FixedController(0, args.draft_n))
+    lookup = Speculation([PromptLookupDrafter()])
+    # one `auto` per workload and round, as a fresh `localrun generate --draft auto` would start
+    columns: dict[str, Callable[[list[int], int], Result]] = {
+        "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
+        "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
+        "lookup": lambda p, n: run(lookup.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
+        "auto": lambda p, n: fresh_auto(engine, decoder, args.draft, p, n),
+    }
+    prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}
+    results: dict[tuple[str, str], list[Result]] = {}
+    for r in range(rounds):
+        for w, (name, (_, n)) in enumerate(workloads.items()):
+            run(generate(engine, prompts[name], GREEDY, max_tokens=1, decoder=decoder))  # the prompt, once
+            shift = (r + w) % len(COLUMNS)
+            for column in COLUMNS[shift:] + COLUMNS[:shift]:
+                result = columns[column](prompts[name], n)
+                results.setdefault((name, column), []).append(result)
+                print(
+                    f"round {r + 1} {name:7s} {column:7s} {result.stats.decode_tokens_per_s:6.2f} tok/s "
+                    f"{result.stats.generated_tokens} tokens",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    fixed.close()
+    report(workloads, results, rounds, args)
+
+
+def fresh_auto(engine: Engine, decoder: Decoder, draft: Path, prompt: list[int], n: int) -> Result:
+    with Speculation([PromptLookupDrafter(), DraftModelDrafter(draft, engine)]) as auto:
+        return run(auto.generate(engine, prompt, GREEDY, max_tokens=n, decoder=decoder))
+
+
+def report(
+    workloads: dict[str, tuple[str, int]],
+    results: dict[tuple[str, str], list[Result]],
+    rounds: int,
+    args: argparse.Namespace,
+) -> None:
+    print(
+        f"\n{args.target.name} + draft {args.draft.name}, greedy, {rounds} round(s), "
+        f"decode tok/s median over rounds; ratio to plain within each round, median"
+    )
+    header = f"{'workload':8s} {'column':7s} {'tok/s':>7s} {'ratio':>7s} {'accepted':>14s} {'per step':>8s}  identical"
+    print(header)
+    print("-" * len(header))
+    for name in workloads:
+        base = results[(name, "plain")]
+        for column in COLUMNS:
+            runs = results[(name, column)]
+            rate = statistics.median(r.stats.decode_tokens_per_s for r in runs)
+            ratio = statistics.median(
+                r.stats.decode_tokens_per_s / b.stats.decode_tokens_per_s for r, b in zip(runs, base, strict=True)
+            )
+            draft = runs[-1].stats.draft
+            accepted = f"{draft.accepted}/{draft.proposed} {draft.acceptance:4.0%}" if draft and draft.proposed else "-"
+            per_step = f"{draft.mean_accepted:.2f}" if draft and draft.rounds else "-"
+            same = all(r.text == b.text for r, b in zip(runs, base, strict=True))
+            drafter = f"  ({draft.drafter})" if draft and column == "auto" else ""
+            print(
+                f"{name:8s} {column:7s} {rate:7.2f} {ratio:6.2f}x {accepted:>14s} {per_step:>8s}  "
+                f"{'yes' if same else 'NO'}{drafter}"
+            )
+        print(f"{'':8s} {runs[-1].stats.generated_tokens} tokens")
+
+
+if __name__ == "__main__":
+    main()
