@@ -83,8 +83,8 @@ class Drafter(Protocol):
 
 # ---------------------------------------------------------------- lookup --
 
-_MATCH_CAP = 64
-_CANDIDATES = 8
+_MATCH_CAP = 40
+_CANDIDATES = 16  # the latest occurrences of the last two tokens that are compared
 # buckets by how many tokens before the cursor agree with the source: 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
 _BUCKET_EDGES = (3, 4, 6, 9, 16, 32)
 LOOKUP_PRIOR = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85)
@@ -107,6 +107,7 @@ class PromptLookupDrafter:
         self._index: dict[tuple[int, int], list[int]] = {}
         self._seen: list[int] = []
         self._source = 0  # where the chosen continuation starts
+        self._cursor = 0  # the context length when it was chosen
 
     def begin(self, context: Sequence[int]) -> None:
         self._index = {}
@@ -136,9 +137,12 @@ class PromptLookupDrafter:
             return None
         best, best_match = -1, 0
         seen = self._seen
-        for start in reversed(starts[-_CANDIDATES - 1 :]):
-            if start >= n:
-                continue  # the cursor itself
+        # besides the latest occurrences: where the source copied last time has got to by now
+        follow = self._source + n - self._cursor
+        candidates = [*reversed(starts[-_CANDIDATES - 1 :]), follow]
+        for start in candidates:
+            if not 2 <= start < n or seen[start - 1] != seen[n - 1] or seen[start - 2] != seen[n - 2]:
+                continue  # the cursor itself, or a continuation that no longer matches
             match = 2
             limit = min(_MATCH_CAP, start)
             while match < limit and seen[start - 1 - match] == seen[n - 1 - match]:
@@ -147,7 +151,7 @@ class PromptLookupDrafter:
                 best, best_match = start, match
         if best < 0:
             return None
-        self._source = best
+        self._source, self._cursor = best, n
         return Offer(index, match_bucket(best_match), LOOKUP_MAX)
 
     def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
