@@ -13,7 +13,7 @@ import codecs
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp
 
@@ -162,12 +162,34 @@ class Decoder:
             n += 1
         return n
 
-    def prefill(self, tokens: Sequence[int]) -> tuple[int, int]:
+    def prefill(self, tokens: Sequence[int], checkpoint: Checkpoint | None = None) -> tuple[int, int]:
         """Make the KV cache hold exactly ``tokens``, evaluating only what
-        differs from what it holds. Returns (llama_decode status, tokens reused)."""
+        differs from what it holds. With a ``checkpoint`` (a stored state of a
+        prefix of ``tokens``), the prefix is restored from it, or evaluated and
+        stored. Returns (llama_decode status, tokens not evaluated here)."""
+        evaluated = 0
+        if checkpoint is not None and self.reusable(tokens) < checkpoint.length and not checkpoint.restore(self):
+            keep = self.reusable(tokens[: checkpoint.length + 1])
+            self.rollback(keep)
+            status = self.evaluate(tokens[keep : checkpoint.length])
+            evaluated += checkpoint.length - keep
+            if status != _DECODE_OK:
+                return status, len(tokens) - evaluated
+            checkpoint.save(self)
         keep = self.reusable(tokens)
         self.rollback(keep)
-        return self.evaluate(tokens[keep:]), keep
+        return self.evaluate(tokens[keep:]), keep - evaluated
+
+
+class Checkpoint(Protocol):
+    """A stored KV state of a prompt's prefix (see localrun.promptcache)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def restore(self, decoder: Decoder) -> bool: ...
+
+    def save(self, decoder: Decoder) -> None: ...
 
 
 class StopMatcher:
@@ -289,12 +311,14 @@ def generate(
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
     decoder: Decoder | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> Iterator[Event]:
     """Evaluate the prompt, then sample until end of generation, ``max_tokens``,
     a stop string, a full context, or ``engine.abort_requested``.
 
     With a ``decoder`` that ran before (a chat, a loaded prompt cache), only the
-    part of the prompt that differs from what its KV cache holds is evaluated."""
+    part of the prompt that differs from what its KV cache holds is evaluated;
+    a ``checkpoint`` restores (or stores) a prefix from a prompt cache."""
     engine.check_fits(len(prompt_tokens))
     decoder = decoder or Decoder(engine)
     sampler = Sampler(sampling)
@@ -306,7 +330,7 @@ def generate(
     try:
         status = _DECODE_OK
         if limit > 0:
-            status, cached = decoder.prefill(prompt_tokens)
+            status, cached = decoder.prefill(prompt_tokens, checkpoint)
             out.prompt_done(cached)
         if status == _DECODE_ABORTED:
             reason = "interrupted"
@@ -323,6 +347,6 @@ def generate(
             status = decoder.evaluate((token,))
             if status == _DECODE_ABORTED:
                 reason = "interrupted"
-        yield from out.finish(reason)
+        yield from out.finish(reason, prompt_cache=getattr(checkpoint, "outcome", None))
     finally:
         sampler.close()

@@ -61,6 +61,7 @@ class Stats:
     stop_reason: StopReason
     prompt_tokens_per_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not evaluated
+    prompt_cache: str | None = None  # "hit" or "miss" when a prompt cache was used
     draft: DraftStats | None = None  # speculative decoding's figures, when it ran
 
     def as_dict(self) -> dict[str, Any]:
@@ -70,7 +71,8 @@ class Stats:
         return (
             f"{self.generated_tokens} tokens, {self.decode_tokens_per_s:.1f} tok/s, "
             f"prompt {self.prompt_tokens} tokens at {self.prompt_tokens_per_s:.1f} tok/s"
-            f"{f' ({self.cached_tokens} cached)' if self.cached_tokens else ''}, "
+            f"{f' ({self.cached_tokens} cached)' if self.cached_tokens else ''}"
+            f"{f', prompt cache {self.prompt_cache}' if self.prompt_cache else ''}, "
             f"ttft {self.ttft_s:.2f}s, {self.elapsed_s:.2f}s total, stop: {self.stop_reason}"
             f"{f', {self.draft.summary()}' if self.draft else ''}"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -84,22 +85,62 @@ def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:
 
 
 def compose(instruction: str | None, material: str | None) -> str:
-    """The prompt from an argument and piped stdin: the argument is the
-    instruction, stdin the material it applies to."""
-    parts = [p for p in (instruction, material) if p and p.strip()]
-    text = "\n\n".join(p.rstrip("\n") if p is material else p for p in parts)
+    """The prompt from an argument and piped stdin: the material first, then the
+    instruction about it (so runs over the same material share a prefix)."""
+    return _join(material, instruction)
+
+
+def _join(material: str | None, instruction: str | None) -> str:
+    parts = [material.rstrip("\n")] if material and material.strip() else []
+    if instruction and instruction.strip():
+        parts.append(instruction)
+    text = "\n\n".join(parts)
     if not text.strip():
         raise UsageError("the prompt is empty", hint='pass a prompt: localrun generate "Write a haiku"')
     return text
 
 
-def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    shared: int  # leading tokens other runs are likely to share: the system prompt and piped material
+
+
+def build_prompt(
+    engine: Engine,
+    instruction: str | None,
+    material: str | None = None,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+) -> Prompt:
+    """The prompt's tokens (the chat template unless ``raw``), and how many of
+    them stand for the system prompt and the material, which a prompt cache can
+    keep: the same material with another question shares them."""
+    text = compose(instruction, material)
     template = None if raw else engine.info.chat_template
     if template is None:
         full = f"{system}\n\n{text}" if system else text
-        return engine.tokenize(full, add_special=engine.add_bos)
-    messages: list[Message] = []
-    if system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": text})
-    return tokenize_rendered(engine, render_messages(engine, template, messages))
+        tokens = engine.tokenize(full, add_special=engine.add_bos)
+    else:
+        messages: list[Message] = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        full = render_messages(engine, template, messages)
+        tokens = tokenize_rendered(engine, full)
+    stable = material.rstrip("\n") if material and material.strip() else system
+    end = full.find(stable) + len(stable) if stable and stable in full else 0
+    if not end:
+        return Prompt(tokens, 0)
+    prefix = (
+        tokenize_rendered(engine, full[:end]) if template else engine.tokenize(full[:end], add_special=engine.add_bos)
+    )
+    shared = 0
+    for a, b in zip(prefix, tokens, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return Prompt(tokens, min(shared, len(tokens) - 1))
+
+
+def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+    return build_prompt(engine, text, system=system, raw=raw).tokens

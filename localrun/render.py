@@ -93,6 +93,8 @@ class JsonRenderer:
             else:
                 stats = ev.stats
                 record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}, **self.extra}
+                if stats.prompt_cache:
+                    record["prompt_cache"] = stats.prompt_cache
                 if stats.draft is not None:  # speculative decoding ran
                     record["draft"] = stats.draft.as_dict()
                 self.out.write(json.dumps(record) + "\n")

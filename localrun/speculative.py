@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localrun.decode import Decoder, Sampler, SamplingParams, TokenOutput
+from localrun.decode import Checkpoint, Decoder, Sampler, SamplingParams, TokenOutput
 from localrun.drafters import Draft, Drafter, DraftModelDrafter, Offer, PromptLookupDrafter
 from localrun.engine import Engine
 from localrun.errors import LocalrunError
@@ -68,6 +68,7 @@ class Speculation:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         decoder: Decoder | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> Iterator[Event]:
         """Like `decode.generate`, with speculation."""
         return generate_speculative(
@@ -79,6 +80,7 @@ class Speculation:
             stop=stop,
             ignore_eos=ignore_eos,
             decoder=decoder,
+            checkpoint=checkpoint,
         )
 
     def close(self) -> None:
@@ -141,6 +143,7 @@ def generate_speculative(
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
     decoder: Decoder | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> Iterator[Event]:
     """`decode.generate` with speculative decoding: the same events, the same
     text (see the module's note), and a `DraftStats` on each event."""
@@ -160,7 +163,7 @@ def generate_speculative(
     try:
         status = _DECODE_OK
         if limit > 0:
-            status, cached = decoder.prefill(prompt_tokens)
+            status, cached = decoder.prefill(prompt_tokens, checkpoint)
             out.prompt_done(cached)
         if status == _DECODE_ABORTED:
             reason = "interrupted"
@@ -218,7 +221,9 @@ def generate_speculative(
             tally.current = drafters[plan.offer.drafter].profile.name
             tally.add(plan.offer.drafter, len(draft.tokens), accepted)
         decoder.rollback(min(decoder.n_past, len(context)))  # the cache holds only decided tokens
-        yield from out.finish(reason, draft=tally.snapshot(final=True))
+        yield from out.finish(
+            reason, prompt_cache=getattr(checkpoint, "outcome", None), draft=tally.snapshot(final=True)
+        )
     finally:
         sampler.close()
 

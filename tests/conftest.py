@@ -40,6 +40,12 @@ def eos_model(models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wide_model(models_dir: Path) -> Path:
+    """Head size 32: what quantized KV cache blocks need."""
+    return write_tiny_model(models_dir / "wide.gguf", n_embd=128, n_head=4, n_head_kv=2)
+
+
+@pytest.fixture(scope="session")
 def long_model(models_dir: Path) -> Path:
     """Trained context of 32k tokens: generation runs long enough to interrupt."""
     return write_tiny_model(models_dir / "tiny-long.gguf", n_ctx_train=32768)

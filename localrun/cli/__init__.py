@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from localrun.cli import generate, models
+from localrun.cli import cache, chat, generate, models
 
 app = typer.Typer(
     name="localrun",
@@ -14,10 +14,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("generate")(generate.generate)
+app.command("chat")(chat.chat)
 app.command("pull")(models.pull)
 app.command("list")(models.list_models)
 app.command("rm")(models.rm)
 app.command("show")(models.show)
+app.add_typer(cache.app, name="cache")
 
 
 @app.callback()

@@ -18,17 +18,20 @@ from localrun.cli._errors import ExitCode, error_boundary
 from localrun.decode import generate as run_generation
 from localrun.engine import Engine
 from localrun.errors import UsageError
-from localrun.prompt import compose, prompt_tokens
+from localrun.prompt import build_prompt, compose
+from localrun.promptcache import checkpoint_for
 from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
 
 
-def read_prompt(argument: str | None) -> str:
-    """PROMPT from the argument, or stdin when it is `-` or stdin is piped;
-    with both, the argument is the instruction and stdin the material."""
+def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
+    """(instruction, material): PROMPT from the argument, or stdin when it is
+    `-` or stdin is piped; with both, the argument is the instruction and stdin
+    the material."""
     if argument == "-":
-        return compose(None, sys.stdin.read())
+        return None, sys.stdin.read()
     material = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    return compose(argument, material)
+    compose(argument, material)  # an empty prompt fails here, before a model loads
+    return argument, material
 
 
 @contextmanager
@@ -79,6 +82,15 @@ def generate(
     flash_attn: opt.FlashAttn = "auto",
     draft: Draft = "auto",
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    prompt_cache: Annotated[
+        bool | None,
+        typer.Option(
+            "--prompt-cache/--no-prompt-cache",
+            help="Keep the prompt's KV state on disk for the next run with the same start "
+            "(default: when the system prompt or piped material is long).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: opt.Verbose = False,
@@ -88,16 +100,21 @@ def generate(
     with error_boundary(debug):
         if max_tokens is not None and max_tokens < 1:
             raise UsageError("--max-tokens must be at least 1")
-        text = read_prompt(prompt)
+        instruction, material = read_prompt(prompt)
         sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
         choice = opt.EngineChoice(model, offline, ctx, threads, kv, kv_k, kv_v, flash_attn, verbose)
         opened = opt.open_engine(choice, system=system)
         with opened.engine as engine:
-            tokens = prompt_tokens(engine, text, system=opened.system, raw=raw)
+            built = build_prompt(engine, instruction, material, system=opened.system, raw=raw)
+            checkpoint = checkpoint_for(built, engine, prompt_cache)
             renderer = pick_renderer(as_json, stats, engine.info.name)
             with ctrl_c_stops(engine), open_draft(draft, engine, opened.target, offline=offline) as speculation:
                 run = speculation.generate if speculation else run_generation
-                events = run(engine, tokens, sampling, max_tokens=max_tokens, stop=stop or ())
+                events = run(
+                    engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
+                )
                 final = renderer.render(events)
+            for warning in checkpoint.warnings if checkpoint else ():
+                sys.stderr.write(f"warning: {warning}\n")
         if final.stop_reason == "interrupted":
             raise typer.Exit(int(ExitCode.INTERRUPTED))

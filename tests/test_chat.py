@@ -1,0 +1,219 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from localrun.chat import ChatSession, read_conversation
+from localrun.decode import Decoder, SamplingParams, generate
+from localrun.engine import Engine, EngineConfig
+from localrun.events import DoneEvent, Stats, TokenEvent
+from localrun.prompt import BUILTIN_TEMPLATES
+from tests.conftest import cli
+from tests.tinymodel import CHATML, write_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture
+def engine(tiny_model: Path) -> Iterator[Engine]:
+    with Engine(EngineConfig(tiny_model, n_ctx=512, n_threads=2)) as eng:
+        yield eng
+
+
+def run_turn(session: ChatSession, text: str) -> tuple[str, Stats]:
+    plan = session.plan(text)
+    reply, stats = "", None
+    for ev in session.reply(plan):
+        if isinstance(ev, TokenEvent):
+            reply += ev.text
+        elif isinstance(ev, DoneEvent):
+            stats = ev.stats
+    assert stats is not None
+    return reply, stats
+
+
+def test_later_turns_evaluate_only_their_new_tokens(engine: Engine) -> None:
+    session = ChatSession(engine, CHATML, GREEDY, system="Be brief.", max_tokens=6)
+    _, first = run_turn(session, "hello there")
+    assert first.cached_tokens == 0
+    for _ in range(5):
+        _, stats = run_turn(session, "and again")
+        # the ChatML text a turn adds after the previous reply, tokenized alone
+        new_text = "<|im_end|>\n<|im_start|>user\nand again<|im_end|>\n<|im_start|>assistant\n"
+        new = len(engine.tokenize(new_text, add_special=False))
+        # plus the previous reply's last token, sampled but never evaluated (it stopped at --max-tokens)
+        assert stats.prompt_tokens - stats.cached_tokens == new + 1
+        assert stats.cached_tokens == stats.prompt_tokens - new - 1
+
+
+def test_reused_cache_gives_the_same_reply_as_a_fresh_one(engine: Engine) -> None:
+    session = ChatSession(engine, CHATML, GREEDY, max_tokens=8)
+    run_turn(session, "first message")
+    plan = session.plan("second message")
+    reused = "".join(ev.text for ev in session.reply(plan) if isinstance(ev, TokenEvent))
+    fresh_decoder = Decoder(engine)
+    fresh = "".join(
+        ev.text
+        for ev in generate(engine, plan.tokens, GREEDY, max_tokens=8, decoder=fresh_decoder)
+        if isinstance(ev, TokenEvent)
+    )
+    assert reused == fresh
+
+
+def test_full_context_drops_oldest_turns_and_keeps_the_system_prompt(tiny_model: Path) -> None:
+    with Engine(EngineConfig(tiny_model, n_ctx=256, n_threads=2)) as eng:
+        session = ChatSession(eng, CHATML, GREEDY, system="SYSTEM-PROMPT", max_tokens=8)
+        dropped = 0
+        for i in range(12):
+            plan = session.plan(f"message {i} " + "word " * 20)
+            dropped += plan.dropped
+            list(session.reply(plan))
+            assert len(plan.tokens) < eng.n_ctx
+        assert dropped > 0
+        messages = session.messages()
+        assert messages[0] == {"role": "system", "content": "SYSTEM-PROMPT"}
+        assert "message 11" in messages[-2]["content"]
+        assert not any("message 0 " in m["content"] for m in messages)
+
+
+def test_save_and_load_round_trip(engine: Engine, tmp_path: Path) -> None:
+    session = ChatSession(engine, CHATML, GREEDY, system="sys", max_tokens=5)
+    run_turn(session, "one")
+    run_turn(session, "two")
+    path = tmp_path / "conv.json"
+    session.save(path)
+    system, turns = read_conversation(path)
+    assert system == "sys"
+    assert [(t.user, t.reply) for t in turns] == [(t.user, t.reply) for t in session.turns]
+    assert json.loads(path.read_text())["messages"][0] == {"role": "user", "content": "one"}
+
+
+def test_piped_chat_answers_each_line(tiny_model: Path) -> None:
+    res = cli("chat", "-m", str(tiny_model), "-n", "6", "-t", "0", "--json", input='first\n\n{"content": "second"}\n')
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    done = [e for e in events if e["type"] == "done"]
+    assert [e["turn"] for e in done] == [1, 2]
+    assert all(e["turn"] in (1, 2) for e in events)
+    assert done[0]["cached_tokens"] == 0 and done[1]["cached_tokens"] > done[0]["prompt_tokens"]
+    plain = cli("chat", "-m", str(tiny_model), "-n", "6", "-t", "0", input="first\nsecond\n")
+    assert plain.returncode == 0, plain.stderr
+    replies = ["".join(e["text"] for e in events if e["type"] == "token" and e["turn"] == n) for n in (1, 2)]
+    assert plain.stdout == "".join(r + "\n" for r in replies)
+
+
+def test_piped_chat_bad_jsonl_line(tiny_model: Path) -> None:
+    res = cli("chat", "-m", str(tiny_model), "-n", "4", "-t", "0", "--json", input='hello\n{"content": oops}\nlater\n')
+    assert res.returncode == 2
+    assert "line 2" in res.stderr and "not valid JSON" in res.stderr
+    done = [json.loads(line) for line in res.stdout.splitlines() if '"done"' in line]
+    assert len(done) == 1  # the turn before the bad line was answered
+    res = cli("chat", "-m", str(tiny_model), input='{"role": "assistant", "content": "x"}\n')
+    assert res.returncode == 2 and "line 1" in res.stderr and "not a user message" in res.stderr
+
+
+def test_chat_load_continues_a_saved_conversation(tiny_model: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "c.json"
+    saved.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    )
+    res = cli("chat", "-m", str(tiny_model), "-n", "4", "--json", "--load", str(saved), input="c\n")
+    assert res.returncode == 0, res.stderr
+    done = json.loads(res.stdout.splitlines()[-1])
+    assert done["turn"] == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"messages": [{"role": "assistant", "content": "b"}]}')
+    res = cli("chat", "-m", str(tiny_model), "--load", str(bad), input="c\n")
+    assert res.returncode == 2 and "reply with no question" in res.stderr
+
+
+def test_model_without_template(models_dir: Path) -> None:
+    plain = write_tiny_model(models_dir / "no-template.gguf", chat_template=None)
+    res = cli("chat", "-m", str(plain), input="hi\n")
+    assert res.returncode == 2
+    assert "no chat template" in res.stderr and "--template" in res.stderr
+    res = cli("chat", "-m", str(plain), "-n", "3", "--template", "chatml", input="hi\n")
+    assert res.returncode == 0, res.stderr
+    res = cli("chat", "-m", str(plain), "--template", "nope", input="hi\n")
+    assert res.returncode == 2 and all(name in res.stderr for name in BUILTIN_TEMPLATES)
+
+
+# ------------------------------------------------------------------ terminal --
+
+
+def spawn_chat(*args: str) -> pexpect.spawn:
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", "chat", *args],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(30, 100),
+    )
+
+
+def test_interactive_session(tiny_model: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "saved.json"
+    child = spawn_chat("-m", str(tiny_model), "-n", "12", "-t", "0")
+    child.expect(">>> ")
+    child.sendline("hello model")
+    child.expect("stop: length")  # the reply's panel footer
+    child.expect(">>> ")
+    child.sendline('"""')
+    child.expect(r"\.\.\. ")
+    child.sendline("a message on")
+    child.sendline('two lines"""')
+    child.expect("12 tokens")
+    child.expect(">>> ")
+    child.sendline("/stats")
+    child.expect("last turn: 12 tokens")
+    child.expect("session: +2 turns")
+    child.expect(">>> ")
+    child.sendline("/bogus")
+    child.expect("unknown command /bogus; /help lists")
+    child.expect(">>> ")
+    child.sendline("/retry")
+    child.expect("stop: length")
+    child.expect(">>> ")
+    child.sendline(f"/save {saved}")
+    child.expect("saved 2 turns")
+    child.expect(">>> ")
+    child.sendeof()
+    child.expect("session: 3 turns")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    messages = json.loads(saved.read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["hello model", "a message on\ntwo lines"]
+    history = Path(os.environ["LOCALRUN_HOME"]) / "data" / "chat_history"
+    assert "hello model" in history.read_text()
+
+    child = spawn_chat("-m", str(tiny_model), "-n", "4", "--load", str(saved))
+    child.expect("continuing a conversation of 2 turns")
+    child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
+    child = spawn_chat("-m", str(long_model), "--ctx", "32768", "-n", "30000")
+    child.expect(">>> ")
+    child.sendline("go on forever")
+    child.expect(r"\d{3,} tokens")  # the live footer: the reply is streaming
+    child.sendintr()
+    child.expect("reply interrupted")
+    child.expect(">>> ")
+    child.sendline("/stats")
+    child.expect("stop: interrupted")
+    child.expect(">>> ")
+    child.sendintr()  # at the prompt: end the session
+    child.expect("session: 1 turns")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
