@@ -83,22 +83,30 @@ class Drafter(Protocol):
 
 # ---------------------------------------------------------------- lookup --
 
-_MATCH_CAP = 40
+_WINDOW = 32  # how far back a source and the cursor are compared
 _CANDIDATES = 16  # the latest occurrences of the last two tokens that are compared
-# buckets by how many tokens before the cursor agree with the source: 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
-_BUCKET_EDGES = (3, 4, 6, 9, 16, 32)
-LOOKUP_PRIOR = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85)
+# buckets by how many of the last 32 tokens agree with the source's: <3, 3, 4-5, 6-8, 9-15, 16-23, 24+;
+# and one for resuming a source right after a token that differs from it (an edit)
+_BUCKET_EDGES = (3, 4, 6, 9, 16, 24)
+RESUME_BUCKET = len(_BUCKET_EDGES) + 1
+LOOKUP_PRIOR = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.6)
 
 
-def match_bucket(match: int) -> int:
+def match_bucket(agreement: int) -> int:
     for i, edge in enumerate(_BUCKET_EDGES):
-        if match < edge:
+        if agreement < edge:
             return i
     return len(_BUCKET_EDGES)
 
 
 class PromptLookupDrafter:
-    """N-gram lookup over the prompt and the generated text."""
+    """N-gram lookup over the prompt and the generated text.
+
+    Candidates: the latest places where the last two tokens occurred before,
+    and the place the source copied at the last step has advanced to (which
+    survives an edit: a renamed variable, a fixed typo). The candidate whose
+    preceding tokens agree most with the cursor's wins; how many agree is
+    what the controller's acceptance estimate is keyed on."""
 
     def __init__(self) -> None:
         self.profile = Profile(
@@ -112,6 +120,7 @@ class PromptLookupDrafter:
     def begin(self, context: Sequence[int]) -> None:
         self._index = {}
         self._seen = []
+        self._source = self._cursor = 0
         self._update(context)
 
     def _update(self, context: Sequence[int]) -> None:
@@ -127,32 +136,36 @@ class PromptLookupDrafter:
                 index.setdefault((seen[i - 1], token), []).append(i + 1)
             seen.append(token)
 
+    def _agreement(self, start: int, n: int) -> int:
+        seen = self._seen
+        limit = min(_WINDOW, start)
+        return sum(1 for a, b in zip(seen[start - limit : start], seen[n - limit : n], strict=True) if a == b)
+
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         self._update(context)
         n = len(context)
         if n < 3:
             return None
-        starts = self._index.get((context[-2], context[-1]))
-        if not starts:
-            return None
-        best, best_match = -1, 0
         seen = self._seen
-        # besides the latest occurrences: where the source copied last time has got to by now
-        follow = self._source + n - self._cursor
-        candidates = [*reversed(starts[-_CANDIDATES - 1 :]), follow]
-        for start in candidates:
-            if not 2 <= start < n or seen[start - 1] != seen[n - 1] or seen[start - 2] != seen[n - 2]:
-                continue  # the cursor itself, or a continuation that no longer matches
-            match = 2
-            limit = min(_MATCH_CAP, start)
-            while match < limit and seen[start - 1 - match] == seen[n - 1 - match]:
-                match += 1
-            if match > best_match:
-                best, best_match = start, match
+        best, best_score, bucket = -1, 0, 0
+        for start in reversed(self._index.get((seen[-2], seen[-1]), [])[-_CANDIDATES - 1 :]):
+            if start < n:  # not the cursor itself
+                score = self._agreement(start, n)
+                if score > best_score:
+                    best, best_score = start, score
+        if best >= 0:
+            bucket = match_bucket(best_score)
+        follow = self._source + n - self._cursor  # where the source copied last has got to
+        if self._cursor and 2 <= follow < n and follow != best:
+            score = self._agreement(follow, n)
+            if score > best_score:
+                best, best_score = follow, score
+                # the last token differs from the source's: the text copies it, with an edit just now
+                bucket = match_bucket(score) if seen[follow - 1] == seen[n - 1] else RESUME_BUCKET
         if best < 0:
             return None
         self._source, self._cursor = best, n
-        return Offer(index, match_bucket(best_match), LOOKUP_MAX)
+        return Offer(index, bucket, LOOKUP_MAX)
 
     def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         t0 = time.perf_counter()

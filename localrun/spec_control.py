@@ -11,8 +11,8 @@ the highest expected tokens per second:
 with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
 token is kept with probability a, given the ones before it were), draft(n)
 the drafter's measured cost for n tokens (plus any catch-up or loading), and
-verify(n) the target's cost for a batch of n rows, modelled as a plain step
-plus a measured cost per extra row. Until something is measured it assumes
+verify(n) the target's cost for a batch of n rows, a line fitted to the
+verify batches measured (a fixed cost plus a cost per row). Until something is measured it assumes
 the drafter's `Profile` (a draft model's step costs its size ratio to the
 target; lookup is free) and a verify slope of a third of a plain step per row.
 
@@ -38,6 +38,7 @@ ACCEPT_MEMORY = 0.9  # per use: older acceptance counts fade, so the estimate fo
 IDLE_FADE = 16  # ... and fade once more per this many steps the way was not used
 MAX_ACCEPTANCE = 0.98
 COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
+SPIKE = 3.0  # a cost measurement counts as at most this many times the current estimate
 MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
 MAX_GAP = 128
 PROBE_MAX = 2  # the longest draft of a probe
@@ -82,8 +83,37 @@ class _Average:
         return default if self.value is None else self.value
 
     def add(self, x: float, alpha: float = COST_ALPHA) -> None:
+        if self.value is not None and self.value > 0:
+            x = min(x, SPIKE * self.value)  # a step stalled by other work on the machine counts less
         self.value = x if self.value is None else self.value + alpha * (x - self.value)
         self.count += 1
+
+
+class _LineFit:
+    """cost(rows) = a + s * rows, fitted to fading observations by least
+    squares, with the slope pulled toward a prior (ridge) so that a few
+    observations of one size do not decide it alone."""
+
+    MEMORY = 0.97  # per observation
+    PRIOR_WEIGHT = 4.0  # the prior slope weighs like observations spread over 2 rows
+
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        m = self.MEMORY
+        self.w, self.x, self.y = self.w * m + 1, self.x * m + rows, self.y * m + seconds
+        self.xx, self.xy = self.xx * m + rows * rows, self.xy * m + rows * seconds
+
+    @property
+    def empty(self) -> bool:
+        return self.w == 0.0
+
+    def line(self, prior_slope: float) -> tuple[float, float]:
+        lam = self.PRIOR_WEIGHT
+        det = self.w * (self.xx + lam) - self.x * self.x
+        slope = (self.w * (self.xy + lam * prior_slope) - self.x * self.y) / det
+        return (self.y - slope * self.x) / self.w, slope
 
 
 def expected_tokens(a: float, n: int) -> float:
@@ -96,7 +126,7 @@ class AdaptiveController:
     profiles: Sequence[Profile]
     explore_share: float = 0.02
     plain: _Average = field(default_factory=_Average)
-    verify_slope: _Average = field(default_factory=_Average)  # seconds per verify row beyond the first
+    verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
 
     def __post_init__(self) -> None:
         n = len(self.profiles)
@@ -106,6 +136,7 @@ class AdaptiveController:
         self.counts: dict[tuple[int, int], tuple[float, float, int]] = {}  # (accepted, tested, step), fading
         self.last_used: dict[tuple[int, int], int] = {}
         self.gap: dict[tuple[int, int], int] = {}
+        self._line: tuple[float, float] | None = None  # the verify fit, cached until the next observation
         self.rounds = 0
         self.elapsed = 0.0
         self.explored = 0.0
@@ -123,8 +154,13 @@ class AdaptiveController:
 
     def verify_cost(self, rows: int) -> float:
         c1 = self.plain_cost()
-        slope = self.verify_slope.get(PRIOR_VERIFY_SLOPE * c1)
-        return c1 + max(slope, 0.0) * (rows - 1)
+        if rows <= 1:
+            return c1
+        if self.verify.empty:
+            return c1 + PRIOR_VERIFY_SLOPE * c1 * (rows - 1)
+        a, slope = self._line if self._line is not None else self.verify.line(PRIOR_VERIFY_SLOPE * c1)
+        self._line = (a, slope)
+        return max(a + max(slope, 0.0) * rows, c1)
 
     def draft_cost(self, offer: Offer, n: int) -> float:
         d = offer.drafter
@@ -186,10 +222,15 @@ class AdaptiveController:
 
     def observe_plain(self, seconds: float) -> None:
         self.plain.add(seconds)
+        self._line = None
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        if rows > 1 and self.plain.value is not None:
-            self.verify_slope.add((seconds - self.plain.value) / (rows - 1))
+        if rows > 1:
+            if not self.verify.empty:  # a step stalled by other work on the machine counts less
+                a, slope = self.verify.line(PRIOR_VERIFY_SLOPE * self.plain_cost())
+                seconds = min(seconds, SPIKE * max(a + slope * rows, self.plain_cost()))
+            self.verify.add(rows, seconds)
+            self._line = None
 
     def observe_draft(self, drafter: int, draft: Draft) -> None:
         self.ready[drafter] = True

@@ -12,6 +12,7 @@ import pytest
 from localrun.decode import Decoder, SamplingParams, generate
 from localrun.drafters import (
     MODEL_MAX,
+    RESUME_BUCKET,
     DraftModelDrafter,
     Offer,
     PromptLookupDrafter,
@@ -276,18 +277,28 @@ def test_none_means_no_speculation(engine: Engine, models: dict[str, Path]) -> N
 # -- prompt lookup --
 
 
-def test_lookup_offers_the_continuation_of_the_longest_match() -> None:
+def test_lookup_offers_the_continuation_of_the_best_agreeing_source() -> None:
     lookup = PromptLookupDrafter()
-    context = [5, 1, 2, 3, 9, 9, 7, 2, 3, 8, 4, 1, 2, 3]
-    lookup.begin(context[:4])
-    offer = lookup.offer(context, 0)  # [1 2 3] ended twice before; [.. 1 2 3] agrees longer at the start
-    assert offer is not None and offer.bucket == match_bucket(3)
     rng = np.random.default_rng(0)
+    context = [5, 1, 2, 3, 9, 9, 7, 0, 0, 2, 3, 8, 4, 1, 2, 3]
+    lookup.begin(context[:4])
+    offer = lookup.offer(context, 0)  # [2 3] ended twice before; before the first, [1 2 3] agrees
+    assert offer is not None and offer.bucket == match_bucket(3)
     assert lookup.draft(context, 3, GREEDY, rng).tokens == [9, 9, 7]
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    copy = [*source, 10, 11, 12]
+    lookup.begin(copy)
+    assert lookup.offer(copy, 0) is not None
+    assert lookup.draft(copy, 2, GREEDY, rng).tokens == [13, 14]
+    edited = [*copy, 99]  # the copy replaced 13: lookup resumes the source after it
+    offer = lookup.offer(edited, 0)
+    assert offer is not None and offer.bucket == RESUME_BUCKET
+    assert lookup.draft(edited, 3, GREEDY, rng).tokens == [14, 15, 16]
     loop = [4, 6, 4, 6]
     lookup.begin(loop)
     assert lookup.offer(loop, 0) is not None
     assert lookup.draft(loop, 5, GREEDY, rng).tokens == [4, 6, 4, 6, 4]  # a loop continues past the cursor
+    lookup.begin([1, 2, 3])
     assert lookup.offer([1, 2, 3], 0) is None
 
 
@@ -301,7 +312,8 @@ def _controller(slope: float, draft_step: float, *, explore: float = 0.02) -> Ad
     )
     control = AdaptiveController([lookup, draft], explore_share=explore)
     control.observe_plain(0.1)
-    control.observe_verify(5, 0.1 + 4 * slope * 0.1)
+    for rows in (2, 5, 9, 2, 5, 9):
+        control.observe_verify(rows, 0.1 + (rows - 1) * slope * 0.1)
     from localrun.drafters import Draft
 
     control.observe_draft(1, Draft([1, 2], n_sync=1, sync_s=draft_step * 0.1, steps_s=draft_step * 0.1))
