@@ -196,13 +196,15 @@ def generate_speculative(
             draft = _make_draft(speculation, plan, context, sampling, rng)
             if draft is None or not draft.tokens:
                 tally.current = "plain"
+                t1 = time.perf_counter()
                 status = decoder.evaluate((context[-1],))
                 if status != _DECODE_OK:
                     reason = "interrupted" if status == _DECODE_ABORTED else "length"
                     break
                 decided = [decoder.sample(sampler)]
-                control.observe_plain(time.perf_counter() - t0)
-                control.observe_round(plan, time.perf_counter() - t0, 1)
+                t2 = time.perf_counter()
+                control.observe_plain(t2 - t1)
+                control.observe_round(plan, t2 - t0, 1)
                 continue
             assert plan.offer is not None
             t1 = time.perf_counter()
