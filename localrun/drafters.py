@@ -89,7 +89,7 @@ _CANDIDATES = 16  # the latest occurrences of the last two tokens that are compa
 # and one for resuming a source right after a token that differs from it (an edit)
 _BUCKET_EDGES = (3, 4, 6, 9, 16, 24)
 RESUME_BUCKET = len(_BUCKET_EDGES) + 1
-LOOKUP_PRIOR = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.6)
+LOOKUP_PRIOR = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.85, 0.5)  # a chance match of a few tokens seldom continues
 
 
 def match_bucket(agreement: int) -> int:

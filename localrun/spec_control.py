@@ -11,8 +11,11 @@ the highest expected tokens per second:
 with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
 token is kept with probability a, given the ones before it were), draft(n)
 the drafter's measured cost for n tokens (plus any catch-up or loading), and
-verify(n) the target's cost for a batch of n rows, a line fitted to the
-verify batches measured (a fixed cost plus a cost per row). Until something is measured it assumes
+verify(n) the target's measured cost for a batch of n rows. Costs per size
+are not smooth (llama.cpp's CPU kernels take rows in groups: here 4 rows cost
+less than 3, 16 less than 12), so each size keeps its own average; a size not
+tried yet is estimated from a line fitted to all verify batches (a fixed cost
+plus a cost per row), a little optimistically, so that it gets tried. Until something is measured it assumes
 the drafter's `Profile` (a draft model's step costs its size ratio to the
 target; lookup is free) and a verify slope of a third of a plain step per row.
 
@@ -39,6 +42,7 @@ IDLE_FADE = 16  # ... and fade once more per this many steps the way was not use
 MAX_ACCEPTANCE = 0.98
 COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
 SPIKE = 3.0  # a cost measurement counts as at most this many times the current estimate
+UNTRIED_SIZE = 0.8  # a verify batch size not measured yet is assumed this much cheaper than the fit says
 MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
 MAX_GAP = 128
 PROBE_MAX = 2  # the longest draft of a probe
@@ -137,6 +141,7 @@ class AdaptiveController:
         self.last_used: dict[tuple[int, int], int] = {}
         self.gap: dict[tuple[int, int], int] = {}
         self._line: tuple[float, float] | None = None  # the verify fit, cached until the next observation
+        self.sizes: dict[int, _Average] = {}  # verify cost per batch size measured
         self.rounds = 0
         self.elapsed = 0.0
         self.explored = 0.0
@@ -156,6 +161,13 @@ class AdaptiveController:
         c1 = self.plain_cost()
         if rows <= 1:
             return c1
+        measured = self.sizes.get(rows)
+        if measured is not None and measured.value is not None:
+            return measured.value
+        return self._line_cost(rows) * UNTRIED_SIZE
+
+    def _line_cost(self, rows: int) -> float:
+        c1 = self.plain_cost()
         if self.verify.empty:
             return c1 + PRIOR_VERIFY_SLOPE * c1 * (rows - 1)
         a, slope = self._line if self._line is not None else self.verify.line(PRIOR_VERIFY_SLOPE * c1)
@@ -180,9 +192,8 @@ class AdaptiveController:
             power *= a
             e += power
             rate = e / (self.draft_cost(offer, n) + self.verify_cost(n + 1))
-            if rate <= best_rate:
-                break  # E(n) is concave and T(n) linear in n: the rate has one peak
-            best_rate, best_n = rate, n
+            if rate > best_rate:  # not one peak: some batch sizes run faster kernels than smaller ones
+                best_rate, best_n = rate, n
         return best_rate, best_n
 
     # -- choice --
@@ -227,10 +238,10 @@ class AdaptiveController:
     def observe_verify(self, rows: int, seconds: float) -> None:
         if rows > 1:
             if not self.verify.empty:  # a step stalled by other work on the machine counts less
-                a, slope = self.verify.line(PRIOR_VERIFY_SLOPE * self.plain_cost())
-                seconds = min(seconds, SPIKE * max(a + slope * rows, self.plain_cost()))
+                seconds = min(seconds, SPIKE * self._line_cost(rows))
             self.verify.add(rows, seconds)
             self._line = None
+            self.sizes.setdefault(rows, _Average()).add(seconds)
 
     def observe_draft(self, drafter: int, draft: Draft) -> None:
         self.ready[drafter] = True

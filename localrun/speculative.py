@@ -158,6 +158,7 @@ def generate_speculative(
     drafters = speculation.drafters
     control = speculation.controller
     tally = _Tally([d.profile.name for d in drafters])
+    fast_greedy = sampling.greedy and sampling.repeat_penalty == 1.0  # the chain is argmax alone
     context = list(prompt_tokens)  # the prompt and every token decided so far
     reason: StopReason = "length"
     try:
@@ -201,7 +202,7 @@ def generate_speculative(
                 if status != _DECODE_OK:
                     reason = "interrupted" if status == _DECODE_ABORTED else "length"
                     break
-                decided = [decoder.sample(sampler)]
+                decided = [_pick(decoder, sampler, fast_greedy, -1)]
                 t2 = time.perf_counter()
                 control.observe_plain(t2 - t1)
                 control.observe_round(plan, t2 - t0, 1)
@@ -213,7 +214,7 @@ def generate_speculative(
                 decoder.rollback(len(context) - 1)
                 reason = "interrupted" if status == _DECODE_ABORTED else "length"
                 break
-            decided = _verify(decoder, sampler, sampling, draft, rng, out.tokens)
+            decided = _verify(decoder, sampler, sampling, fast_greedy, draft, rng, out.tokens)
             accepted = len(decided) - 1
             decoder.rollback(len(context) + accepted)  # forget the rejected drafts
             t2 = time.perf_counter()
@@ -247,10 +248,19 @@ def _make_draft(
     return draft
 
 
+def _pick(decoder: Decoder, sampler: Sampler, fast_greedy: bool, row: int) -> int:
+    """The native chain's token for ``row``; a greedy chain without penalties
+    is numpy's argmax (the same first maximum, a tenth of the time)."""
+    if fast_greedy:
+        return int(np.argmax(decoder.logits(row)))
+    return decoder.sample(sampler, row)
+
+
 def _verify(
     decoder: Decoder,
     sampler: Sampler,
     sampling: SamplingParams,
+    fast_greedy: bool,
     draft: Draft,
     rng: np.random.Generator,
     generated: list[int],
@@ -260,7 +270,7 @@ def _verify(
     decided: list[int] = []
     for row, token in enumerate(draft.tokens):
         if draft.probs is None or sampling.greedy:
-            chosen = decoder.sample(sampler, row)  # a deterministic draft: keep it when the target agrees
+            chosen = _pick(decoder, sampler, fast_greedy, row)  # a deterministic draft: kept if the target agrees
             decided.append(chosen)
             if chosen != token:
                 return decided
@@ -272,5 +282,5 @@ def _verify(
             decided.append(chosen)
             if replacement is not None:
                 return decided
-    decided.append(decoder.sample(sampler, len(draft.tokens)))
+    decided.append(_pick(decoder, sampler, fast_greedy, len(draft.tokens)))
     return decided

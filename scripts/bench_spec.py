@@ -160,13 +160,14 @@ def main() -> None:
     engine = Engine(EngineConfig(model_path=args.target, n_ctx=4096, n_threads=args.threads))
     decoder = Decoder(engine)
     fixed = Speculation([DraftModelDrafter(args.draft, engine, eager=True)], FixedController(0, args.draft_n))
-    lookup = Speculation([PromptLookupDrafter()])
-    # one `auto` per workload and round, as a fresh `localrun generate --draft auto` would start
+    # adaptive columns start fresh each time, as a new `localrun generate` does: nothing measured yet
     columns: dict[str, Callable[[list[int], int], Result]] = {
         "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
         "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
-        "lookup": lambda p, n: run(lookup.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
-        "auto": lambda p, n: fresh_auto(engine, decoder, args.draft, p, n),
+        "lookup": lambda p, n: fresh(Speculation([PromptLookupDrafter()]), engine, decoder, p, n),
+        "auto": lambda p, n: fresh(
+            Speculation([PromptLookupDrafter(), DraftModelDrafter(args.draft, engine)]), engine, decoder, p, n
+        ),
     }
     prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}
     results: dict[tuple[str, str], list[Result]] = {}
@@ -187,9 +188,9 @@ def main() -> None:
     report(workloads, results, rounds, args)
 
 
-def fresh_auto(engine: Engine, decoder: Decoder, draft: Path, prompt: list[int], n: int) -> Result:
-    with Speculation([PromptLookupDrafter(), DraftModelDrafter(draft, engine)]) as auto:
-        return run(auto.generate(engine, prompt, GREEDY, max_tokens=n, decoder=decoder))
+def fresh(speculation: Speculation, engine: Engine, decoder: Decoder, prompt: list[int], n: int) -> Result:
+    with speculation:
+        return run(speculation.generate(engine, prompt, GREEDY, max_tokens=n, decoder=decoder))
 
 
 def report(
