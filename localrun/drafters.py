@@ -89,7 +89,8 @@ _CANDIDATES = 16  # the latest occurrences of the last two tokens that are compa
 # and one for resuming a source right after a token that differs from it (an edit)
 _BUCKET_EDGES = (3, 4, 6, 9, 16, 24)
 RESUME_BUCKET = len(_BUCKET_EDGES) + 1
-LOOKUP_PRIOR = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.85, 0.5)  # a chance match of a few tokens seldom continues
+_RESUME_MIN = 8  # agreeing tokens a source needs to be resumed past a difference
+LOOKUP_PRIOR = (0.1, 0.2, 0.25, 0.5, 0.7, 0.8, 0.85, 0.5)  # a chance match of a few tokens seldom continues
 
 
 def match_bucket(agreement: int) -> int:
@@ -118,17 +119,16 @@ class PromptLookupDrafter:
         self._cursor = 0  # the context length when it was chosen
 
     def begin(self, context: Sequence[int]) -> None:
-        self._index = {}
-        self._seen = []
+        self._index, self._seen = {}, []
         self._source = self._cursor = 0
         self._update(context)
 
     def _update(self, context: Sequence[int]) -> None:
+        n = len(self._seen)
+        if len(context) < n or (n and context[n - 1] != self._seen[n - 1]):  # another text: start over
+            self._index, self._seen = {}, []
+            self._source = self._cursor = n = 0
         seen = self._seen
-        n = len(seen)
-        if len(context) < n or (n and context[n - 1] != seen[n - 1]):
-            self.begin(context[:0])
-            n = 0
         index = self._index
         for i in range(n, len(context)):
             token = context[i]
@@ -158,7 +158,7 @@ class PromptLookupDrafter:
         follow = self._source + n - self._cursor  # where the source copied last has got to
         if self._cursor and 2 <= follow < n and follow != best:
             score = self._agreement(follow, n)
-            if score > best_score:
+            if score > best_score and score >= _RESUME_MIN:
                 best, best_score = follow, score
                 # the last token differs from the source's: the text copies it, with an edit just now
                 bucket = match_bucket(score) if seen[follow - 1] == seen[n - 1] else RESUME_BUCKET

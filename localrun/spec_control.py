@@ -42,7 +42,7 @@ IDLE_FADE = 16  # ... and fade once more per this many steps the way was not use
 MAX_ACCEPTANCE = 0.98
 COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
 SPIKE = 3.0  # a cost measurement counts as at most this many times the current estimate
-UNTRIED_SIZE = 0.8  # a verify batch size not measured yet is assumed this much cheaper than the fit says
+UNTRIED_SIZE = 0.8  # a verify batch size not measured yet: this share of the extra cost the fit says
 MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
 MAX_GAP = 128
 PROBE_MAX = 2  # the longest draft of a probe
@@ -164,7 +164,7 @@ class AdaptiveController:
         measured = self.sizes.get(rows)
         if measured is not None and measured.value is not None:
             return measured.value
-        return self._line_cost(rows) * UNTRIED_SIZE
+        return c1 + (self._line_cost(rows) - c1) * UNTRIED_SIZE
 
     def _line_cost(self, rows: int) -> float:
         c1 = self.plain_cost()

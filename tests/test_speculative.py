@@ -285,15 +285,19 @@ def test_lookup_offers_the_continuation_of_the_best_agreeing_source() -> None:
     offer = lookup.offer(context, 0)  # [2 3] ended twice before; before the first, [1 2 3] agrees
     assert offer is not None and offer.bucket == match_bucket(3)
     assert lookup.draft(context, 3, GREEDY, rng).tokens == [9, 9, 7]
-    source = [10, 11, 12, 13, 14, 15, 16, 17, 18]
-    copy = [*source, 10, 11, 12]
+    source = list(range(10, 30))
+    copy = [*source, *source[:10]]
     lookup.begin(copy)
-    assert lookup.offer(copy, 0) is not None
-    assert lookup.draft(copy, 2, GREEDY, rng).tokens == [13, 14]
-    edited = [*copy, 99]  # the copy replaced 13: lookup resumes the source after it
+    offer = lookup.offer(copy, 0)
+    assert offer is not None and offer.bucket == match_bucket(10)
+    assert lookup.draft(copy, 2, GREEDY, rng).tokens == [20, 21]
+    edited = [*copy, 99]  # the copy replaced 20: lookup resumes the source after it
     offer = lookup.offer(edited, 0)
     assert offer is not None and offer.bucket == RESUME_BUCKET
-    assert lookup.draft(edited, 3, GREEDY, rng).tokens == [14, 15, 16]
+    assert lookup.draft(edited, 3, GREEDY, rng).tokens == [21, 22, 23]
+    short = [*source, *source[:5]]
+    assert lookup.offer(short, 0) is not None
+    assert lookup.offer([*short, 99], 0) is None  # too little agrees to resume past a difference
     loop = [4, 6, 4, 6]
     lookup.begin(loop)
     assert lookup.offer(loop, 0) is not None
