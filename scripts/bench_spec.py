@@ -15,7 +15,8 @@ Columns, run in interleaved rounds (the order rotates) on one target engine:
   auto     what `--draft auto` does: lookup and the draft model, adaptive
 For each: decode tokens/sec (first token to last, as `--stats` reports it),
 the ratio to plain (taken within each round, median over rounds), acceptance,
-and whether the text is identical to plain's. The prompt is evaluated once
+and whether the text is identical to plain's. A run during which other
+processes took over 10% of the CPU is redone (--attempts). The prompt is evaluated once
 (KV cache reuse) and is not part of the figures; the draft model's own
 catch-up (auto loads it mid-generation, if at all) is. --quick: 1 round,
 shorter outputs, two workloads.
@@ -28,6 +29,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -48,6 +50,7 @@ GREEDY = SamplingParams(temperature=0.0)
 CODE = """import csv
 import statistics
 from dataclasses import dataclass
+from functools import partial
 
 
 @dataclass
@@ -127,6 +130,36 @@ COLUMNS = ("plain", "draft", "lookup", "auto")
 class Result:
     stats: Stats
     text: str
+    others: float = 0.0  # share of the machine's CPU that other processes used during the run
+
+
+def _cpu() -> tuple[int, int, int]:
+    """(all jiffies, idle jiffies, this process's jiffies) from /proc."""
+    with Path("/proc/stat").open() as f:
+        values = [int(v) for v in f.readline().split()[1:9]]
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(values), values[3] + values[4], int(own[11]) + int(own[12])
+
+
+def measured(runner: Callable[[], Result], attempts: int) -> Result:
+    """Run until other processes took under QUIET of the CPU during the run
+    (this machine is shared), at most ``attempts`` times; the quietest run."""
+    best: Result | None = None
+    for _ in range(attempts):
+        total0, idle0, own0 = _cpu()
+        result = runner()
+        total1, idle1, own1 = _cpu()
+        span = max(total1 - total0, 1)
+        result.others = max((span - (idle1 - idle0)) - (own1 - own0), 0) / span
+        if best is None or result.others < best.others:
+            best = result
+        if result.others < QUIET:
+            break
+    assert best is not None
+    return best
+
+
+QUIET = 0.1
 
 
 def run(events: Iterator[Event]) -> Result:
@@ -149,6 +182,9 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=TARGET)
     parser.add_argument("--draft", type=Path, default=DRAFT)
     parser.add_argument("--draft-n", type=int, default=3, help="draft length of the fixed draft column")
+    parser.add_argument(
+        "--attempts", type=int, default=3, help="runs disturbed by other processes (over 10%% of the CPU) are redone"
+    )
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     workloads = {
@@ -176,11 +212,11 @@ def main() -> None:
             run(generate(engine, prompts[name], GREEDY, max_tokens=1, decoder=decoder))  # the prompt, once
             shift = (r + w) % len(COLUMNS)
             for column in COLUMNS[shift:] + COLUMNS[:shift]:
-                result = columns[column](prompts[name], n)
+                result = measured(partial(columns[column], prompts[name], n), args.attempts)
                 results.setdefault((name, column), []).append(result)
                 print(
                     f"round {r + 1} {name:7s} {column:7s} {result.stats.decode_tokens_per_s:6.2f} tok/s "
-                    f"{result.stats.generated_tokens} tokens",
+                    f"{result.stats.generated_tokens} tokens, other processes {result.others:.0%} of the CPU",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -224,6 +260,8 @@ def report(
                 f"{'yes' if same else 'NO'}{drafter}"
             )
         print(f"{'':8s} {runs[-1].stats.generated_tokens} tokens")
+    worst = max(r.others for runs in results.values() for r in runs)
+    print(f"other processes took up to {worst:.0%} of the CPU during a run kept (runs over {QUIET:.0%} are redone)")
 
 
 if __name__ == "__main__":
