@@ -209,7 +209,7 @@ def generate_speculative(
                 continue
             assert plan.offer is not None
             t1 = time.perf_counter()
-            status = decoder.evaluate_rows([context[-1], *draft.tokens])
+            status = decoder.evaluate_rows([context[-1], *draft.tokens], abortable=False)  # short: no callback
             if status != _DECODE_OK:
                 decoder.rollback(len(context) - 1)
                 reason = "interrupted" if status == _DECODE_ABORTED else "length"
