@@ -184,10 +184,11 @@ class Bench:
     """What technique functions work with: the model, the plan, and helpers
     that measure a configuration."""
 
-    def __init__(self, model: Path, plan: Plan, *, compare: Path | None = None) -> None:
+    def __init__(self, model: Path, plan: Plan, *, compare: Path | None = None, draft: Path | None = None) -> None:
         self.model = model
         self.plan = plan
         self.compare = compare
+        self.draft = draft  # the matched draft model, for the speculative rows
         self.shape = describe(read_gguf(model))
         self.budget = memory_budget(plan.memory_budget)
         self._shapes: dict[Path, ModelInfo] = {model: self.shape}
@@ -217,23 +218,39 @@ class Bench:
     def prompts(self, engine: Engine) -> list[list[int]]:
         return [prompt_tokens(engine, text) for text in self.plan.prompts]
 
-    def single(self, config: EngineConfig) -> Round:
-        """One round of plain decoding, one sequence: load, warm up, then
-        every prompt, greedy, a fixed number of tokens."""
+    def single(self, config: EngineConfig, speculation: str | None = None) -> Round:
+        """One round of decoding, one sequence: load, warm up, then every
+        prompt, greedy, a fixed number of tokens; with ``speculation`` (a
+        `--draft` choice), through the speculative loop."""
+        from localrun.speculative import open_speculation
+
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
+        extra: dict[str, float] = {}
         with Engine(config) as engine:
+            spec = open_speculation(engine, speculation, self.draft) if speculation else None
+            run = spec.generate if spec else generate
             prompts = self.prompts(engine)
             warm = prompts[0][: max(1, min(8, len(prompts[0])))]
             token_times(generate(engine, warm, greedy, max_tokens=self.plan.warmup_tokens, ignore_eos=True))
             ttfts: list[float] = []
             times: list[float] = []
+            proposed = accepted = rounds = 0
             for tokens in prompts:
-                stats, run = token_times(
-                    generate(engine, tokens, greedy, max_tokens=self.plan.max_tokens, ignore_eos=True)
+                stats, run_times = token_times(
+                    run(engine, tokens, greedy, max_tokens=self.plan.max_tokens, ignore_eos=True)
                 )
                 ttfts.append(stats.ttft_s)
-                times.extend(run)
+                times.extend(run_times)
+                if stats.draft:
+                    proposed += stats.draft.proposed
+                    accepted += stats.draft.accepted
+                    rounds += stats.draft.rounds
+            if spec is not None:
+                spec.close()
+                extra = {"acceptance": accepted / proposed if proposed else 0.0}
+                if rounds:
+                    extra["mean_accepted"] = accepted / rounds
             kv = engine.kv_cache_bytes / engine.kv_cells if engine.kv_cache_bytes and engine.kv_cells else None
             peak = peak_rss()
         return Round(
@@ -243,6 +260,7 @@ class Bench:
             peak_rss_bytes=peak,
             kv_bytes_per_token=kv,
             context_fits=self.context_fits(config),
+            extra=extra,
         )
 
     def batched(self, config: EngineConfig, parallel: int) -> Round:
@@ -337,7 +355,20 @@ def kv_cache_rows(bench: Bench) -> list[RowSpec]:
 
 
 def speculative_rows(bench: Bench) -> list[RowSpec]:
-    return unavailable(["speculative draft", "speculative lookup", "speculative auto"], module="localrun.speculative")
+    """Speculative decoding, lossless: the matched draft model, prompt lookup,
+    and auto (the controller choosing, plain decoding included)."""
+
+    def row(technique: str, choice: str) -> RowSpec:
+        return RowSpec(
+            technique,
+            measure=lambda b: b.single(b.engine_config(type_k="f16", type_v="f16"), speculation=choice),
+            settings={"draft": choice},
+        )
+
+    rows = [row("speculative lookup", "lookup"), row("speculative auto", "auto")]
+    if bench.draft is None:
+        return [*unavailable(["speculative draft"], reason="no draft model (give one with --draft)"), *rows]
+    return [row("speculative draft", str(bench.draft)), *rows]
 
 
 def batching_rows(bench: Bench) -> list[RowSpec]:

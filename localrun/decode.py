@@ -103,10 +103,11 @@ class Decoder:
                 self.tokens.extend(chunk)
         return _DECODE_OK
 
-    def evaluate_rows(self, tokens: Sequence[int]) -> int:
+    def evaluate_rows(self, tokens: Sequence[int], *, abortable: bool = True) -> int:
         """Decode ``tokens`` (at most n_batch) at the current position with
         logits for every row: what a verify step or a perplexity run needs.
-        Read them with `logits`."""
+        Read them with `logits`. ``abortable=False`` for a short batch: the
+        abort check is a Python callback between graph nodes, which costs."""
         n = len(tokens)
         if not 0 < n <= self.engine.n_batch:
             raise ValueError(f"evaluate_rows takes 1 to {self.engine.n_batch} tokens, got {n}")
@@ -119,7 +120,10 @@ class Decoder:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = True
             batch.n_tokens = n
-            with self.engine.abortable():
+            if abortable:
+                with self.engine.abortable():
+                    status = self._check(llama_cpp.llama_decode(self.engine.ctx, batch))
+            else:
                 status = self._check(llama_cpp.llama_decode(self.engine.ctx, batch))
         finally:
             llama_cpp.llama_batch_free(batch)

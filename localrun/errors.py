@@ -46,3 +46,7 @@ class DownloadError(LocalrunError):
 
 class SourceUnreachableError(DownloadError):
     """A source could not be reached at all (DNS, connection refused): try the next one."""
+
+
+class IncompatibleDraftError(UsageError):
+    """A draft model whose vocabulary differs from the target's: it cannot draft for it."""

@@ -9,6 +9,37 @@ StopReason = Literal["eos", "length", "stop", "interrupted"]
 
 
 @dataclass(frozen=True)
+class DraftStats:
+    """Speculative decoding so far: who drafts, how many drafted tokens the
+    target checked (``proposed``) and kept (``accepted``) over ``rounds``
+    verify steps that carried a draft."""
+
+    drafter: str
+    proposed: int = 0
+    accepted: int = 0
+    rounds: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "proposed": self.proposed, "accepted": self.accepted}
+
+    def summary(self) -> str:
+        if not self.proposed:
+            return "no drafts (plain decoding paid best)"
+        return (
+            f"draft {self.drafter}: {self.acceptance:.0%} of {self.proposed} accepted, "
+            f"{self.mean_accepted:.1f} per step"
+        )
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """New text, with the running figures a live display shows."""
 
@@ -17,6 +48,7 @@ class TokenEvent:
     ttft_s: float
     elapsed_s: float
     decode_tokens_per_s: float
+    draft: DraftStats | None = None  # set by the speculative loop
 
 
 @dataclass(frozen=True)
@@ -30,6 +62,7 @@ class Stats:
     prompt_tokens_per_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not evaluated
     prompt_cache: str | None = None  # "hit" or "miss" when a prompt cache was used
+    draft: DraftStats | None = None  # speculative decoding's figures, when it ran
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,6 +74,7 @@ class Stats:
             f"{f' ({self.cached_tokens} cached)' if self.cached_tokens else ''}"
             f"{f', prompt cache {self.prompt_cache}' if self.prompt_cache else ''}, "
             f"ttft {self.ttft_s:.2f}s, {self.elapsed_s:.2f}s total, stop: {self.stop_reason}"
+            f"{f', {self.draft.summary()}' if self.draft else ''}"
         )
 
 

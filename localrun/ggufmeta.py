@@ -49,10 +49,13 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class ArrayInfo:
-    """An array value: its element type and length (elements are not kept)."""
+    """An array value: its element type and length (elements are not kept),
+    and where its elements lie in the file (`read_strings` reads them)."""
 
     item_type: int
     length: int
+    start: int = 0  # byte offset of the first element
+    end: int = 0  # byte offset just past the last element
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class _Cursor:
         if vtype == GGUFValueType.ARRAY:
             item_type = self.unpack("<I")
             length = self.unpack("<Q")
+            start = self.pos
             if item_type in _SCALARS:
                 n = struct.calcsize(_SCALARS[item_type]) * length
                 self.need(n)
@@ -142,7 +146,7 @@ class _Cursor:
                     self.skip_string()
             else:
                 raise self.fail(f"unsupported array element type {item_type}")
-            return ArrayInfo(item_type, length)
+            return ArrayInfo(item_type, length, start, self.pos)
         raise self.fail(f"unknown value type {vtype}")
 
 
@@ -176,6 +180,46 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                 return _parse(buf, p)
     except OSError as exc:
         raise BadModelError(f"cannot read {p}: {exc.strerror}") from exc
+
+
+def read_strings(path: str | Path, array: ArrayInfo, start: int = 0, stop: int | None = None) -> list[bytes]:
+    """Elements ``start`` to ``stop`` of a string array that `read_gguf` found
+    in ``path`` (say, the vocabulary's token texts), as raw bytes."""
+    if array.item_type != GGUFValueType.STRING:
+        raise ValueError("not an array of strings")
+    stop = array.length if stop is None else min(stop, array.length)
+    p = Path(path).expanduser()
+    with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, p)
+        cur.pos = array.start
+        for _ in range(start):
+            cur.skip_string()
+        out = []
+        for _ in range(max(stop - start, 0)):
+            n = cur.unpack("<Q")
+            cur.need(n)
+            out.append(bytes(buf[cur.pos : cur.pos + n]))
+            cur.pos += n
+        return out
+
+
+def string_span(path: str | Path, array: ArrayInfo, start: int, stop: int | None = None) -> bytes:
+    """The encoded bytes of elements ``start`` to ``stop`` of a string array:
+    two arrays hold equal elements in that range exactly when these bytes are equal."""
+    stop = array.length if stop is None else min(stop, array.length)
+    p = Path(path).expanduser()
+    with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, p)
+        cur.pos = array.start
+        for _ in range(start):
+            cur.skip_string()
+        begin = cur.pos
+        if stop == array.length:
+            cur.pos = array.end
+        else:
+            for _ in range(max(stop - start, 0)):
+                cur.skip_string()
+        return bytes(buf[begin : cur.pos])
 
 
 def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:

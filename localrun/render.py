@@ -30,7 +30,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
 
 
 class Renderer(Protocol):
@@ -95,18 +95,24 @@ class JsonRenderer:
                 record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}, **self.extra}
                 if stats.prompt_cache:
                     record["prompt_cache"] = stats.prompt_cache
+                if stats.draft is not None:  # speculative decoding ran
+                    record["draft"] = stats.draft.as_dict()
                 self.out.write(json.dumps(record) + "\n")
             self.out.flush()
         return _final(stats)
 
 
-def footer(generated: int, rate: float, ttft: float, elapsed: float, reason: str | None = None) -> Text:
+def footer(
+    generated: int, rate: float, ttft: float, elapsed: float, reason: str | None = None, draft: DraftStats | None = None
+) -> Text:
     parts = [
         f"{generated} tokens",
         f"{rate:.1f} tok/s" if rate else "- tok/s",
         f"ttft {ttft:.2f}s" if generated else "ttft -",
         f"{elapsed:.1f}s",
     ]
+    if draft is not None and draft.proposed:
+        parts.append(f"{draft.drafter} {draft.acceptance:.0%} accepted, {draft.mean_accepted:.1f}/step")
     if reason:
         parts.append(f"stop: {reason}")
     return Text("  ·  ".join(parts), style="dim")
@@ -151,7 +157,9 @@ class LiveRenderer:
         ev = self._last
         elapsed = time.perf_counter() - self._t0
         foot = (
-            footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed) if ev else footer(0, 0, 0, elapsed)
+            footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed, draft=ev.draft)
+            if ev
+            else footer(0, 0, 0, elapsed)
         )
         return Panel(
             Text(self._tail()), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue"
@@ -176,7 +184,12 @@ class LiveRenderer:
                     stats = ev.stats
         final = _final(stats)
         foot = footer(
-            final.generated_tokens, final.decode_tokens_per_s, final.ttft_s, final.elapsed_s, final.stop_reason
+            final.generated_tokens,
+            final.decode_tokens_per_s,
+            final.ttft_s,
+            final.elapsed_s,
+            final.stop_reason,
+            draft=final.draft,
         )
         text = "".join(self._chunks)
         body: RenderableType = Markdown(text, code_theme="monokai") if self.markdown else Text(text)

@@ -45,7 +45,9 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "elapsed_s",
         "stop_reason",
         "cached_tokens",
+        "draft",  # speculative decoding (--draft auto, the default): drafter, proposed, accepted
     }
+    assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
     assert done["cached_tokens"] == 0
     assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0
     plain = cli("generate", "-m", str(tiny_model), "-n", "10", "--temperature", "0", "hello")

@@ -36,10 +36,10 @@ def _byte_symbols() -> list[str]:
     return [chr(mapping[b]) for b in range(256)]
 
 
-def vocabulary() -> tuple[list[str], list[int]]:
+def vocabulary(merges: list[str] = MERGES) -> tuple[list[str], list[int]]:
     tokens = list(SPECIALS) + _byte_symbols()
     types = [int(TokenType.CONTROL)] * len(SPECIALS) + [int(TokenType.NORMAL)] * 256
-    for merge in MERGES:
+    for merge in merges:
         left, right = merge.split(" ")
         tokens.append(left + right)
         types.append(int(TokenType.NORMAL))
@@ -58,15 +58,21 @@ def write_tiny_model(
     n_ctx_train: int = 512,
     chat_template: str | None = CHATML,
     eos_first: bool = False,
+    bigram: bool = False,
+    merges: list[str] | None = None,
 ) -> Path:
     """Write a model to ``path``.
 
     The control tokens' rows of the output projection are zero, so their logits are 0
     while the best of the random others is positive: greedy decoding never
     ends by itself. ``eos_first`` zeroes the whole projection instead: every
-    logit ties and greedy decoding picks token 0, the end-of-text token."""
+    logit ties and greedy decoding picks token 0, the end-of-text token.
+    ``bigram`` zeroes what attention and the feed-forward blocks add, so the
+    next token depends on the current one alone: greedy text falls into a
+    loop, which prompt lookup can predict. ``merges`` replaces the BPE merges
+    (a different vocabulary)."""
     rng = np.random.default_rng(seed)
-    tokens, types = vocabulary()
+    tokens, types = vocabulary(MERGES if merges is None else merges)
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
 
@@ -89,7 +95,7 @@ def write_tiny_model(
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(MERGES)
+    writer.add_token_merges(MERGES if merges is None else merges)
     writer.add_bos_token_id(EOS_ID)
     writer.add_eos_token_id(EOS_ID)
     writer.add_add_bos_token(False)
@@ -106,11 +112,13 @@ def write_tiny_model(
         writer.add_tensor(f"blk.{i}.attn_q.weight", rand(n_embd, n_embd))
         writer.add_tensor(f"blk.{i}.attn_k.weight", rand(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_v.weight", rand(n_head_kv * head_dim, n_embd))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", rand(n_embd, n_embd))
+        attn_out = rand(n_embd, n_embd)
+        writer.add_tensor(f"blk.{i}.attn_output.weight", attn_out * 0.0 if bigram else attn_out)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        ffn_down = rand(n_embd, n_ff)
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", ffn_down * 0.0 if bigram else ffn_down)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

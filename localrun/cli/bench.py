@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from localrun import bench as core
-from localrun import benchview
+from localrun import benchview, registry, store
 from localrun.cli import _options as opt
 from localrun.cli._errors import error_boundary
 from localrun.cli.models import resolve_model
@@ -57,6 +57,14 @@ def bench_command(
     ] = None,
     offline: opt.Offline = False,
     verbose: opt.Verbose = False,
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft",
+            help="Draft model for the speculative rows (default: the model's matched draft).",
+            show_default=False,
+        ),
+    ] = None,
     debug: opt.Debug = False,
 ) -> None:
     """Measure each technique on this machine: a table with the speedup against the baseline."""
@@ -72,7 +80,8 @@ def bench_command(
         except ValueError as exc:
             raise UsageError(str(exc), hint="--budget 4GiB") from None
         user = load_config()
-        path, _ = resolve_model(model, offline=offline)
+        path, target = resolve_model(model, offline=offline)
+        draft_path = resolve_model(draft, offline=offline)[0] if draft else matched_draft(target)
         plan = core.Plan.make(
             quick,
             rounds=rounds,
@@ -83,7 +92,7 @@ def bench_command(
             verbose=verbose or None,
         )
         with benchview.BenchProgress(sys.stderr) as progress:
-            result = core.run(core.Bench(path, plan, compare=compare), progress=progress.update)
+            result = core.run(core.Bench(path, plan, compare=compare, draft=draft_path), progress=progress.update)
         if as_json:
             sys.stdout.write(json.dumps(result.as_dict()) + "\n")
         else:
@@ -143,3 +152,10 @@ def quantize_command(
             f"in {done.seconds:.1f}s, checked: loads, file type {done.type}\n"
         )
         sys.stdout.write(f"{done.path}\n")
+
+
+def matched_draft(target: store.Target) -> Path | None:
+    """The registry's draft for the model, when it is downloaded."""
+    if target.entry is None or not target.entry.draft:
+        return None
+    return store.locate(store.parse(target.entry.draft, registry.load()))

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from localrun.cli import _options as opt
+from localrun.cli._draft import Draft, open_draft
 from localrun.cli._errors import ExitCode, error_boundary
 from localrun.config import load as load_config
 from localrun.decode import generate as run_generation
@@ -82,6 +83,7 @@ def generate(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = None,
+    draft: Draft = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     prompt_cache: Annotated[
         bool | None,
@@ -139,8 +141,9 @@ def generate(
             built = build_prompt(engine, instruction, material, system=opened.system, raw=raw)
             checkpoint = checkpoint_for(built, engine, prompt_cache)
             renderer = pick_renderer(as_json, stats, engine.info.name)
-            with ctrl_c_stops(engine):
-                events = run_generation(
+            with ctrl_c_stops(engine), open_draft(draft, engine, opened.target, offline=offline) as speculation:
+                run = speculation.generate if speculation else run_generation
+                events = run(
                     engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
                 )
                 final = renderer.render(events)

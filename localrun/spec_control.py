@@ -1,0 +1,298 @@
+"""Which way to take the next step: plain decoding, or a drafter and a draft length.
+
+`AdaptiveController` measures, while generating, what each way costs on this
+machine and how often each drafter is right, and picks per step the way with
+the highest expected tokens per second:
+
+    expected tokens  E(a, n) = 1 + a + a^2 + ... + a^n
+    time             T(n)    = draft(n) + verify(n + 1)
+    plain                      1 token in one plain step
+
+with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
+token is kept with probability a, given the ones before it were), draft(n)
+the drafter's measured cost for n tokens (plus any catch-up or loading), and
+verify(n) the target's measured cost for a batch of n rows. Costs per size
+are not smooth (llama.cpp's CPU kernels take rows in groups: here 4 rows cost
+less than 3, 16 less than 12), so each size keeps its own average; a size not
+tried yet is estimated from a line fitted to all verify batches (a fixed cost
+plus a cost per row), a little optimistically, so that it gets tried. Until something is measured it assumes
+the drafter's `Profile` (a draft model's step costs its size ratio to the
+target; lookup is free) and a verify slope of a third of a plain step per row.
+
+It keeps probing cheaply so it can change its mind when the text changes: a
+way that is not the best is tried again with a short draft after a number of
+steps that doubles each time it is probed (up to `MAX_GAP`), and only while
+the estimated time lost to probing stays within `explore_share` of the time
+spent decoding. Acceptance counts fade with use and with idle steps, so a
+probe after a change of text weighs more than the old evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from localrun.drafters import Draft, Offer, Profile
+
+PRIOR_VERIFY_SLOPE = 0.33  # an extra verify row, as a fraction of a plain step, until measured
+PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth
+ACCEPT_MEMORY = 0.9  # per use: older acceptance counts fade, so the estimate follows the text
+IDLE_FADE = 16  # ... and fade once more per this many steps the way was not used
+MAX_ACCEPTANCE = 0.98
+COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
+SPIKE = 3.0  # a cost measurement counts as at most this many times the current estimate
+UNTRIED_SIZE = 0.8  # a verify batch size not measured yet: this share of the extra cost the fit says
+MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
+MAX_GAP = 128
+PROBE_MAX = 2  # the longest draft of a probe
+
+
+@dataclass(frozen=True)
+class Plan:
+    offer: Offer | None = None  # None: a plain step
+    n: int = 0  # tokens to draft
+    probe: bool = False
+    best_rate: float = 0.0  # the expected tokens/s of the best way, when the plan was made
+
+
+PLAIN = Plan()
+
+
+class Controller(Protocol):
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        """The way to take this step; drafts at most ``room`` tokens."""
+
+    def observe_plain(self, seconds: float) -> None: ...
+
+    def observe_verify(self, rows: int, seconds: float) -> None: ...
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None: ...
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None: ...
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None: ...
+
+
+class _Average:
+    """An exponential moving average, seeded by its first value."""
+
+    __slots__ = ("count", "value")
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.count = 0
+
+    def get(self, default: float) -> float:
+        return default if self.value is None else self.value
+
+    def add(self, x: float, alpha: float = COST_ALPHA) -> None:
+        if self.value is not None and self.value > 0:
+            x = min(x, SPIKE * self.value)  # a step stalled by other work on the machine counts less
+        self.value = x if self.value is None else self.value + alpha * (x - self.value)
+        self.count += 1
+
+
+class _LineFit:
+    """cost(rows) = a + s * rows, fitted to fading observations by least
+    squares, with the slope pulled toward a prior (ridge) so that a few
+    observations of one size do not decide it alone."""
+
+    MEMORY = 0.97  # per observation
+    PRIOR_WEIGHT = 4.0  # the prior slope weighs like observations spread over 2 rows
+
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        m = self.MEMORY
+        self.w, self.x, self.y = self.w * m + 1, self.x * m + rows, self.y * m + seconds
+        self.xx, self.xy = self.xx * m + rows * rows, self.xy * m + rows * seconds
+
+    @property
+    def empty(self) -> bool:
+        return self.w == 0.0
+
+    def line(self, prior_slope: float) -> tuple[float, float]:
+        lam = self.PRIOR_WEIGHT
+        det = self.w * (self.xx + lam) - self.x * self.x
+        slope = (self.w * (self.xy + lam * prior_slope) - self.x * self.y) / det
+        return (self.y - slope * self.x) / self.w, slope
+
+
+def expected_tokens(a: float, n: int) -> float:
+    """1 + a + ... + a^n: tokens a verify step yields with n drafted tokens."""
+    return float(n + 1) if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+
+
+@dataclass
+class AdaptiveController:
+    profiles: Sequence[Profile]
+    explore_share: float = 0.02
+    plain: _Average = field(default_factory=_Average)
+    verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
+
+    def __post_init__(self) -> None:
+        n = len(self.profiles)
+        self.step = [_Average() for _ in range(n)]  # seconds per drafted token
+        self.catch_up = [_Average() for _ in range(n)]  # seconds per catch-up token
+        self.ready = [p.setup_s == 0.0 for p in self.profiles]  # setup (loading) done
+        self.counts: dict[tuple[int, int], tuple[float, float, int]] = {}  # (accepted, tested, step), fading
+        self.last_used: dict[tuple[int, int], int] = {}
+        self.gap: dict[tuple[int, int], int] = {}
+        self._line: tuple[float, float] | None = None  # the verify fit, cached until the next observation
+        self.sizes: dict[int, _Average] = {}  # verify cost per batch size measured
+        self.rounds = 0
+        self.elapsed = 0.0
+        self.explored = 0.0
+
+    # -- estimates --
+
+    def acceptance(self, drafter: int, bucket: int) -> float:
+        prior = self.profiles[drafter].acceptance
+        a0 = prior[min(bucket, len(prior) - 1)]
+        accepted, tested, _ = self.counts.get((drafter, bucket), (0.0, 0.0, 0))
+        return min((accepted + a0 * PRIOR_WEIGHT) / (tested + PRIOR_WEIGHT), MAX_ACCEPTANCE)
+
+    def plain_cost(self) -> float:
+        return self.plain.get(1.0)
+
+    def verify_cost(self, rows: int) -> float:
+        c1 = self.plain_cost()
+        if rows <= 1:
+            return c1
+        measured = self.sizes.get(rows)
+        if measured is not None and measured.value is not None:
+            return measured.value
+        return c1 + (self._line_cost(rows) - c1) * UNTRIED_SIZE
+
+    def _line_cost(self, rows: int) -> float:
+        c1 = self.plain_cost()
+        if self.verify.empty:
+            return c1 + PRIOR_VERIFY_SLOPE * c1 * (rows - 1)
+        a, slope = self._line if self._line is not None else self.verify.line(PRIOR_VERIFY_SLOPE * c1)
+        self._line = (a, slope)
+        return max(a + max(slope, 0.0) * rows, c1)
+
+    def draft_cost(self, offer: Offer, n: int) -> float:
+        d = offer.drafter
+        profile = self.profiles[d]
+        c1 = self.plain_cost()
+        step = self.step[d].get(profile.step_cost * c1)
+        catch_up = self.catch_up[d].get(profile.catch_up_cost * c1)
+        setup = 0.0 if self.ready[d] else profile.setup_s
+        return setup + max(offer.catch_up - 2, 0) * catch_up + n * step
+
+    def best_length(self, offer: Offer, room: int) -> tuple[float, int]:
+        """(expected tokens/s, draft length) of the offer's best length."""
+        a = self.acceptance(offer.drafter, offer.bucket)
+        best_rate, best_n = 0.0, 0
+        e, power = 1.0, 1.0
+        for n in range(1, min(offer.max_len, room) + 1):
+            power *= a
+            e += power
+            rate = e / (self.draft_cost(offer, n) + self.verify_cost(n + 1))
+            if rate > best_rate:  # not one peak: some batch sizes run faster kernels than smaller ones
+                best_rate, best_n = rate, n
+        return best_rate, best_n
+
+    # -- choice --
+
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        self.rounds += 1
+        if self.plain.value is None or room < 1 or not offers:
+            return PLAIN  # the first step measures a plain step
+        best_rate = 1.0 / self.plain_cost()
+        best = PLAIN
+        rated: list[tuple[Offer, float, int]] = []
+        for offer in offers:
+            rate, n = self.best_length(offer, room)
+            rated.append((offer, rate, n))
+            if n and rate > best_rate:
+                best_rate, best = rate, Plan(offer, n)
+        for offer, _rate, best_n in rated:
+            if best.offer is not None and offer == best.offer:
+                continue
+            key = (offer.drafter, offer.bucket)
+            if self.rounds - self.last_used.get(key, -MAX_GAP) < self.gap.get(key, MIN_GAP) or not best_n:
+                continue
+            n = min(best_n, PROBE_MAX)
+            cost = self.draft_cost(offer, n) + self.verify_cost(n + 1)
+            regret = max(cost - expected_tokens(self.acceptance(*key), n) / best_rate, 0.0)
+            if self.explored + regret <= self.explore_share * self.elapsed:
+                self.gap[key] = min(self.gap.get(key, MIN_GAP) * 2, MAX_GAP)
+                self.last_used[key] = self.rounds
+                return Plan(offer, n, probe=True, best_rate=best_rate)
+        if best.offer is not None:
+            key = (best.offer.drafter, best.offer.bucket)
+            self.last_used[key] = self.rounds
+            self.gap[key] = MIN_GAP
+        return Plan(best.offer, best.n, best_rate=best_rate)
+
+    # -- measurements --
+
+    def observe_plain(self, seconds: float) -> None:
+        self.plain.add(seconds)
+        self._line = None
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        if rows > 1:
+            if not self.verify.empty:  # a step stalled by other work on the machine counts less
+                seconds = min(seconds, SPIKE * self._line_cost(rows))
+            self.verify.add(rows, seconds)
+            self._line = None
+            self.sizes.setdefault(rows, _Average()).add(seconds)
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        self.ready[drafter] = True
+        n = len(draft.tokens)
+        if not n:
+            return
+        if draft.n_sync > 2:  # a catch-up: its cost per token, apart from the drafting steps
+            self.catch_up[drafter].add(draft.sync_s / draft.n_sync)
+            if n > 1:
+                self.step[drafter].add(draft.steps_s / (n - 1))
+        else:
+            self.step[drafter].add((draft.sync_s + draft.steps_s) / n)
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
+        key = (offer.drafter, offer.bucket)
+        acc, tested, last = self.counts.get(key, (0.0, 0.0, self.rounds))
+        fade = ACCEPT_MEMORY ** (1 + (self.rounds - last) / IDLE_FADE)
+        tested_now = accepted + (1 if accepted < proposed else 0)
+        self.counts[key] = (acc * fade + accepted, tested * fade + tested_now, self.rounds)
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        self.elapsed += seconds
+        if plan.probe and plan.best_rate > 0:
+            self.explored += max(seconds - tokens / plan.best_rate, 0.0)
+
+
+@dataclass
+class FixedController:
+    """Always the same drafter and draft length when it has something to
+    offer, else a plain step: fixed settings, for comparison."""
+
+    drafter: int
+    n: int
+
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        for offer in offers:
+            if offer.drafter == self.drafter and room >= 1:
+                return Plan(offer, min(self.n, offer.max_len, room))
+        return PLAIN
+
+    def observe_plain(self, seconds: float) -> None:
+        pass
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        pass
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
+        pass
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        pass
