@@ -21,6 +21,7 @@ from localrun.engine import Engine
 from localrun.errors import UsageError
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.prompt import Message, render_messages, tokenize_rendered
+from localrun.speculative import Speculation
 
 REPLY_RESERVE = 512  # context kept free for a reply when older turns must go
 
@@ -76,6 +77,8 @@ class ChatSession:
     max_tokens: int | None = None
     turns: list[Turn] = field(default_factory=list)
     totals: SessionTotals = field(default_factory=SessionTotals)
+    speculation: Speculation | None = None  # drafters; kept across turns so their measurements carry over
+    use_draft: bool = True
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.engine)
@@ -132,9 +135,8 @@ class ChatSession:
         generated, even when interrupted."""
         turn = self.turns[-1]
         self.engine.abort_requested = False
-        for event in generate(
-            self.engine, plan.tokens, self.sampling, max_tokens=self.max_tokens, decoder=self.decoder
-        ):
+        run = self.speculation.generate if self.speculation is not None and self.use_draft else generate
+        for event in run(self.engine, plan.tokens, self.sampling, max_tokens=self.max_tokens, decoder=self.decoder):
             if isinstance(event, TokenEvent):
                 turn.reply += event.text
             elif isinstance(event, DoneEvent):

@@ -181,6 +181,9 @@ def test_interactive_session(tiny_model: Path, tmp_path: Path) -> None:
     child.sendline("/retry")
     child.expect("stop: length")
     child.expect(">>> ")
+    child.sendline("/draft off")
+    child.expect("speculative decoding off")
+    child.expect(">>> ")
     child.sendline(f"/save {saved}")
     child.expect("saved 2 turns")
     child.expect(">>> ")
@@ -217,3 +220,16 @@ def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_chat_speculation_is_lossless_across_turns(tiny_model: Path) -> None:
+    turns = "repeat after me: the cat sat on the mat\nand once more: the cat sat on the mat\n"
+    replies = {}
+    for draft in ("none", "lookup"):
+        res = cli("chat", "-m", str(tiny_model), "-n", "24", "-t", "0", "--json", "--draft", draft, input=turns)
+        assert res.returncode == 0, res.stderr
+        events = [json.loads(line) for line in res.stdout.splitlines()]
+        replies[draft] = ["".join(e["text"] for e in events if e["type"] == "token" and e["turn"] == n) for n in (1, 2)]
+        done = [e for e in events if e["type"] == "done"]
+        assert ("draft" in done[-1]) == (draft == "lookup")
+    assert replies["lookup"] == replies["none"]

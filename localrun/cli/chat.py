@@ -26,6 +26,7 @@ from rich.console import Console
 from localrun import paths
 from localrun.chat import ChatSession, read_conversation
 from localrun.cli import _options as opt
+from localrun.cli._draft import Draft, open_draft
 from localrun.cli._errors import ExitCode, error_boundary
 from localrun.cli.generate import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
@@ -64,6 +65,7 @@ def chat(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = None,
+    draft: Draft = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
     verbose: opt.Verbose = False,
@@ -77,9 +79,14 @@ def chat(
         sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
         choice = opt.EngineChoice(model, offline, ctx, threads, kv, kv_k, kv_v, flash_attn, verbose)
         opened = opt.open_engine(choice, system=system)
-        with opened.engine as engine:
+        with opened.engine as engine, open_draft(draft, engine, opened.target, offline=offline) as speculation:
             session = ChatSession(
-                engine, chat_template(engine, template), sampling, system=opened.system, max_tokens=max_tokens
+                engine,
+                chat_template(engine, template),
+                sampling,
+                system=opened.system,
+                max_tokens=max_tokens,
+                speculation=speculation,
             )
             if saved is not None:
                 session.system = system if system is not None else saved[0]
@@ -154,6 +161,7 @@ class Repl:
             "/clear": Command("/clear", "start a new conversation", self._clear),
             "/system": Command("/system [TEXT]", "show or set the system prompt (new conversation)", self._system),
             "/retry": Command("/retry", "generate the last reply again", self._retry),
+            "/draft": Command("/draft on|off|auto", "speculative decoding on (auto) or off", self._draft),
             "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
             "/load": Command("/load FILE", "load a saved conversation", self._load),
             "/exit": Command("/exit", "end the session (also Ctrl-D)", lambda _: False),
@@ -292,6 +300,18 @@ class Repl:
 
     def _retry(self, _: str) -> bool:
         self._turn("", retry=True)
+        return True
+
+    def _draft(self, arg: str) -> bool:
+        if arg not in ("on", "off", "auto"):
+            state = "on" if self.session.use_draft and self.session.speculation else "off"
+            self.console.print(f"speculative decoding is {state}; /draft on|off|auto")
+            return True
+        if arg != "off" and self.session.speculation is None:
+            raise UsageError("no drafter was opened", hint="start chat with --draft auto, lookup or a draft model")
+        self.session.use_draft = arg != "off"
+        label = self.session.speculation.label if self.session.speculation else ""
+        self.console.print(f"speculative decoding {'on (' + label + ')' if self.session.use_draft else 'off'}")
         return True
 
     def _save(self, arg: str) -> bool:
