@@ -153,7 +153,7 @@ def spawn_chat(*args: str) -> pexpect.spawn:
         ["-m", "localrun", "chat", *args],
         env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
         encoding="utf-8",
-        timeout=60,
+        timeout=180,  # generous: a loaded CI machine can take long to start Python and llama.cpp
         dimensions=(30, 100),
     )
 
