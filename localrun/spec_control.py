@@ -128,7 +128,7 @@ def expected_tokens(a: float, n: int) -> float:
 @dataclass
 class AdaptiveController:
     profiles: Sequence[Profile]
-    explore_share: float = 0.02
+    explore_share: float = 0.01
     plain: _Average = field(default_factory=_Average)
     verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
 
