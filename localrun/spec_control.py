@@ -12,12 +12,14 @@ with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
 token is kept with probability a, given the ones before it were), draft(n)
 the drafter's measured cost for n tokens (plus any catch-up or loading), and
 verify(n) the target's measured cost for a batch of n rows. Costs per size
-are not smooth (llama.cpp's CPU kernels take rows in groups: here 4 rows cost
-less than 3, 16 less than 12), so each size keeps its own average; a size not
-tried yet is estimated from a line fitted to all verify batches (a fixed cost
-plus a cost per row), a little optimistically, so that it gets tried. Until something is measured it assumes
-the drafter's `Profile` (a draft model's step costs its size ratio to the
-target; lookup is free) and a verify slope of a third of a plain step per row.
+are not smooth (llama.cpp's CPU kernels take rows in groups: on the 2-core
+machine here 4 rows cost less than 3, and 16 less than 12), so each size
+keeps its own average; a size not tried yet is estimated from a line fitted
+to all verify batches (a fixed cost plus a cost per row), a little
+optimistically, so that it gets tried. Until something is measured it
+assumes the drafter's `Profile` (a draft model's step costs its size ratio to
+the target; lookup is free) and an extra verify row costing a third of a
+plain step.
 
 It keeps probing cheaply so it can change its mind when the text changes: a
 way that is not the best is tried again with a short draft after a number of
@@ -128,7 +130,7 @@ def expected_tokens(a: float, n: int) -> float:
 @dataclass
 class AdaptiveController:
     profiles: Sequence[Profile]
-    explore_share: float = 0.02
+    explore_share: float = 0.01
     plain: _Average = field(default_factory=_Average)
     verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
 
