@@ -18,7 +18,7 @@
 
 Rounds alternate the order of the contenders; ratios are taken within a round,
 then the median over rounds. A shared machine is noisy: read the ranges.
-`--quick` (8 prompts, 32 tokens, --pp 64) runs in a few minutes.
+`--quick` (8 prompts, 64 tokens, --pp 64) runs in a few minutes.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.batch import BatchRequest, run_batch
 from localrun.decode import Decoder, SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.engine import Engine, EngineConfig, cpu_has_amx
 from localrun.events import BatchProgress, DoneEvent, TokenEvent
 from localrun.prompt import prompt_tokens
 
@@ -175,6 +175,8 @@ def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int)
     ctx = n * (pp + tg)
     cmd = [binary, "-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512"]
     cmd += ["-npp", str(pp), "-ntg", str(tg), "-npl", str(n)]
+    if cpu_has_amx():
+        cmd.append("--no-repack")  # as localrun loads the weights there
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     for m in _ROW.finditer(out.stdout + out.stderr):
         cols = [c.strip() for c in m.group(4).split("|") if c.strip()]
@@ -200,10 +202,10 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens per sequence in the native comparison")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--native", help="path to llama-batched-bench")
-    ap.add_argument("--quick", action="store_true", help="8 prompts, 32 tokens, --pp 64")
+    ap.add_argument("--quick", action="store_true", help="8 prompts, 64 tokens, --pp 64")
     args = ap.parse_args()
     if args.quick:
-        args.prompts, args.tokens, args.pp = 8, 32, 64
+        args.prompts, args.tokens, args.pp = 8, 64, 64
     prompts = bench_prompts(args.prompts)
     print(f"model {args.model.name}, {args.threads} threads, {len(prompts)} prompts, up to {args.tokens} tokens each")
 
