@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.batch import BatchRequest, run_batch
 from localrun.decode import Decoder, SamplingParams, generate
-from localrun.engine import Engine, EngineConfig, cpu_has_amx
+from localrun.engine import Engine, EngineConfig
 from localrun.events import BatchProgress, DoneEvent, TokenEvent
 from localrun.prompt import prompt_tokens
 
@@ -175,8 +175,6 @@ def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int)
     ctx = n * (pp + tg)
     cmd = [binary, "-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512"]
     cmd += ["-npp", str(pp), "-ntg", str(tg), "-npl", str(n)]
-    if cpu_has_amx():
-        cmd.append("--no-repack")  # as localrun loads the weights there
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     for m in _ROW.finditer(out.stdout + out.stderr):
         cols = [c.strip() for c in m.group(4).split("|") if c.strip()]
