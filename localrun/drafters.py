@@ -306,13 +306,14 @@ class DraftModelDrafter:
     def _sync(self, context: Sequence[int]) -> int:
         """Make the draft's cache hold ``context``, evaluating at least its
         last token (whose logits the next draft step reads). Returns how many
-        tokens were evaluated."""
+        tokens were evaluated, or -1 when the draft's context could not take them."""
         decoder = self._load()
         keep = min(self._common(context), len(context) - 1)
         decoder.rollback(keep)
-        decoder.evaluate(context[keep:])
+        status = decoder.evaluate(context[keep:])
+        decoder.rollback(decoder.n_past)  # a batch that failed midway leaves no cells behind
         self._known = decoder.n_past
-        return len(context) - keep
+        return len(context) - keep if status == 0 else -1
 
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         if self.decoder is None:
@@ -325,6 +326,8 @@ class DraftModelDrafter:
         decoder = self.decoder
         assert decoder is not None
         t1 = time.perf_counter()
+        if n_sync < 0:
+            return Draft([], None, 0, t1 - t0)
         tokens: list[int] = []
         probs: list[Probs] | None = None if sampling.greedy else []
         recent: list[int] = []
