@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,6 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.tinymodel import write_tiny_model
+
+# A shell that starts a background job without job control makes it ignore
+# SIGINT, and every process it starts inherits that: the Ctrl-C tests would
+# then test nothing. A handler (unlike "ignore") is reset at exec, so the
+# localrun processes the tests start get Python's usual Ctrl-C behaviour.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
