@@ -13,6 +13,7 @@ from localrun.decode import Decoder, SamplingParams, generate
 from localrun.drafters import (
     MODEL_MAX,
     RESUME_BUCKET,
+    Draft,
     DraftModelDrafter,
     Offer,
     PromptLookupDrafter,
@@ -23,7 +24,7 @@ from localrun.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.events import DraftStats, Event, Stats, TokenEvent
 from localrun.ggufmeta import read_gguf, read_strings
-from localrun.spec_control import PLAIN, AdaptiveController, FixedController
+from localrun.spec_control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.spec_sampling import check_draft, target_probs
 from localrun.speculative import Speculation, open_speculation
 from tests.conftest import cli, on_terminal
@@ -81,12 +82,33 @@ def speculative(
 # -- greedy: the same text, token for token --
 
 
+class SteadyMachine(AdaptiveController):
+    """The adaptive controller, fed fixed costs instead of the clock (a plain
+    step 1 s, a verify batch 1 s + 0.2 s per extra row, a draft step 0.3 s),
+    so what it decides depends on acceptance alone, not on the test machine's load."""
+
+    def observe_plain(self, seconds: float) -> None:
+        super().observe_plain(1.0)
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        super().observe_verify(rows, 1.0 + 0.2 * (rows - 1))
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        super().observe_draft(drafter, Draft(draft.tokens, n_sync=1, steps_s=0.3 * len(draft.tokens)))
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        super().observe_round(plan, 1.0, tokens)
+
+
 def test_lookup_on_a_loop_is_lossless_and_accepts_long_drafts(bigram: Engine) -> None:
     prompt = bigram.tokenize("the cat sat on the mat")
-    with Speculation([PromptLookupDrafter()]) as spec:
+    lookup = PromptLookupDrafter()
+    with Speculation([lookup], SteadyMachine([lookup.profile])) as spec:
         text, draft = speculative(bigram, prompt, spec)
     assert text == plain(bigram, prompt)
     assert draft.accepted > 200 and draft.mean_accepted > 4  # the controller drafts long on a loop
+    with Speculation([PromptLookupDrafter()]) as timed:  # on the real clock: the same text, whatever it decides
+        assert speculative(bigram, prompt, timed)[0] == text
 
 
 def test_draft_copy_of_the_target_accepts_everything(engine: Engine, models: dict[str, Path]) -> None:
@@ -234,7 +256,7 @@ def test_sampled_draft_model_keeps_the_next_token_distribution(bigram: Engine, m
 def test_seeded_lookup_sampling_is_plain_sampling(bigram: Engine) -> None:
     sampling = SamplingParams(temperature=0.7, top_k=5, top_p=1.0, min_p=0.0, seed=3)
     prompt = bigram.tokenize("the cat sat")
-    with Speculation([PromptLookupDrafter()]) as spec:
+    with Speculation([PromptLookupDrafter()], FixedController(0, 4)) as spec:
         text, draft = speculative(bigram, prompt, spec, sampling, n=200)
     assert draft.accepted > 0
     assert text == plain(bigram, prompt, sampling, n=200)
@@ -318,7 +340,6 @@ def _controller(slope: float, draft_step: float, *, explore: float = 0.02) -> Ad
     control.observe_plain(0.1)
     for rows in (2, 5, 9, 2, 5, 9):
         control.observe_verify(rows, 0.1 + (rows - 1) * slope * 0.1)
-    from localrun.drafters import Draft
 
     control.observe_draft(1, Draft([1, 2], n_sync=1, sync_s=draft_step * 0.1, steps_s=draft_step * 0.1))
     return control
