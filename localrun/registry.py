@@ -91,6 +91,11 @@ class Registry:
     def drafted_by(self, alias: str) -> list[ModelEntry]:
         return [e for e in self.entries.values() if e.draft == alias]
 
+    def by_file(self, name: str) -> ModelEntry | None:
+        """The entry whose GGUF file has this name (a model given by path), if exactly one has."""
+        found = [e for e in self.entries.values() if e.file == name]
+        return found[0] if len(found) == 1 else None
+
 
 def _fail(path: Path, entry: str | None, reason: str) -> RegistryError:
     where = f"{path}: [{entry}]" if entry else str(path)

@@ -108,6 +108,22 @@ def locate(target: Target) -> Path | None:
     return None
 
 
+def matched_draft(target: Target, registry: Registry) -> Path | None:
+    """The registry's draft model for ``target``, when it is on disk. A model
+    given by path is recognised by its file name; its draft is then looked for
+    in the store, or next to it under the draft's file name."""
+    entry = target.entry
+    if entry is None and target.path is not None:
+        entry = registry.by_file(target.path.name)
+    draft = registry.draft_of(entry) if entry is not None else None
+    if draft is None:
+        return None
+    found = locate(Target(draft.alias, entry=draft, repo=draft.repo, file=draft.file))
+    if found is None and target.path is not None and (target.path.parent / draft.file).is_file():
+        found = target.path.parent / draft.file
+    return found
+
+
 @contextlib.contextmanager
 def _lock(key: str) -> Iterator[None]:
     folder = paths.cache_dir() / "locks"

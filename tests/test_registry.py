@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun import registry
+from localrun import registry, store
 from localrun.errors import ModelNotFoundError, RegistryError
 
 GOOD = """
@@ -51,6 +51,22 @@ def test_user_file_adds_and_overrides(tmp_path: Path) -> None:
     assert big.mirrors[0].parts[0].wheel == "mine-big==1.0"
     assert [e.alias for e in reg.drafted_by("mine:small")] == ["mine:big"]
     assert "smollm2:135m" in reg.entries  # shipped entries stay
+
+
+def test_a_model_given_by_path_finds_its_draft_beside_it(tmp_path: Path) -> None:
+    reg = registry.load(write(tmp_path, GOOD))
+    folder = tmp_path / "models"
+    folder.mkdir()
+    big = folder / "mine-big-Q4_K_M.gguf"
+    big.write_bytes(b"GGUF")
+    target = store.parse(str(big), reg)
+    assert store.matched_draft(target, reg) is None  # the draft is nowhere on disk
+    (folder / "mine-small-Q4_K_M.gguf").write_bytes(b"GGUF")
+    assert store.matched_draft(target, reg) == folder / "mine-small-Q4_K_M.gguf"
+    other = folder / "renamed.gguf"
+    other.write_bytes(b"GGUF")
+    assert store.matched_draft(store.parse(str(other), reg), reg) is None  # an unknown file has no match
+    assert store.matched_draft(store.parse("mine:small", reg), reg) is None  # an entry without a draft
 
 
 def test_user_file_in_config_dir_is_read(tmp_path: Path) -> None:

@@ -35,13 +35,11 @@ def open_draft(
     """The speculation for ``--draft CHOICE`` on ``engine`` (the model
     ``target`` names), closed at the end; without the option, config.toml's
     `draft`, else auto. `auto` uses the matched draft only when it is already
-    downloaded; an alias or path is pulled if need be."""
+    on disk (see `store.matched_draft`); an alias or path is pulled if need be."""
     choice = option or load_config().draft or "auto"
     path = None
     if choice == "auto":
-        entry = target.entry
-        if entry is not None and entry.draft:
-            path = store.locate(store.parse(entry.draft, registry.load()))
+        path = store.matched_draft(target, registry.load())
     elif choice not in ("none", "lookup"):
         path, _ = resolve_model(choice, offline=offline)
     try:

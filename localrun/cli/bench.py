@@ -81,7 +81,7 @@ def bench_command(
             raise UsageError(str(exc), hint="--budget 4GiB") from None
         user = load_config()
         path, target = resolve_model(model, offline=offline)
-        draft_path = resolve_model(draft, offline=offline)[0] if draft else matched_draft(target)
+        draft_path = resolve_model(draft, offline=offline)[0] if draft else store.matched_draft(target, registry.load())
         plan = core.Plan.make(
             quick,
             rounds=rounds,
@@ -152,10 +152,3 @@ def quantize_command(
             f"in {done.seconds:.1f}s, checked: loads, file type {done.type}\n"
         )
         sys.stdout.write(f"{done.path}\n")
-
-
-def matched_draft(target: store.Target) -> Path | None:
-    """The registry's draft for the model, when it is downloaded."""
-    if target.entry is None or not target.entry.draft:
-        return None
-    return store.locate(store.parse(target.entry.draft, registry.load()))
