@@ -58,8 +58,8 @@ class Plan:
     """How much to measure: `quick` or full, and the engine settings every row shares."""
 
     quick: bool = False
-    rounds: int = 4
-    max_tokens: int = 64
+    rounds: int = 3
+    max_tokens: int = 48
     prompts: tuple[str, ...] = PROMPTS
     warmup_tokens: int = 2
     n_ctx: int = 1024
@@ -73,7 +73,7 @@ class Plan:
     @classmethod
     def make(cls, quick: bool, **overrides: Any) -> Plan:
         base = (
-            cls(quick=True, rounds=3, max_tokens=32, prompts=PROMPTS[:1], ppl_tokens=256, ppl_window=256)
+            cls(quick=True, rounds=2, max_tokens=32, prompts=PROMPTS[:1], ppl_tokens=256, ppl_window=256)
             if quick
             else cls()
         )
@@ -91,6 +91,7 @@ class Round:
     kv_bytes_per_token: float | None = None
     context_fits: int | None = None
     extra: Mapping[str, float] = field(default_factory=dict)
+    drafters: tuple[str, ...] = ()  # the drafters speculation used (auto: what the controller chose)
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,7 @@ class Bench:
             ttfts: list[float] = []
             times: list[float] = []
             proposed = accepted = rounds = 0
+            drafters: list[str] = []
             for tokens in prompts:
                 stats, run_times = token_times(
                     run(engine, tokens, greedy, max_tokens=self.plan.max_tokens, ignore_eos=True)
@@ -246,6 +248,7 @@ class Bench:
                     proposed += stats.draft.proposed
                     accepted += stats.draft.accepted
                     rounds += stats.draft.rounds
+                    drafters.append(stats.draft.drafter)
             if spec is not None:
                 spec.close()
                 extra = {"acceptance": accepted / proposed if proposed else 0.0}
@@ -261,11 +264,12 @@ class Bench:
             kv_bytes_per_token=kv,
             context_fits=self.context_fits(config),
             extra=extra,
+            drafters=tuple(drafters),
         )
 
     def batched(self, config: EngineConfig, parallel: int) -> Round:
-        """One round of continuous batching: twice ``parallel`` requests (the
-        prompts, cycled) through `localrun.batch`, ``parallel`` at a time;
+        """One round of continuous batching: ``parallel`` requests (the
+        prompts, cycled) through `localrun.batch`, all at once;
         tokens/sec is the aggregate. A sequence's token times are its mean
         step time (the batch loop does not time single tokens)."""
         from localrun.batch import BatchRequest, run_batch, slot_context
@@ -276,7 +280,7 @@ class Bench:
             prompts = self.prompts(tokenizer)
         requests = [
             BatchRequest(i, prompts[i % len(prompts)], greedy, self.plan.max_tokens, ignore_eos=True)
-            for i in range(2 * parallel)
+            for i in range(parallel)
         ]
         per_seq = slot_context(
             max(len(r.tokens) for r in requests) + self.plan.max_tokens + 1, self.shape.context_length or 1 << 20
@@ -366,6 +370,8 @@ def speculative_rows(bench: Bench) -> list[RowSpec]:
         )
 
     rows = [row("speculative lookup", "lookup"), row("speculative auto", "auto")]
+    if bench.plan.quick:
+        return rows[1:]  # auto stands for both drafters: its note names those it used
     if bench.draft is None:
         return [*unavailable(["speculative draft"], reason="no draft model (give one with --draft)"), *rows]
     return [row("speculative draft", str(bench.draft)), *rows]
@@ -380,7 +386,7 @@ def batching_rows(bench: Bench) -> list[RowSpec]:
             settings={"parallel": n},
             sequences=n,
         )
-        for n in (1, 2, 4, 8)
+        for n in ((4,) if bench.plan.quick else (1, 2, 4, 8))
     ]
 
 
@@ -437,7 +443,7 @@ def _summarize(spec: RowSpec, rounds: list[Round], ppl: Perplexity | None) -> Ro
     times = [t for r in rounds for t in r.token_ms]
     return Row(
         technique=spec.technique,
-        note=spec.note,
+        note=spec.note or ", ".join(sorted({d for r in rounds for d in r.drafters})),
         sequences=spec.sequences,
         decode_tokens_per_s=median(rates),
         repeats_tokens_per_s=rates,

@@ -142,14 +142,16 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _quick(**kw: object) -> bench.Plan:
-    return bench.Plan.make(True, rounds=2, max_tokens=6, ppl_tokens=64, ppl_window=32, **kw)
+    settings: dict[str, object] = {"rounds": 2, "max_tokens": 6, "ppl_tokens": 64, "ppl_window": 32, **kw}
+    return bench.Plan.make(True, **settings)
 
 
 def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
     steps: list[bench.Progress] = []
-    result = bench.run(bench.Bench(weights["q4_0"], _quick()), progress=steps.append)
+    full = bench.Plan.make(False, rounds=2, max_tokens=6, prompts=bench.PROMPTS[:1], ppl_tokens=64, ppl_window=32)
+    result = bench.run(bench.Bench(weights["q4_0"], full), progress=steps.append)
     rows = {r.technique: r for r in result.rows}
-    measured = ["baseline", "kv-cache q8_0", "kv-cache q4_0", "weights q8_0"]
+    measured = ["baseline", "kv-cache q8_0", "kv-cache q4_0", "kv-cache q8_0/q4_0", "weights q8_0"]
     for name in measured:
         row = rows[name]
         assert row.measured, (name, row.note)
@@ -177,8 +179,23 @@ def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
         assert row.measured and row.decode_tokens_per_s and row.decode_tokens_per_s > 0, row.note
         assert row.p50_token_ms is not None and row.ttft_s and row.ttft_s > 0
     assert [s.done for s in steps] == list(range(len(steps)))
-    assert steps[-1].done == steps[-1].total == 2 * 10 + 4  # two rounds of ten rows, four perplexities
+    assert steps[-1].done == steps[-1].total == 2 * 11 + 5  # two rounds of eleven rows, five perplexities
     assert result.advice.interactive in rows
+    assert rows["speculative auto"].note in {"lookup", "plain"}  # what auto used (no draft model here)
+
+
+def test_quick_keeps_one_row_per_technique(weights: dict[str, Path]) -> None:
+    result = bench.run(bench.Bench(weights["q4_0"], _quick(rounds=1)))
+    assert [r.technique for r in result.rows] == [
+        "baseline",
+        "kv-cache q8_0",
+        "kv-cache q4_0",
+        "speculative auto",
+        "batching n=4",
+        "weights q8_0",
+    ]
+    assert all(r.measured for r in result.rows), [(r.technique, r.note) for r in result.rows]
+    assert bench.Plan.make(True).rounds == 2
 
 
 def test_a_row_the_model_cannot_take_is_marked_unavailable(tiny_model: Path) -> None:
@@ -281,7 +298,7 @@ def test_table_into_a_pipe(weights: dict[str, Path]) -> None:
     res = cli("bench", "--quick", "--rounds", "1", "-n", "3", "-m", str(weights["q8_0"]))
     assert res.returncode == 0, res.stderr
     assert "\x1b[" not in res.stdout
-    for name in ("baseline", "kv-cache q8_0", "kv-cache q4_0", "speculative draft", "batching n=4", "weights q4_0"):
+    for name in ("baseline", "kv-cache q8_0", "kv-cache q4_0", "speculative auto", "batching n=4", "weights q4_0"):
         assert name in res.stdout
     assert re.search(r"^advice: interactive: ", res.stdout, re.M)
     assert "round 1/1" in res.stderr  # progress goes to stderr
