@@ -103,19 +103,37 @@ class JsonRenderer:
 
 
 def footer(
-    generated: int, rate: float, ttft: float, elapsed: float, reason: str | None = None, draft: DraftStats | None = None
+    generated: int,
+    rate: float,
+    ttft: float,
+    elapsed: float,
+    reason: str | None = None,
+    draft: DraftStats | None = None,
+    *,
+    width: int | None = None,
 ) -> Text:
+    """The figures line; within ``width`` columns the speculation figures
+    shorten, then go, so the counts, speed and stop reason always show."""
     parts = [
         f"{generated} tokens",
         f"{rate:.1f} tok/s" if rate else "- tok/s",
         f"ttft {ttft:.2f}s" if generated else "ttft -",
         f"{elapsed:.1f}s",
     ]
-    if draft is not None and draft.proposed:
-        parts.append(f"{draft.drafter} {draft.acceptance:.0%} accepted, {draft.mean_accepted:.1f}/step")
     if reason:
         parts.append(f"stop: {reason}")
-    return Text("  ·  ".join(parts), style="dim")
+    options = [""]
+    if draft is not None and draft.proposed:
+        options = [
+            f"{draft.drafter} {draft.acceptance:.0%} accepted, {draft.mean_accepted:.1f}/step",
+            f"{draft.drafter} {draft.acceptance:.0%}",
+            "",
+        ]
+    for extra in options:
+        line = "  ·  ".join([*parts, extra] if extra else parts)
+        if width is None or len(line) <= width:
+            break
+    return Text(line, style="dim")
 
 
 class LiveRenderer:
@@ -153,11 +171,15 @@ class LiveRenderer:
             keep.append(line)
         return "\n".join(reversed(keep))
 
+    def _footer_room(self) -> int:
+        return max(self.console.width - 6, 20)  # the border's corners and the title's padding
+
     def _panel(self) -> RenderableType:
         ev = self._last
         elapsed = time.perf_counter() - self._t0
+        room = self._footer_room()
         foot = (
-            footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed, draft=ev.draft)
+            footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed, draft=ev.draft, width=room)
             if ev
             else footer(0, 0, 0, elapsed)
         )
@@ -190,6 +212,7 @@ class LiveRenderer:
             final.elapsed_s,
             final.stop_reason,
             draft=final.draft,
+            width=self._footer_room(),
         )
         text = "".join(self._chunks)
         body: RenderableType = Markdown(text, code_theme="monokai") if self.markdown else Text(text)

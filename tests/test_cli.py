@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from localrun.events import DraftStats
+from localrun.render import footer
 from tests.conftest import cli, on_terminal
 
 ANSI = "\x1b"
@@ -159,6 +161,16 @@ def test_terminal_shows_live_panel(tiny_model: Path) -> None:
     assert "tiny-test-llama" in screen  # panel title
     assert "40 tokens" in screen and "tok/s" in screen and "stop: length" in screen
     assert "╭" in screen or "+" in screen
+
+
+def test_footer_keeps_the_stop_reason_when_narrow() -> None:
+    draft = DraftStats("qwen2.5-coder-0.5b-instruct-q4_k_m", proposed=40, accepted=30, rounds=12)
+    wide = footer(40, 11.5, 0.8, 4.2, "length", draft, width=200).plain
+    assert "stop: length" in wide and "75% accepted, 2.5/step" in wide
+    medium = footer(40, 11.5, 0.8, 4.2, "length", draft, width=110).plain
+    assert len(medium) <= 110 and "stop: length" in medium and "q4_k_m 75%" in medium and "/step" not in medium
+    narrow = footer(40, 11.5, 0.8, 4.2, "length", draft, width=70).plain
+    assert narrow == "40 tokens  ·  11.5 tok/s  ·  ttft 0.80s  ·  4.2s  ·  stop: length"
 
 
 def test_closed_pipe_ends_quietly(long_model: Path) -> None:
