@@ -59,11 +59,11 @@ class Plan:
 
     quick: bool = False
     rounds: int = 3
-    max_tokens: int = 48
+    max_tokens: int = 40
     prompts: tuple[str, ...] = PROMPTS
     warmup_tokens: int = 2
     n_ctx: int = 1024
-    ppl_tokens: int = 1024
+    ppl_tokens: int = 512
     ppl_window: int = 512
     threads: int | None = None
     flash_attn: str = "auto"
@@ -254,7 +254,7 @@ class Bench:
                 extra = {"acceptance": accepted / proposed if proposed else 0.0}
                 if rounds:
                     extra["mean_accepted"] = accepted / rounds
-            kv = engine.kv_cache_bytes / engine.kv_cells if engine.kv_cache_bytes and engine.kv_cells else None
+            kv = engine.kv_bytes_per_token
             peak = peak_rss()
         return Round(
             decode_tokens_per_s=len(times) / (sum(times) / 1000) if times and sum(times) > 0 else 0.0,
@@ -294,7 +294,7 @@ class Bench:
                     done.append(ev)
                 elif ev.final:
                     final = ev
-            kv = engine.kv_cache_bytes / engine.kv_cells if engine.kv_cache_bytes and engine.kv_cells else None
+            kv = engine.kv_bytes_per_token
             peak = peak_rss()
         if final is None or not done:
             raise RuntimeError("the batch ended without results")

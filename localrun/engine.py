@@ -282,6 +282,16 @@ class Engine:
     def ctx(self) -> Any:
         return self._ctx
 
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """llama.cpp's KV buffer over the tokens it holds: its log counts the
+        cells of one stream, and a context of n sequences has n streams
+        unless the cache is unified."""
+        if not self.kv_cache_bytes or not self.kv_cells:
+            return None
+        streams = 1 if self.config.kv_unified else self.n_seq_max
+        return self.kv_cache_bytes / (self.kv_cells * streams)
+
     # -- vocabulary --
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:

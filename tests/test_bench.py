@@ -178,6 +178,9 @@ def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
     for row in batching:
         assert row.measured and row.decode_tokens_per_s and row.decode_tokens_per_s > 0, row.note
         assert row.p50_token_ms is not None and row.ttft_s and row.ttft_s > 0
+        assert row.kv_bytes_per_token == pytest.approx(
+            f16, rel=0.05
+        )  # per token, whatever the sequences (llama.cpp logs MiB to 2 places)
     assert [s.done for s in steps] == list(range(len(steps)))
     assert steps[-1].done == steps[-1].total == 2 * 11 + 5  # two rounds of eleven rows, five perplexities
     assert result.advice.interactive in rows
