@@ -59,7 +59,7 @@ class Plan:
 
     quick: bool = False
     rounds: int = 3
-    max_tokens: int = 40
+    max_tokens: int = 32
     prompts: tuple[str, ...] = PROMPTS
     warmup_tokens: int = 2
     n_ctx: int = 1024
