@@ -29,7 +29,7 @@ from typing import Any
 
 from localrun.benchstats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
 from localrun.decode import SamplingParams, generate
-from localrun.engine import Engine, EngineConfig, default_threads, memory_budget
+from localrun.engine import Engine, EngineConfig, Weights, default_threads, memory_budget
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.ggufmeta import read_gguf
@@ -58,7 +58,7 @@ class Plan:
     """How much to measure: `quick` or full, and the engine settings every row shares."""
 
     quick: bool = False
-    rounds: int = 3
+    rounds: int = 2
     max_tokens: int = 32
     prompts: tuple[str, ...] = PROMPTS
     warmup_tokens: int = 2
@@ -193,6 +193,23 @@ class Bench:
         self.shape = describe(read_gguf(model))
         self.budget = memory_budget(plan.memory_budget)
         self._shapes: dict[Path, ModelInfo] = {model: self.shape}
+        self._weights: Weights | None = None
+
+    def open_engine(self, config: EngineConfig) -> Engine:
+        """An engine for ``config``. The model file stays loaded from one row to
+        the next while they use the same file (a load costs seconds); one
+        file at a time, so a row's peak memory holds its own model only."""
+        held = self._weights
+        if held is None or held.path != config.model_path or held.repack != config.repack:
+            self.close()
+            held = self._weights = Weights(config.model_path, repack=config.repack, verbose=config.verbose)
+        return Engine(config, weights=held)
+
+    def close(self) -> None:
+        """Free the model kept loaded between rows."""
+        if self._weights is not None:
+            self._weights.close()
+            self._weights = None
 
     def shape_of(self, path: Path) -> ModelInfo:
         if path not in self._shapes:
@@ -228,7 +245,7 @@ class Bench:
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
         extra: dict[str, float] = {}
-        with Engine(config) as engine:
+        with self.open_engine(config) as engine:
             spec = open_speculation(engine, speculation, self.draft) if speculation else None
             run = spec.generate if spec else generate
             prompts = self.prompts(engine)
@@ -269,14 +286,18 @@ class Bench:
 
     def batched(self, config: EngineConfig, parallel: int) -> Round:
         """One round of continuous batching: ``parallel`` requests (the
-        prompts, cycled) through `localrun.batch`, all at once;
-        tokens/sec is the aggregate. A sequence's token times are its mean
-        step time (the batch loop does not time single tokens)."""
+        prompts, cycled) through `localrun.batch`, all at once. Tokens/sec is
+        the aggregate of the decoding phase (from the step that evaluates the
+        last prompt token to the end), as the single-sequence rows count
+        decoding only; the aggregate over the whole run, prompt evaluation
+        included, goes in ``extra["total_tokens_per_s"]``. A sequence's token
+        times are its mean step time (the batch loop does not time single
+        tokens)."""
         from localrun.batch import BatchRequest, run_batch, slot_context
 
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
-        with Engine(dataclasses.replace(config, n_ctx=CONTEXT_STEP)) as tokenizer:
+        with self.open_engine(dataclasses.replace(config, n_ctx=CONTEXT_STEP)) as tokenizer:
             prompts = self.prompts(tokenizer)
         requests = [
             BatchRequest(i, prompts[i % len(prompts)], greedy, self.plan.max_tokens, ignore_eos=True)
@@ -288,12 +309,15 @@ class Bench:
         sized = dataclasses.replace(config, n_ctx=per_seq * parallel, n_seq_max=parallel)
         done: list[SequenceDone] = []
         final: BatchProgress | None = None
-        with Engine(sized) as engine:
+        prompts_done: BatchProgress | None = None  # the step that evaluated the last prompt token
+        with self.open_engine(sized) as engine:
             for ev in run_batch(engine, requests):
                 if isinstance(ev, SequenceDone):
                     done.append(ev)
                 elif ev.final:
                     final = ev
+                elif prompts_done is None or ev.evaluated_tokens > prompts_done.evaluated_tokens:
+                    prompts_done = ev
             kv = engine.kv_bytes_per_token
             peak = peak_rss()
         if final is None or not done:
@@ -304,19 +328,26 @@ class Bench:
             if d.stats.decode_tokens_per_s
             for _ in range(d.stats.generated_tokens - 1)
         ]
+        total = final.generated_tokens / final.elapsed_s if final.elapsed_s > 0 else 0.0
+        decoding = total
+        if prompts_done is not None and final.elapsed_s > prompts_done.elapsed_s:
+            tokens = final.generated_tokens - prompts_done.generated_tokens
+            if tokens > 0:
+                decoding = tokens / (final.elapsed_s - prompts_done.elapsed_s)
         return Round(
-            decode_tokens_per_s=final.generated_tokens / final.elapsed_s if final.elapsed_s > 0 else 0.0,
+            decode_tokens_per_s=decoding,
             token_ms=tuple(times),
             ttft_s=median([d.stats.ttft_s for d in done]),
             peak_rss_bytes=peak,
             kv_bytes_per_token=kv,
             context_fits=self.context_fits(config),
+            extra={"total_tokens_per_s": total},
         )
 
     def quality(self, config: EngineConfig) -> Perplexity:
         """Perplexity over the first `ppl_tokens` of the reference text."""
         config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, self.plan.ppl_window))
-        with Engine(config) as engine:
+        with self.open_engine(config) as engine:
             tokens = engine.tokenize(REFERENCE_TEXT)[: self.plan.ppl_tokens]
             return perplexity(engine, tokens, self.plan.ppl_window)
 
@@ -479,22 +510,25 @@ def run(
 
     rounds: dict[str, list[Round]] = {s.technique: [] for s in live}
     failed: dict[str, str] = {}
-    for r in range(bench.plan.rounds):
-        for spec in live:
-            if spec.technique in failed or spec.measure is None:
-                continue
-            step(f"round {r + 1}/{bench.plan.rounds} · {spec.technique}")
-            try:
-                rounds[spec.technique].append(spec.measure(bench))
-            except LocalrunError as exc:  # e.g. a head size a quantized KV cache cannot take
-                if spec.technique == "baseline":
-                    raise
-                failed[spec.technique] = exc.message
     quality: dict[str, Perplexity] = {}
-    for spec in live:
-        if spec.quality is not None and spec.technique not in failed:
-            step(f"perplexity · {spec.technique}")
-            quality[spec.technique] = spec.quality(bench)
+    try:
+        for r in range(bench.plan.rounds):
+            for spec in live:
+                if spec.technique in failed or spec.measure is None:
+                    continue
+                step(f"round {r + 1}/{bench.plan.rounds} · {spec.technique}")
+                try:
+                    rounds[spec.technique].append(spec.measure(bench))
+                except LocalrunError as exc:  # e.g. a head size a quantized KV cache cannot take
+                    if spec.technique == "baseline":
+                        raise
+                    failed[spec.technique] = exc.message
+        for spec in live:
+            if spec.quality is not None and spec.technique not in failed:
+                step(f"perplexity · {spec.technique}")
+                quality[spec.technique] = spec.quality(bench)
+    finally:
+        bench.close()
     if progress is not None:
         progress(Progress(total, total, "done"))
 

@@ -38,9 +38,12 @@ def _perplexity(row: Row) -> str:
     return f"{row.perplexity_change:+.1%}"
 
 
+_EXTRA_LABELS = {"total_tokens_per_s": "tok/s with prompt evaluation", "mean_accepted": "mean accepted"}
+
+
 def _note(row: Row) -> str:
     parts = [row.note] if row.note else []
-    parts += [f"{k} {v:.3g}" for k, v in row.extra.items()]
+    parts += [f"{_EXTRA_LABELS.get(k, k)} {v:.3g}" for k, v in row.extra.items()]
     return ", ".join(parts)
 
 

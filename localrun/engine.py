@@ -104,6 +104,45 @@ def _init_backend() -> None:
 # ----------------------------------------------------------------- engine --
 
 
+def _load_model(info: GGUFInfo, repack: bool) -> Any:
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    mparams.use_extra_bufts = repack
+    model = llama_cpp.llama_model_load_from_file(str(info.path).encode(), mparams)
+    if not model:
+        raise BadModelError(
+            f"llama.cpp could not load {info.path}: {_last_llama_error() or 'unknown error'}",
+            hint=f"architecture {info.architecture!r} may be unsupported by this llama.cpp build",
+        )
+    return model
+
+
+class Weights:
+    """A loaded model that engines can share (see `Engine`); it must outlive them."""
+
+    def __init__(self, path: Path, *, repack: bool = True, verbose: bool = False) -> None:
+        self.path = path
+        self.repack = repack
+        self.info = read_gguf(path)
+        set_verbose(verbose)
+        _init_backend()
+        self.handle: Any = _load_model(self.info, repack)
+
+    def close(self) -> None:
+        if self.handle:
+            llama_cpp.llama_model_free(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> Weights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
@@ -197,26 +236,24 @@ def check_kv_config(config: EngineConfig, key_length: int, value_length: int) ->
 
 
 class Engine:
-    """A model and one context. Close it (or use it as a context manager)."""
+    """A model and one context. Close it (or use it as a context manager).
+    With ``weights``, the context is made on an already loaded model, which
+    the engine does not free: several engines in turn (e.g. the rows of a
+    benchmark) then load the file once."""
 
-    def __init__(self, config: EngineConfig, info: GGUFInfo | None = None) -> None:
+    def __init__(self, config: EngineConfig, info: GGUFInfo | None = None, weights: Weights | None = None) -> None:
         self._model: Any = None
         self._ctx: Any = None
+        self._owns_model = weights is None
         self.abort_requested = False
         self.config = config
-        self.info = info or read_gguf(config.model_path)
+        if weights is not None and (weights.path != config.model_path or weights.repack != config.repack):
+            raise ValueError(f"weights of {weights.path} given for an engine of {config.model_path}")
+        self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
         set_verbose(config.verbose)
         _init_backend()
 
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        mparams.use_extra_bufts = config.repack
-        self._model = llama_cpp.llama_model_load_from_file(str(self.info.path).encode(), mparams)
-        if not self._model:
-            raise BadModelError(
-                f"llama.cpp could not load {self.info.path}: {_last_llama_error() or 'unknown error'}",
-                hint=f"architecture {self.info.architecture!r} may be unsupported by this llama.cpp build",
-            )
+        self._model = weights.handle if weights is not None else _load_model(self.info, config.repack)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
@@ -358,9 +395,9 @@ class Engine:
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
-        if self._model:
+        if self._model and self._owns_model:
             llama_cpp.llama_model_free(self._model)
-            self._model = None
+        self._model = None
 
     def __enter__(self) -> Engine:
         return self

@@ -8,9 +8,13 @@ the first row whose draft fails (or the last row) yields a new pending token.
 Rejected drafts are rolled back from the KV cache. A plain step is the same
 with n = 0, through the single-token path plain decoding uses.
 
-Lossless: with greedy sampling the text is the one plain decoding produces,
-token for token (up to llama.cpp computing a batch's rows bit-identically to
-single steps, which holds on the CPU builds measured here). With temperature >
+Lossless: with greedy sampling every kept token is the target's argmax for
+its row, so the text is the one plain decoding produces as long as llama.cpp
+computes a batch's rows bit-identically to single steps. It does on the tiny
+test models; on quantized real models its CPU kernels for several rows round
+differently from the one-row kernel, and a near tie (logits a few hundredths
+apart) can go the other way, from where the texts part (scripts/bench_spec.py
+reports where and by how much). With temperature >
 0 a deterministic draft (prompt lookup; a draft model when sampling greedily)
 is checked by sampling the row with the native chain, and a sampled
 draft-model draft by speculative sampling against the draft's own

@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_spec.py [--quick] [--rounds 2] [--threads N]
         [--target PATH.gguf] [--draft PATH.gguf] [--draft-n 3]
+        [--workloads prose,rename,typo] [--columns plain,draft,lookup,auto]
 
 Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
   prose    free generation (an explanation): nothing to copy
@@ -15,7 +16,11 @@ Columns, run in interleaved rounds (the order rotates) on one target engine:
   auto     what `--draft auto` does: lookup and the draft model, adaptive
 For each: decode tokens/sec (first token to last, as `--stats` reports it),
 the ratio to plain (taken within each round, median over rounds), acceptance,
-and whether the text is identical to plain's. A run during which other
+and whether the text is identical to plain's; where it is not, a line
+after the table says at which token it first differs and how far apart the
+two candidates' logits are there (llama.cpp computes a batch's rows with
+other kernels than a single row, so a verify batch can round a near tie the
+other way). `--workloads` and `--columns` run a subset. A run during which other
 processes took over 10% of the CPU is redone (--attempts). The prompt is evaluated once
 (KV cache reuse) and is not part of the figures; the draft model's own
 catch-up (auto loads it mid-generation, if at all) is. --quick: 1 round,
@@ -131,6 +136,7 @@ class Result:
     stats: Stats
     text: str
     others: float = 0.0  # share of the machine's CPU that other processes used during the run
+    tokens: tuple[int, ...] = ()  # the generated tokens the KV cache holds after the run
 
 
 def _cpu() -> tuple[int, int, int]:
@@ -162,7 +168,9 @@ def measured(runner: Callable[[], Result], attempts: int) -> Result:
 QUIET = 0.1
 
 
-def run(events: Iterator[Event]) -> Result:
+def run(events: Iterator[Event], decoder: Decoder | None = None, prompt: list[int] | None = None) -> Result:
+    """Drain a generation; with ``decoder`` and ``prompt``, also keep the
+    generated tokens (for `divergence`)."""
     parts: list[str] = []
     stats = None
     for ev in events:
@@ -171,7 +179,25 @@ def run(events: Iterator[Event]) -> Result:
         else:
             stats = ev.stats
     assert stats is not None
-    return Result(stats, "".join(parts))
+    tokens = tuple(decoder.tokens[len(prompt) :]) if decoder is not None and prompt is not None else ()
+    return Result(stats, "".join(parts), tokens=tokens)
+
+
+def divergence(engine: Engine, decoder: Decoder, prompt: list[int], plain: Result, other: Result) -> str:
+    """Where ``other`` first leaves plain's tokens, and how far apart the two
+    candidates' logits are there (evaluated after the common prefix): a gap of
+    a few hundredths is a near tie that rounding decides. llama.cpp computes a
+    batch's rows with other kernels than a single row, so a verify batch can
+    round differently from a plain step."""
+    a, b = plain.tokens, other.tokens
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if k is None:
+        return "texts differ past the last token compared"
+    decoder.prefill([*prompt, *a[:k]])
+    logits = decoder.logits(-1)
+    gap = float(logits[a[k]] - logits[b[k]])
+    spread = float(logits.max() - statistics.median(logits.tolist()))
+    return f"first differs at token {k + 1}: logit gap {gap:+.3f} between the two tokens (top vs median {spread:.1f})"
 
 
 def main() -> None:
@@ -182,15 +208,19 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=TARGET)
     parser.add_argument("--draft", type=Path, default=DRAFT)
     parser.add_argument("--draft-n", type=int, default=3, help="draft length of the fixed draft column")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
+    parser.add_argument("--columns", default=",".join(COLUMNS), help="comma-separated (plain always runs)")
     parser.add_argument(
         "--attempts", type=int, default=3, help="runs disturbed by other processes (over 10%% of the CPU) are redone"
     )
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
+    chosen = pick(parser, "workload", args.workloads, tuple(WORKLOADS))
+    args.columns = ("plain", *(c for c in pick(parser, "column", args.columns, COLUMNS) if c != "plain"))
     workloads = {
         name: (prompt, quick if args.quick else full)
         for name, (prompt, full, quick) in WORKLOADS.items()
-        if not args.quick or quick
+        if name in chosen and (not args.quick or quick)
     }
 
     engine = Engine(EngineConfig(model_path=args.target, n_ctx=4096, n_threads=args.threads))
@@ -198,8 +228,8 @@ def main() -> None:
     fixed = Speculation([DraftModelDrafter(args.draft, engine, eager=True)], FixedController(0, args.draft_n))
     # adaptive columns start fresh each time, as a new `localrun generate` does: nothing measured yet
     columns: dict[str, Callable[[list[int], int], Result]] = {
-        "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
-        "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder)),
+        "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
+        "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
         "lookup": lambda p, n: fresh(Speculation([PromptLookupDrafter()]), engine, decoder, p, n),
         "auto": lambda p, n: fresh(
             Speculation([PromptLookupDrafter(), DraftModelDrafter(args.draft, engine)]), engine, decoder, p, n
@@ -210,8 +240,8 @@ def main() -> None:
     for r in range(rounds):
         for w, (name, (_, n)) in enumerate(workloads.items()):
             run(generate(engine, prompts[name], GREEDY, max_tokens=1, decoder=decoder))  # the prompt, once
-            shift = (r + w) % len(COLUMNS)
-            for column in COLUMNS[shift:] + COLUMNS[:shift]:
+            shift = (r + w) % len(args.columns)
+            for column in args.columns[shift:] + args.columns[:shift]:
                 result = measured(partial(columns[column], prompts[name], n), args.attempts)
                 results.setdefault((name, column), []).append(result)
                 print(
@@ -222,11 +252,24 @@ def main() -> None:
                 )
     fixed.close()
     report(workloads, results, rounds, args)
+    for (name, column), runs in results.items():
+        for r, (result, base) in enumerate(zip(runs, results[(name, "plain")], strict=True)):
+            if result.text != base.text:
+                where = divergence(engine, decoder, prompts[name], base, result)
+                print(f"{name} {column} round {r + 1}: {where}")
+
+
+def pick(parser: argparse.ArgumentParser, what: str, given: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in given.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        parser.error(f"unknown {what} {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
+    return names
 
 
 def fresh(speculation: Speculation, engine: Engine, decoder: Decoder, prompt: list[int], n: int) -> Result:
     with speculation:
-        return run(speculation.generate(engine, prompt, GREEDY, max_tokens=n, decoder=decoder))
+        return run(speculation.generate(engine, prompt, GREEDY, max_tokens=n, decoder=decoder), decoder, prompt)
 
 
 def report(
@@ -244,7 +287,7 @@ def report(
     print("-" * len(header))
     for name in workloads:
         base = results[(name, "plain")]
-        for column in COLUMNS:
+        for column in args.columns:
             runs = results[(name, column)]
             rate = statistics.median(r.stats.decode_tokens_per_s for r in runs)
             ratio = statistics.median(

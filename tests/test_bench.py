@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localrun import bench, config
+from localrun import bench, config, engine
 from localrun.benchstats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
+from localrun.decode import SamplingParams, generate
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.ggufmeta import GGUFInfo
 from localrun.quantize import quantize
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
@@ -178,6 +180,7 @@ def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
     for row in batching:
         assert row.measured and row.decode_tokens_per_s and row.decode_tokens_per_s > 0, row.note
         assert row.p50_token_ms is not None and row.ttft_s and row.ttft_s > 0
+        assert row.extra["total_tokens_per_s"] > 0  # the whole run's aggregate, prompts included
         assert row.kv_bytes_per_token == pytest.approx(
             f16, rel=0.05
         )  # per token, whatever the sequences (llama.cpp logs MiB to 2 places)
@@ -185,6 +188,45 @@ def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
     assert steps[-1].done == steps[-1].total == 2 * 11 + 5  # two rounds of eleven rows, five perplexities
     assert result.advice.interactive in rows
     assert rows["speculative auto"].note in {"lookup", "plain"}  # what auto used (no draft model here)
+
+
+def test_rows_on_one_file_load_it_once(weights: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[str] = []
+    load = engine._load_model
+
+    def counting(info: GGUFInfo, repack: bool) -> object:
+        loads.append(info.path.name)
+        return load(info, repack)
+
+    monkeypatch.setattr(engine, "_load_model", counting)
+    result = bench.run(bench.Bench(weights["q4_0"], _quick(rounds=2)))
+    assert all(r.measured for r in result.rows)
+    q4, q8 = weights["q4_0"].name, weights["q8_0"].name
+    # per round: five rows on the 4-bit file, then the 8-bit row; perplexity: three 4-bit rows, then the 8-bit one
+    assert loads == [q4, q8, q4, q8, q4, q8]
+
+
+def test_engines_share_loaded_weights(weights: dict[str, Path]) -> None:
+    path = weights["q8_0"]
+    greedy = SamplingParams(temperature=0.0)
+
+    def text(e: engine.Engine) -> str:
+        tokens = e.tokenize("Once upon a time")
+        return "".join(ev.text for ev in generate(e, tokens, greedy, max_tokens=12) if isinstance(ev, TokenEvent))
+
+    with engine.Engine(engine.EngineConfig(path, n_ctx=256)) as own:
+        expected = text(own)
+    with engine.Weights(path) as shared:
+        for kv in ("f16", "q8_0"):  # one engine after another on the same load
+            with engine.Engine(engine.EngineConfig(path, n_ctx=256, type_k=kv), weights=shared) as e:
+                assert e.info.path == path
+                if kv == "f16":
+                    assert text(e) == expected
+                else:
+                    assert text(e)
+        assert shared.handle  # closing the engines left the model loaded
+        with pytest.raises(ValueError):
+            engine.Engine(engine.EngineConfig(weights["q4_0"]), weights=shared)
 
 
 def test_quick_keeps_one_row_per_technique(weights: dict[str, Path]) -> None:

@@ -31,7 +31,7 @@ def _stdout_console() -> Console:
 
 def bench_command(
     model: opt.Model = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Fewer rounds, one prompt, shorter outputs.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="One row per technique, one prompt.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The raw figures as one JSON object on stdout.")] = False,
     chart: Annotated[
         Path | None, typer.Option("--chart", help="Also write an SVG bar chart to this file.", show_default=False)
