@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_spec.py [--quick] [--rounds 2] [--threads N]
         [--target PATH.gguf] [--draft PATH.gguf] [--draft-n 3]
         [--workloads prose,rename,typo] [--columns plain,draft,lookup,auto]
+        [--native PATH/TO/llama-speculative-simple]
 
 Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
   prose    free generation (an explanation): nothing to copy
@@ -14,6 +15,11 @@ Columns, run in interleaved rounds (the order rotates) on one target engine:
   draft    the draft model, a fixed draft length (--draft-n), every step
   lookup   prompt lookup under the adaptive controller
   auto     what `--draft auto` does: lookup and the draft model, adaptive
+With --native PATH/TO/llama-speculative-simple, llama.cpp's own speculative
+decoding on the same templated prompt, greedy, its defaults otherwise:
+  ll-draft --spec-type draft-simple with the draft model (draft length 3)
+  ll-ngram --spec-type ngram-simple (prompt lookup)
+  ll-ngmod --spec-type ngram-mod
 For each: decode tokens/sec (first token to last, as `--stats` reports it),
 the ratio to plain (taken within each round, median over rounds), acceptance,
 and whether the text is identical to plain's; where it is not, a line
@@ -30,8 +36,11 @@ shorter outputs, two workloads.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -41,9 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.decode import Decoder, SamplingParams, generate
 from localrun.drafters import DraftModelDrafter, PromptLookupDrafter
-from localrun.engine import Engine, EngineConfig
-from localrun.events import Event, Stats, TokenEvent
-from localrun.prompt import prompt_tokens
+from localrun.engine import Engine, EngineConfig, default_threads
+from localrun.events import DraftStats, Event, Stats, TokenEvent
+from localrun.prompt import chat_template, prompt_tokens, render_messages
 from localrun.spec_control import FixedController
 from localrun.speculative import Speculation
 
@@ -137,14 +146,47 @@ class Result:
     text: str
     others: float = 0.0  # share of the machine's CPU that other processes used during the run
     tokens: tuple[int, ...] = ()  # the generated tokens the KV cache holds after the run
+    native: bool = False  # a llama.cpp binary's run: its text is not compared
+
+
+# --native columns: llama-speculative-simple's --spec-type for each
+NATIVE = {"ll-draft": "draft-simple", "ll-ngram": "ngram-simple", "ll-ngmod": "ngram-mod"}
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+_DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+_ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
+
+
+def native_run(args: argparse.Namespace, spec_type: str, prompt_file: Path, n: int) -> Result:
+    """llama.cpp's llama-speculative-simple on the same templated prompt, greedy;
+    its own decode figure (tokens after the prompt over their time)."""
+    threads = str(args.threads or default_threads())
+    cmd = [str(args.native), "-m", str(args.target), "-f", str(prompt_file), "-n", str(n), "-t", threads]
+    cmd += ["-td", threads, "--temp", "0", "-c", "4096", "--spec-type", spec_type]
+    if spec_type.startswith("draft"):
+        cmd += ["-md", str(args.draft)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+    found = _DECODED.search(out.stderr)
+    if found is None:
+        raise RuntimeError("could not read llama-speculative-simple's figures:\n" + out.stderr[-2000:])
+    drafted, accepted = (int(m.group(1)) if (m := rx.search(out.stderr)) else 0 for rx in (_DRAFTED, _ACCEPTED))
+    stats = Stats(
+        prompt_tokens=0,
+        generated_tokens=int(found.group(1)),
+        ttft_s=0.0,
+        decode_tokens_per_s=float(found.group(3)),
+        elapsed_s=float(found.group(2)),
+        stop_reason="length",
+        draft=DraftStats(spec_type, drafted, accepted),
+    )
+    return Result(stats, "", native=True)
 
 
 def _cpu() -> tuple[int, int, int]:
-    """(all jiffies, idle jiffies, this process's jiffies) from /proc."""
+    """(all jiffies, idle jiffies, this process's and its waited-for children's jiffies) from /proc."""
     with Path("/proc/stat").open() as f:
         values = [int(v) for v in f.readline().split()[1:9]]
     own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(values), values[3] + values[4], int(own[11]) + int(own[12])
+    return sum(values), values[3] + values[4], sum(int(v) for v in own[11:15])  # with finished children (--native)
 
 
 def measured(runner: Callable[[], Result], attempts: int) -> Result:
@@ -211,12 +253,17 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--columns", default=",".join(COLUMNS), help="comma-separated (plain always runs)")
     parser.add_argument(
+        "--native", type=Path, help="path to llama.cpp's llama-speculative-simple: adds " + ", ".join(NATIVE)
+    )
+    parser.add_argument(
         "--attempts", type=int, default=3, help="runs disturbed by other processes (over 10%% of the CPU) are redone"
     )
     args = parser.parse_args()
     rounds = 1 if args.quick else args.rounds
     chosen = pick(parser, "workload", args.workloads, tuple(WORKLOADS))
     args.columns = ("plain", *(c for c in pick(parser, "column", args.columns, COLUMNS) if c != "plain"))
+    if args.native:
+        args.columns += tuple(NATIVE)
     workloads = {
         name: (prompt, quick if args.quick else full)
         for name, (prompt, full, quick) in WORKLOADS.items()
@@ -236,13 +283,22 @@ def main() -> None:
         ),
     }
     prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}
+    folder = Path(tempfile.mkdtemp(prefix="bench_spec-"))
+    files = {name: folder / f"{name}.txt" for name in workloads}  # the same templated prompts, for --native
+    for name, (text, _) in workloads.items():
+        files[name].write_text(render_messages(engine, chat_template(engine), [{"role": "user", "content": text}]))
     results: dict[tuple[str, str], list[Result]] = {}
     for r in range(rounds):
         for w, (name, (_, n)) in enumerate(workloads.items()):
             run(generate(engine, prompts[name], GREEDY, max_tokens=1, decoder=decoder))  # the prompt, once
             shift = (r + w) % len(args.columns)
             for column in args.columns[shift:] + args.columns[:shift]:
-                result = measured(partial(columns[column], prompts[name], n), args.attempts)
+                job = (
+                    partial(native_run, args, NATIVE[column], files[name], n)
+                    if column in NATIVE
+                    else partial(columns[column], prompts[name], n)
+                )
+                result = measured(job, args.attempts)
                 results.setdefault((name, column), []).append(result)
                 print(
                     f"round {r + 1} {name:7s} {column:7s} {result.stats.decode_tokens_per_s:6.2f} tok/s "
@@ -254,7 +310,7 @@ def main() -> None:
     report(workloads, results, rounds, args)
     for (name, column), runs in results.items():
         for r, (result, base) in enumerate(zip(runs, results[(name, "plain")], strict=True)):
-            if result.text != base.text:
+            if not result.native and result.text != base.text:
                 where = divergence(engine, decoder, prompts[name], base, result)
                 print(f"{name} {column} round {r + 1}: {where}")
 
@@ -297,10 +353,10 @@ def report(
             accepted = f"{draft.accepted}/{draft.proposed} {draft.acceptance:4.0%}" if draft and draft.proposed else "-"
             per_step = f"{draft.mean_accepted:.2f}" if draft and draft.rounds else "-"
             same = all(r.text == b.text for r, b in zip(runs, base, strict=True))
+            identical = "-" if runs[0].native else "yes" if same else "NO"
             drafter = f"  ({draft.drafter})" if draft and column == "auto" else ""
             print(
-                f"{name:8s} {column:7s} {rate:7.2f} {ratio:6.2f}x {accepted:>14s} {per_step:>8s}  "
-                f"{'yes' if same else 'NO'}{drafter}"
+                f"{name:8s} {column:7s} {rate:7.2f} {ratio:6.2f}x {accepted:>14s} {per_step:>8s}  {identical}{drafter}"
             )
         print(f"{'':8s} {runs[-1].stats.generated_tokens} tokens")
     worst = max(r.others for runs in results.values() for r in runs)
