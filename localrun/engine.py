@@ -121,12 +121,13 @@ class Weights:
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
     def __init__(self, path: Path, *, repack: bool = True, verbose: bool = False) -> None:
+        self.handle: Any = None
         self.path = path
         self.repack = repack
         self.info = read_gguf(path)
         set_verbose(verbose)
         _init_backend()
-        self.handle: Any = _load_model(self.info, repack)
+        self.handle = _load_model(self.info, repack)
 
     def close(self) -> None:
         if self.handle:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -307,6 +308,7 @@ def main() -> None:
                     flush=True,
                 )
     fixed.close()
+    shutil.rmtree(folder, ignore_errors=True)
     report(workloads, results, rounds, args)
     for (name, column), runs in results.items():
         for r, (result, base) in enumerate(zip(runs, results[(name, "plain")], strict=True)):
