@@ -200,7 +200,7 @@ class Bench:
         the next while they use the same file (a load costs seconds); one
         file at a time, so a row's peak memory holds its own model only."""
         held = self._weights
-        if held is None or held.path != config.model_path or held.repack != config.repack:
+        if held is None or not held.serves(config):
             self.close()
             held = self._weights = Weights(config.model_path, repack=config.repack, verbose=config.verbose)
         return Engine(config, weights=held)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import llama_cpp
 
@@ -117,7 +117,24 @@ def _load_model(info: GGUFInfo, repack: bool) -> Any:
     return model
 
 
-class Weights:
+class _Native:
+    """Something holding llama.cpp memory: freed by `close`, on leaving a
+    `with` block, or when collected."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Weights(_Native):
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
     def __init__(self, path: Path, *, repack: bool = True, verbose: bool = False) -> None:
@@ -129,19 +146,14 @@ class Weights:
         _init_backend()
         self.handle = _load_model(self.info, repack)
 
+    def serves(self, config: EngineConfig) -> bool:
+        """Whether an engine of ``config`` can run on these weights."""
+        return self.path == config.model_path and self.repack == config.repack
+
     def close(self) -> None:
         if self.handle:
             llama_cpp.llama_model_free(self.handle)
             self.handle = None
-
-    def __enter__(self) -> Weights:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
@@ -236,7 +248,7 @@ def check_kv_config(config: EngineConfig, key_length: int, value_length: int) ->
     return config.flash_attn
 
 
-class Engine:
+class Engine(_Native):
     """A model and one context. Close it (or use it as a context manager).
     With ``weights``, the context is made on an already loaded model, which
     the engine does not free: several engines in turn (e.g. the rows of a
@@ -248,7 +260,7 @@ class Engine:
         self._owns_model = weights is None
         self.abort_requested = False
         self.config = config
-        if weights is not None and (weights.path != config.model_path or weights.repack != config.repack):
+        if weights is not None and not weights.serves(config):
             raise ValueError(f"weights of {weights.path} given for an engine of {config.model_path}")
         self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
         set_verbose(config.verbose)
@@ -399,12 +411,3 @@ class Engine:
         if self._model and self._owns_model:
             llama_cpp.llama_model_free(self._model)
         self._model = None
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
