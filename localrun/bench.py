@@ -381,13 +381,16 @@ def baseline_rows(bench: Bench) -> list[RowSpec]:
 
 
 def attention_rows(bench: Bench) -> list[RowSpec]:
-    """Flash attention off, against the baseline's auto (which llama.cpp turns
-    on for the CPU): its fused kernel is not the faster one for every model
-    (measured here: the 135M model decodes a third faster without it). Full
-    mode only."""
-    if bench.plan.quick or bench.plan.flash_attn == "off":
+    """The other flash-attention mode than the baseline's: auto settles it by
+    the model's head size (`ModelInfo.auto_flash_attn`), and this row checks
+    that choice on this machine. Full mode only."""
+    if bench.plan.quick:
         return []
-    return [plain_row("flash attention off", {"flash_attn": "off"}, with_quality=False, flash_attn="off")]
+    mode = bench.plan.flash_attn
+    if mode == "auto":
+        mode = bench.shape_of(bench.model).auto_flash_attn("f16")
+    other = "on" if mode == "off" else "off"
+    return [plain_row(f"flash attention {other}", {"flash_attn": other}, with_quality=False, flash_attn=other)]
 
 
 def kv_cache_rows(bench: Bench) -> list[RowSpec]:

@@ -194,13 +194,13 @@ def memory_budget(configured: int | None = None) -> int:
     return available - _RESERVE if available else 0
 
 
-def choose_context(shape: ModelInfo, config: EngineConfig) -> int:
+def choose_context(shape: ModelInfo, config: EngineConfig, flash_attn: str) -> int:
     """`--ctx auto`: the longest context that fits the memory budget; `--ctx N`:
     N, or an error with the numbers when it does not fit."""
     budget = memory_budget(config.memory_budget)
     if not budget:  # nothing known about memory
         return config.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
-    fits = shape.max_context(budget, config.type_k, config.type_v)
+    fits = shape.max_context(budget, config.type_k, config.type_v, flash_attn)
     kv = f"KV {config.type_k}/{config.type_v}"
     if config.n_ctx is None:
         if fits < CONTEXT_STEP:
@@ -212,22 +212,24 @@ def choose_context(shape: ModelInfo, config: EngineConfig) -> int:
         return fits
     if config.n_ctx < 16:
         raise UsageError(f"context size {config.n_ctx} is too small", hint="use --ctx 512 or more")
-    need = shape.memory_needed(config.n_ctx, config.type_k, config.type_v)
+    need = shape.memory_needed(config.n_ctx, config.type_k, config.type_v, flash_attn)
     if need > budget:
+        kv_bytes = config.n_ctx * shape.kv_bytes_per_token(config.type_k, config.type_v)
         raise UsageError(
             f"--ctx {config.n_ctx} needs {need / 2**30:.2f} GiB (weights {shape.weights_bytes / 2**30:.2f}, "
-            f"{kv} {config.n_ctx * shape.kv_bytes_per_token(config.type_k, config.type_v) / 2**30:.2f}, "
-            f"compute {shape.compute_bytes() / 2**30:.2f}); the memory budget is {budget / 2**30:.2f} GiB",
+            f"{kv} {kv_bytes / 2**30:.2f}, compute {(need - shape.weights_bytes - kv_bytes) / 2**30:.2f}); "
+            f"the memory budget is {budget / 2**30:.2f} GiB",
             hint=f"--ctx auto fits {fits} tokens; --kv q8_0 halves the KV cache",
         )
     return config.n_ctx
 
 
-def check_kv_config(config: EngineConfig, key_length: int, value_length: int) -> str:
+def check_kv_config(config: EngineConfig, shape: ModelInfo) -> str:
     """Validate the KV cache types against the model and return the flash
-    attention mode to use: a quantized V cache needs flash attention, so it is
-    switched on unless the user switched it off (then it is an error)."""
-    for name, kv_type, dim in (("K", config.type_k, key_length), ("V", config.type_v, value_length)):
+    attention mode to ask llama.cpp for: a quantized V cache needs flash
+    attention, so it is switched on unless the user switched it off (then it
+    is an error); auto is settled by `ModelInfo.auto_flash_attn`."""
+    for name, kv_type, dim in (("K", config.type_k, shape.key_length), ("V", config.type_v, shape.value_length)):
         if kv_type not in KV_TYPES:
             raise UsageError(f"unknown KV cache type {kv_type!r} for {name}", hint="use f16, q8_0 or q4_0")
         if kv_type != "f16" and dim % _QUANT_BLOCK:
@@ -238,13 +240,13 @@ def check_kv_config(config: EngineConfig, key_length: int, value_length: int) ->
             )
     if config.flash_attn not in FLASH_ATTN:
         raise UsageError(f"unknown --flash-attn value {config.flash_attn!r}", hint="use auto, on or off")
-    if config.type_v != "f16":
-        if config.flash_attn == "off":
-            raise UsageError(
-                f"a {config.type_v} V cache needs flash attention, which --flash-attn off switches off",
-                hint="use --flash-attn on (or auto), or --kv-v f16",
-            )
-        return "on"
+    if config.type_v != "f16" and config.flash_attn == "off":
+        raise UsageError(
+            f"a {config.type_v} V cache needs flash attention, which --flash-attn off switches off",
+            hint="use --flash-attn on (or auto), or --kv-v f16",
+        )
+    if config.flash_attn == "auto" or config.type_v != "f16":
+        return shape.auto_flash_attn(config.type_v)
     return config.flash_attn
 
 
@@ -273,8 +275,8 @@ class Engine(_Native):
 
         shape = describe(self.info)
         try:
-            flash_attn = check_kv_config(config, shape.key_length, shape.value_length)
-            n_ctx = choose_context(shape, config)
+            flash_attn = check_kv_config(config, shape)
+            n_ctx = choose_context(shape, config, flash_attn)
         except UsageError:
             self.close()
             raise
@@ -301,6 +303,7 @@ class Engine(_Native):
                 f"(KV {config.type_k}/{config.type_v}, flash attention {flash_attn}): {reason}",
                 hint="try a smaller --ctx, or --kv f16",
             )
+        self.flash_attn = flash_attn  # the mode asked of llama.cpp: on or off, or auto where it decides
         self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = _logged_buffers()
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)

@@ -17,6 +17,11 @@ from localrun.ggufmeta import GGUFInfo
 
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 CONTEXT_STEP = 256
+# llama.cpp's CPU flash-attention kernel decodes slower than the unfused
+# path at heads of this size or less, the more so the fuller the context
+# (README, "Flash attention"); above it the kernel is the faster.
+FUSED_ATTENTION_SLOW_HEAD = 64
+N_UBATCH = 512
 
 
 def _as_int(value: Any, default: int) -> int:
@@ -50,22 +55,45 @@ class ModelInfo:
         k, v = KV_BYTES_PER_ELEMENT[type_k], KV_BYTES_PER_ELEMENT[type_v or type_k]
         return round(self.layers * self.kv_heads * (self.key_length * k + self.value_length * v))
 
-    def compute_bytes(self, n_ubatch: int = 512) -> int:
+    def compute_bytes(self, n_ubatch: int = N_UBATCH) -> int:
         """An estimate of llama.cpp's compute buffer: a ubatch of logits plus
         activations (measured 300 MiB on Qwen2.5-Coder-0.5B; this gives 325)."""
         return 4 * n_ubatch * (self.vocab_size + 16 * self.heads * self.key_length)
 
-    def memory_needed(self, n_ctx: int, type_k: str, type_v: str | None = None) -> int:
-        return self.weights_bytes + self.compute_bytes() + n_ctx * self.kv_bytes_per_token(type_k, type_v)
+    def auto_flash_attn(self, type_v: str) -> str:
+        """What `--flash-attn auto` resolves to: on for a quantized V cache
+        (which needs it), off for an f16 one on small heads (the unfused path
+        decodes faster there), else llama.cpp's own auto (on, for the CPU)."""
+        if type_v != "f16":
+            return "on"
+        return "off" if 0 < self.key_length <= FUSED_ATTENTION_SLOW_HEAD else "auto"
 
-    def max_context(self, budget_bytes: int, type_k: str, type_v: str | None = None) -> int:
+    def context_bytes_per_token(self, type_k: str, type_v: str | None = None, flash_attn: str | None = None) -> int:
+        """What each token of context costs: its KV cache, plus, without flash
+        attention, a ubatch's f32 attention scores over it in the compute
+        buffer, each head's and the mask's (llama.cpp sizes that buffer for a
+        full context; measured 0.7-0.95 of this on the models in the README).
+        ``flash_attn`` None: what auto resolves to."""
+        type_v = type_v or type_k
+        mode = flash_attn or self.auto_flash_attn(type_v)
+        scores = 4 * N_UBATCH * (self.heads + 1) if mode == "off" else 0
+        return self.kv_bytes_per_token(type_k, type_v) + scores
+
+    def memory_needed(self, n_ctx: int, type_k: str, type_v: str | None = None, flash_attn: str | None = None) -> int:
+        per_token = self.context_bytes_per_token(type_k, type_v, flash_attn)
+        return self.weights_bytes + self.compute_bytes() + n_ctx * per_token
+
+    def max_context(
+        self, budget_bytes: int, type_k: str, type_v: str | None = None, flash_attn: str | None = None
+    ) -> int:
         """The longest context (a multiple of 256, as llama.cpp pads it, up to
-        the trained context) whose KV cache fits beside the weights and the
-        compute buffer in ``budget_bytes``; 0 when none does."""
+        the trained context) whose KV cache (and attention scores, see
+        `context_bytes_per_token`) fits beside the weights and the compute
+        buffer in ``budget_bytes``; 0 when none does."""
         room = budget_bytes - self.weights_bytes - self.compute_bytes()
         if room <= 0:
             return 0
-        fits = room // self.kv_bytes_per_token(type_k, type_v) // CONTEXT_STEP * CONTEXT_STEP
+        fits = room // self.context_bytes_per_token(type_k, type_v, flash_attn) // CONTEXT_STEP * CONTEXT_STEP
         return min(self.context_length, fits) if self.context_length else fits
 
 

@@ -75,7 +75,7 @@ def bench_stock(llm: llama_cpp.Llama, tokens: list[int], n: int) -> Figures:
 _PERF = re.compile(r"(prompt eval|\beval) time\s*=.*?([\d.]+) tokens per second")
 
 
-def bench_native(binary: str, model: Path, n: int, threads: int) -> Figures:
+def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str) -> Figures:
     cmd = [
         binary,
         "-m",
@@ -97,6 +97,8 @@ def bench_native(binary: str, model: Path, n: int, threads: int) -> Figures:
         "-ub",
         "512",
         "--no-warmup",
+        "-fa",
+        flash_attn,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
     found = {m.group(1): float(m.group(2)) for m in _PERF.finditer(out.stderr)}
@@ -113,7 +115,8 @@ def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
 
 
 def bench_model(model: Path, args: argparse.Namespace) -> None:
-    engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads))
+    engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn))
+    flash_attn = engine.flash_attn  # what auto resolved to: every column runs with it
     tokens = engine.tokenize(PROMPT)
     stock = llama_cpp.Llama(
         model_path=str(model),
@@ -122,6 +125,7 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         n_ubatch=512,
         n_threads=args.threads,
         n_threads_batch=args.threads,
+        flash_attn=flash_attn == "on",
         verbose=False,
     )
     runners: dict[str, Callable[[], Figures]] = {
@@ -130,14 +134,14 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         "stock": lambda: bench_stock(stock, tokens, args.tokens),
     }
     if args.native:
-        runners["native"] = lambda: bench_native(args.native, model, args.tokens, args.threads)
+        runners["native"] = lambda: bench_native(args.native, model, args.tokens, args.threads, flash_attn)
     bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
     results: dict[str, list[Figures]] = {name: [] for name in runners}
     order = list(runners)
     for rep in range(args.reps):  # rotate the order so no column always runs first
         for name in order[rep % len(order) :] + order[: rep % len(order)]:
             results[name].append(runners[name]())
-    print(f"\n{model.name}  ({len(tokens)} prompt tokens)")
+    print(f"\n{model.name}  ({len(tokens)} prompt tokens, flash attention {flash_attn} in every column)")
     print(f"  {'':10} {'decode tok/s':>13} {'prompt tok/s':>13}")
     for name, rs in results.items():
         print(f"  {name:10} {statistics.median(r[0] for r in rs):13.2f} {statistics.median(r[1] for r in rs):13.2f}")
@@ -157,6 +161,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--native", help="path to llama.cpp's llama-completion binary")
+    ap.add_argument(
+        "--flash-attn", choices=("auto", "on", "off"), default="auto", help="as localrun's option; all columns match it"
+    )
     args = ap.parse_args()
     print(f"threads {args.threads}, {args.tokens} greedy tokens, {args.reps} rounds; tok/s are medians")
     for model in args.models:

@@ -3,12 +3,14 @@
 
     .venv/bin/python scripts/bench_spec.py [--quick] [--rounds 2] [--threads N]
         [--target PATH.gguf] [--draft PATH.gguf] [--draft-n 3]
-        [--workloads prose,rename,typo] [--columns plain,draft,lookup,auto]
+        [--workloads prose,rename,reformat,typo] [--columns plain,draft,lookup,auto]
         [--native PATH/TO/llama-speculative-simple]
 
 Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
   prose    free generation (an explanation): nothing to copy
   rename   rename a variable in a ~50-line Python file: the answer copies the input
+  reformat reformat compact Python to PEP 8: the answer copies the input with
+           every line's whitespace and quotes changed
   typo     fix the typos in a long paragraph: the answer copies the input
 Columns, run in interleaved rounds (the order rotates) on one target engine:
   plain    localrun's plain loop (decode.generate)
@@ -128,6 +130,33 @@ TEXT = (
     "anyway, becuase he said the sea still needed someone to watch it."
 )
 
+MESSY = """def parse_line(line,sep=','):
+  fields=[f.strip() for f in line.split(sep)]
+  if len(fields)<3: return None
+  name,age,city=fields[0],int(fields[1]),fields[2]
+  return {'name':name,'age':age,'city':city}
+
+def load_people(lines):
+  people=[]
+  for line in lines:
+    person=parse_line(line)
+    if person is not None and person['age']>=0: people.append(person)
+  return people
+
+def group_by_city(people):
+  groups={}
+  for person in people:
+    groups.setdefault(person['city'],[]).append(person['name'])
+  return {city:sorted(names) for city,names in groups.items()}
+
+def average_age(people):
+  if not people: return 0.0
+  return sum(p['age'] for p in people)/len(people)
+
+def oldest(people,n=3):
+  return sorted(people,key=lambda p:(-p['age'],p['name']))[:n]
+"""
+
 WORKLOADS = {
     "prose": ("Explain how a hash table works and when to use one, in a few paragraphs.", 160, 64),
     "rename": (
@@ -135,6 +164,14 @@ WORKLOADS = {
         "Reply with the complete updated code only.\n\n```python\n" + CODE + "```",
         700,
         200,
+    ),
+    "reformat": (
+        "Reformat this Python code to PEP 8: four-space indentation, spaces around operators and after "
+        "commas, double quotes, one statement per line. Reply with the complete code only.\n\n```python\n"
+        + MESSY
+        + "```",
+        500,
+        0,
     ),
     "typo": ("Fix the spelling mistakes in this text. Reply with the corrected text only.\n\n" + TEXT, 400, 0),
 }

@@ -62,12 +62,16 @@ def wide_long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
     long_model = wide_long_model
     shape = describe(read_gguf(long_model))
-    per_token = shape.kv_bytes_per_token("f16")
+    per_token = shape.context_bytes_per_token("f16")  # KV, and attention scores: auto runs it unfused
+    assert per_token > shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * per_token
     with Engine(EngineConfig(model_path=long_model, memory_budget=budget)) as engine:
         assert engine.n_ctx == 2816  # 3000 tokens of room, in steps of 256
+    f16 = shape.kv_bytes_per_token("f16")
+    budget = shape.weights_bytes + shape.compute_bytes() + 3000 * f16
     with Engine(EngineConfig(model_path=long_model, memory_budget=budget, type_k="q8_0", type_v="q8_0")) as engine:
-        assert engine.n_ctx == 3000 * per_token // shape.kv_bytes_per_token("q8_0") // 256 * 256
+        assert engine.flash_attn == "on"  # a quantized V: no scores buffer
+        assert engine.n_ctx == 3000 * f16 // shape.kv_bytes_per_token("q8_0") // 256 * 256
 
 
 def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
@@ -77,7 +81,7 @@ def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
 
 def test_context_that_does_not_fit_is_refused_with_numbers(long_model: Path) -> None:
     shape = describe(read_gguf(long_model))
-    budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.kv_bytes_per_token("f16")
+    budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.context_bytes_per_token("f16")
     with pytest.raises(UsageError, match=r"--ctx 8192 needs .* GiB .*memory budget") as info:
         Engine(EngineConfig(model_path=long_model, n_ctx=8192, memory_budget=budget))
     assert info.value.hint is not None and "--ctx auto fits 768" in info.value.hint
@@ -89,3 +93,33 @@ def test_ctx_option(tiny_model: Path) -> None:
     assert cli("generate", "-m", str(tiny_model), "--ctx", "auto", "-n", "2", "hi").returncode == 0
     bad = cli("generate", "-m", str(tiny_model), "--ctx", "lots", "hi")
     assert bad.returncode == 2 and "--ctx auto" in bad.stderr
+
+
+def test_auto_flash_attention_follows_the_head_size_and_the_v_cache(wide_model: Path, tmp_path: Path) -> None:
+    big_heads = write_tiny_model(tmp_path / "big-heads.gguf", n_embd=256, n_head=2, n_head_kv=1)
+    cases = [
+        (wide_model, "f16", "off"),  # heads of 32: the unfused path
+        (wide_model, "q8_0", "on"),  # a quantized V cache needs flash attention
+        (big_heads, "f16", "auto"),  # heads of 128: llama.cpp's own choice (on, for the CPU)
+    ]
+    for path, type_v, expected in cases:
+        with Engine(EngineConfig(model_path=path, n_ctx=512, type_v=type_v)) as engine:
+            assert engine.flash_attn == expected, (path.name, type_v)
+            events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=4))
+            assert isinstance(events[-1], DoneEvent) and events[-1].stats.generated_tokens == 4
+
+
+def test_unfused_attention_scores_are_counted_in_the_memory_estimate(wide_long_model: Path) -> None:
+    """Without flash attention llama.cpp's compute buffer holds a ubatch's
+    scores over the whole context; the estimate bounds what it allocates."""
+    n_ctx = 8192
+    buffers: dict[str, int] = {}
+    for mode in ("auto", "on"):
+        with Engine(EngineConfig(model_path=wide_long_model, n_ctx=n_ctx, flash_attn=mode)) as engine:
+            assert engine.compute_buffer_bytes is not None
+            buffers[mode] = engine.compute_buffer_bytes
+    info = describe(read_gguf(wide_long_model))
+    predicted = n_ctx * (info.context_bytes_per_token("f16") - info.kv_bytes_per_token("f16"))
+    grown = buffers["auto"] - buffers["on"]
+    assert predicted > 0 and predicted / 4 <= grown <= predicted
+    assert info.memory_needed(n_ctx, "f16") - info.memory_needed(n_ctx, "f16", flash_attn="on") == predicted

@@ -24,7 +24,10 @@ def test_show_json_from_gguf_metadata(tiny_model: Path) -> None:
         "q4_0": round(f16 / 2 * 18 / 32),
     }
     room = 5_000_000 - info["weights_bytes"] - info["compute_bytes_estimate"]
-    assert info["max_context"]["f16"] == min(512, room // f16 // 256 * 256)
+    # heads of 16: auto runs an f16 cache without flash attention, whose scores
+    # (f32, a 512-token ubatch, 4 heads and the mask) take room for each token of context
+    assert info["flash_attn_auto"] == "off"
+    assert info["max_context"]["f16"] == min(512, room // (f16 + 4 * 512 * 5) // 256 * 256)
     assert info["max_context"]["q4_0"] >= info["max_context"]["q8_0"] >= info["max_context"]["f16"]
 
 

@@ -20,6 +20,11 @@ from localrun.ggufmeta import read_gguf
 from localrun.modelinfo import KV_BYTES_PER_ELEMENT, available_memory, describe, parse_size
 from localrun.render import PullProgress, human_bytes
 
+_AUTO_FA = {
+    "off": "off with an f16 cache (small heads: the unfused path decodes faster), on with a quantized V",
+    "auto": "on (llama.cpp's choice for the CPU)",
+}
+
 
 def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> tuple[Path, store.Target]:
     """The model file for a name (default: the registry's default), pulled on
@@ -199,6 +204,7 @@ def show(
             "compute_bytes_estimate": info.compute_bytes(),
             "budget_bytes": budget_bytes,
             "max_context": fits,
+            "flash_attn_auto": info.auto_flash_attn("f16"),
         }
         if as_json:
             sys.stdout.write(json.dumps(record, indent=2) + "\n")
@@ -216,7 +222,8 @@ def show(
             else f"  parameters       {info.parameters / 1e6:.1f} M",
             f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
             f"  layers           {info.layers}",
-            f"  attention        {info.heads} heads, {info.kv_heads} KV heads{gqa}",
+            f"  attention        {info.heads} heads of {info.key_length}, {info.kv_heads} KV heads{gqa}",
+            f"  flash attention  auto: {_AUTO_FA[info.auto_flash_attn('f16')]}",
             f"  trained context  {info.context_length} tokens",
             f"  vocabulary       {info.vocab_size} tokens",
             f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",
