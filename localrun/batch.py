@@ -90,7 +90,7 @@ class _Slot:
         self.pending = list(request.tokens[start:])  # prompt tokens not yet decoded
         self.pos = start
         self.cached = start
-        self.sampler = Sampler(request.sampling)
+        self.sampler = Sampler(request.sampling, engine.n_vocab)
         self.out = TokenOutput(engine, n_prompt=len(request.tokens), stop=request.stop, ignore_eos=request.ignore_eos)
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit

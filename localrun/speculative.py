@@ -153,7 +153,7 @@ def generate_speculative(
     text (see the module's note), and a `DraftStats` on each event."""
     engine.check_fits(len(prompt_tokens))
     decoder = decoder or Decoder(engine)
-    sampler = Sampler(sampling)
+    sampler = Sampler(sampling, engine.n_vocab)
     rng = np.random.default_rng(sampling.seed)
     out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos)
     limit = engine.n_ctx - len(prompt_tokens)

@@ -8,7 +8,8 @@ Columns, each the median of --reps interleaved runs on the same greedy prompt:
   localrun     localrun's own loop (localrun.decode.generate), text into a pipe
   panel        the same loop rendered by the Rich live panel into a fake terminal
   stock        llama-cpp-python's own path (Llama.generate)
-  native       llama.cpp's llama-completion binary, when --native is given
+  native       llama.cpp's llama-completion binary, when --native is given; its
+               decode rate counts its sampling time too, as localrun's does
 It prints decode and prompt-processing tokens/sec and the ratios
 localrun/stock, localrun/native and panel/localrun, each the median of the
 ratios within a round. Absolute figures drift on
@@ -72,10 +73,13 @@ def bench_stock(llm: llama_cpp.Llama, tokens: list[int], n: int) -> Figures:
     return (count - 1) / (t_last - t_first), len(tokens) / (t_first - t0)
 
 
-_PERF = re.compile(r"(prompt eval|\beval) time\s*=.*?([\d.]+) tokens per second")
+_PERF = re.compile(r"(prompt eval|\beval) time\s*=\s*([\d.]+) ms /\s*(\d+)")
+_SAMPLING = re.compile(r"sampling time\s*=\s*([\d.]+) ms")
 
 
-def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str) -> Figures:
+def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str, shares: list[float]) -> Figures:
+    """llama-completion's decode and prompt rates; appends to ``shares`` the
+    part of its decode time that sampling took."""
     cmd = [
         binary,
         "-m",
@@ -101,10 +105,17 @@ def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str
         flash_attn,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
-    found = {m.group(1): float(m.group(2)) for m in _PERF.finditer(out.stderr)}
-    if "eval" not in found or "prompt eval" not in found:
+    found = {m.group(1): (float(m.group(2)), int(m.group(3))) for m in _PERF.finditer(out.stderr)}
+    sampling = _SAMPLING.search(out.stderr)
+    if "eval" not in found or "prompt eval" not in found or sampling is None:
         raise RuntimeError("could not read llama-completion's timings:\n" + out.stderr[-2000:])
-    return found["eval"], found["prompt eval"]
+    (eval_ms, runs), (prompt_ms, prompt_n) = found["eval"], found["prompt eval"]
+    # its "eval" figure counts llama_decode alone; localrun's decode rate is
+    # the wall clock from the first sampled token to the last, sampling
+    # included, so the runs' share of the sampling time (runs + 1 samples) is added
+    sample_ms = float(sampling.group(1)) * runs / (runs + 1)
+    shares.append(sample_ms / (eval_ms + sample_ms))
+    return 1000 * runs / (eval_ms + sample_ms), 1000 * prompt_n / prompt_ms
 
 
 def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
@@ -125,7 +136,7 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         n_ubatch=512,
         n_threads=args.threads,
         n_threads_batch=args.threads,
-        flash_attn=flash_attn == "on",
+        flash_attn=flash_attn != "off",  # auto: on, as llama.cpp settles it for the CPU
         verbose=False,
     )
     runners: dict[str, Callable[[], Figures]] = {
@@ -133,8 +144,11 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         "panel": lambda: bench_localrun(engine, tokens, args.tokens, "panel"),
         "stock": lambda: bench_stock(stock, tokens, args.tokens),
     }
+    sampling_shares: list[float] = []
     if args.native:
-        runners["native"] = lambda: bench_native(args.native, model, args.tokens, args.threads, flash_attn)
+        runners["native"] = lambda: bench_native(
+            args.native, model, args.tokens, args.threads, flash_attn, sampling_shares
+        )
     bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
     results: dict[str, list[Figures]] = {name: [] for name in runners}
     order = list(runners)
@@ -150,6 +164,9 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
             decode, prompt = paired(results, "localrun", other, 0), paired(results, "localrun", other, 1)
             print(f"  localrun/{other}: decode {decode}, prompt {prompt}")
     print(f"  panel/localrun: decode {paired(results, 'panel', 'localrun', 0)}")
+    if sampling_shares:
+        share = statistics.median(sampling_shares)
+        print(f"  native's sampling: {share:.1%} of its decode time (its own 'eval' figure leaves it out)")
     stock.close()
     engine.close()
 

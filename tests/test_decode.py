@@ -108,7 +108,7 @@ def test_rollback_replays_the_same_tokens(engine: Engine) -> None:
     dec.rollback(0)
     prompt = engine.tokenize("a sentence")
     assert dec.evaluate(prompt) == 0
-    sampler = Sampler(GREEDY)
+    sampler = Sampler(GREEDY, engine.n_vocab)
 
     def continue_for(n: int) -> list[int]:
         out = []
@@ -173,3 +173,30 @@ def test_rows_logits_match_one_token_at_a_time(engine: Engine) -> None:
     assert dec.evaluate_rows(tokens) == 0 and dec.n_past == len(tokens)
     for i, expected in enumerate(stepwise):
         assert np.allclose(dec.logits(i), expected, atol=1e-3)
+
+
+def test_argmax_path_agrees_with_the_native_greedy_chain(engine: Engine) -> None:
+    n = engine.n_vocab
+    fast, chain = Sampler(SamplingParams(temperature=0), n), Sampler(SamplingParams(temperature=0), n)
+    chain.argmax = False  # the same greedy chain, sampled by llama.cpp
+    assert fast.argmax and not Sampler(SamplingParams(temperature=0, repeat_penalty=1.1), n).argmax
+    assert not Sampler(SamplingParams(temperature=0.5), n).argmax
+    decoder = Decoder(engine)
+    tokens = engine.tokenize("there is an answer to every")
+    decoder.rollback(0)
+    assert decoder.evaluate_rows(tokens) == 0
+    picks = [decoder.sample(fast, row) for row in range(len(tokens))]
+    assert picks == [decoder.sample(chain, row) for row in range(len(tokens))]
+    assert len(set(picks)) > 1  # rows with different maxima, read from the right places
+    for _ in range(24):  # and step by step, on single-token batches
+        token = decoder.sample(fast)
+        assert token == decoder.sample(chain)
+        assert decoder.evaluate((token,)) == 0
+    fast.close()
+    chain.close()
+
+
+def test_repeat_penalty_changes_greedy_output(engine: Engine) -> None:
+    plain, _ = run(engine, "on the", max_tokens=40)
+    penalized, stats = run(engine, "on the", SamplingParams(temperature=0, repeat_penalty=1.5), max_tokens=40)
+    assert stats.generated_tokens == 40 and penalized != plain
