@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_decode.py MODEL.gguf [MODEL.gguf ...]
         [--tokens 128] [--reps 3] [--threads N] [--native PATH/TO/llama-completion]
+        [--columns panel,stock,native] [--flash-attn auto|on|off]
 
 Columns, each the median of --reps interleaved runs on the same greedy prompt:
   localrun     localrun's own loop (localrun.decode.generate), text into a pipe
@@ -149,6 +150,7 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         runners["native"] = lambda: bench_native(
             args.native, model, args.tokens, args.threads, flash_attn, sampling_shares
         )
+    runners = {name: run for name, run in runners.items() if name == "localrun" or name in args.columns}
     bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
     results: dict[str, list[Figures]] = {name: [] for name in runners}
     order = list(runners)
@@ -163,7 +165,8 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         if other in results:
             decode, prompt = paired(results, "localrun", other, 0), paired(results, "localrun", other, 1)
             print(f"  localrun/{other}: decode {decode}, prompt {prompt}")
-    print(f"  panel/localrun: decode {paired(results, 'panel', 'localrun', 0)}")
+    if "panel" in results:
+        print(f"  panel/localrun: decode {paired(results, 'panel', 'localrun', 0)}")
     if sampling_shares:
         share = statistics.median(sampling_shares)
         print(f"  native's sampling: {share:.1%} of its decode time (its own 'eval' figure leaves it out)")
@@ -178,6 +181,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--native", help="path to llama.cpp's llama-completion binary")
+    ap.add_argument(
+        "--columns",
+        type=lambda v: {c.strip() for c in v.split(",")},
+        default={"panel", "stock", "native"},
+        help="comma-separated subset of panel,stock,native (localrun always runs; native needs --native)",
+    )
     ap.add_argument(
         "--flash-attn", choices=("auto", "on", "off"), default="auto", help="as localrun's option; all columns match it"
     )
