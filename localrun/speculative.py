@@ -162,7 +162,6 @@ def generate_speculative(
     drafters = speculation.drafters
     control = speculation.controller
     tally = _Tally([d.profile.name for d in drafters])
-    fast_greedy = sampling.greedy and sampling.repeat_penalty == 1.0  # the chain is argmax alone
     context = list(prompt_tokens)  # the prompt and every token decided so far
     reason: StopReason = "length"
     try:
@@ -206,7 +205,7 @@ def generate_speculative(
                 if status != _DECODE_OK:
                     reason = "interrupted" if status == _DECODE_ABORTED else "length"
                     break
-                decided = [_pick(decoder, sampler, fast_greedy, -1)]
+                decided = [decoder.sample(sampler)]
                 t2 = time.perf_counter()
                 control.observe_plain(t2 - t1)
                 control.observe_round(plan, t2 - t0, 1)
@@ -218,7 +217,7 @@ def generate_speculative(
                 decoder.rollback(len(context) - 1)
                 reason = "interrupted" if status == _DECODE_ABORTED else "length"
                 break
-            decided = _verify(decoder, sampler, sampling, fast_greedy, draft, rng, out.tokens)
+            decided = _verify(decoder, sampler, sampling, draft, rng, out.tokens)
             accepted = len(decided) - 1
             decoder.rollback(len(context) + accepted)  # forget the rejected drafts
             t2 = time.perf_counter()
@@ -252,19 +251,10 @@ def _make_draft(
     return draft
 
 
-def _pick(decoder: Decoder, sampler: Sampler, fast_greedy: bool, row: int) -> int:
-    """The native chain's token for ``row``; a greedy chain without penalties
-    is numpy's argmax (the same first maximum, a tenth of the time)."""
-    if fast_greedy:
-        return int(np.argmax(decoder.logits(row)))
-    return decoder.sample(sampler, row)
-
-
 def _verify(
     decoder: Decoder,
     sampler: Sampler,
     sampling: SamplingParams,
-    fast_greedy: bool,
     draft: Draft,
     rng: np.random.Generator,
     generated: list[int],
@@ -274,7 +264,7 @@ def _verify(
     decided: list[int] = []
     for row, token in enumerate(draft.tokens):
         if draft.probs is None or sampling.greedy:
-            chosen = _pick(decoder, sampler, fast_greedy, row)  # a deterministic draft: kept if the target agrees
+            chosen = decoder.sample(sampler, row)  # a deterministic draft: kept if the target agrees
             decided.append(chosen)
             if chosen != token:
                 return decided
@@ -286,5 +276,5 @@ def _verify(
             decided.append(chosen)
             if replacement is not None:
                 return decided
-    decided.append(_pick(decoder, sampler, fast_greedy, len(draft.tokens)))
+    decided.append(decoder.sample(sampler, len(draft.tokens)))
     return decided
