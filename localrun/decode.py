@@ -3,7 +3,8 @@
 `Decoder` holds the seams the loop is built from (evaluate a batch, sample a
 row with llama.cpp's native sampler chain, roll the KV cache back to a
 position); `generate` runs prompt evaluation and the per-token loop and yields
-events. Per token, Python does one native sample, one native decode, a cached
+events. Per token, Python does one sample (greedy: an argmax over a numpy
+view of the logits; else llama.cpp's chain), one native decode, a cached
 piece lookup and the stop-string check: no logits copies.
 """
 

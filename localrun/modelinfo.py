@@ -19,7 +19,7 @@ KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 1
 CONTEXT_STEP = 256
 # llama.cpp's CPU flash-attention kernel decodes slower than the unfused
 # path at heads of this size or less, the more so the fuller the context
-# (README, "Flash attention"); above it the kernel is the faster.
+# (README, "Flash attention on the CPU"); above it the kernel is the faster.
 FUSED_ATTENTION_SLOW_HEAD = 64
 N_UBATCH = 512
 
