@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,15 @@ class PromptCache:
     def entries(self) -> list[Path]:
         if not self.directory.is_dir():
             return []
-        return sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
+        return sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime_ns)
+
+    def mark_used(self, path: Path) -> None:
+        """Make ``path`` the most recently used entry: its modification time
+        after every other entry's (the file system's clock may tick coarser
+        than a save and a hit apart)."""
+        newest = max((p.stat().st_mtime_ns for p in self.entries() if p != path), default=0)
+        stamp = max(time.time_ns(), newest + 1_000_000)  # 1 ms: kept by file systems storing microseconds
+        os.utime(path, ns=(stamp, stamp))
 
     def size(self) -> int:
         return sum(p.stat().st_size for p in self.entries())
@@ -154,7 +163,7 @@ class Checkpoint:
             decoder.rollback(0)
             return self._distrust("was refused by llama.cpp")
         decoder.tokens[:] = self.prefix
-        os.utime(self.path)  # recently used: evicted last
+        self.cache.mark_used(self.path)  # evicted last
         self.outcome = "hit"
         return True
 
@@ -206,6 +215,7 @@ class Checkpoint:
                 f.write(MAGIC + json.dumps(header).encode() + b"\n")
                 f.write(state)
             Path(tmp).replace(self.path)
+            self.cache.mark_used(self.path)
         except OSError as exc:
             Path(tmp).unlink(missing_ok=True)
             self.warnings.append(f"could not write the prompt cache ({exc.strerror})")
