@@ -18,7 +18,7 @@ on); the controller picks, and `draft` makes the tokens.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,15 +86,11 @@ class Drafter(Protocol):
 _WINDOW = 32  # how far back a source and the cursor are compared
 _CANDIDATES = 16  # the latest occurrences of the last two tokens that are compared
 # buckets by how many of the last 32 tokens agree with the source's: <3, 3, 4-5, 6-8, 9-15, 16-23, 24+;
-# one for resuming a source right after a token that differs from it (an edit);
-# and one for re-aligning with the source after tokens were inserted or split
+# and one for resuming a source right after a token that differs from it (an edit)
 _BUCKET_EDGES = (3, 4, 6, 9, 16, 24)
 RESUME_BUCKET = len(_BUCKET_EDGES) + 1
-REALIGN_BUCKET = RESUME_BUCKET + 1
 _RESUME_MIN = 8  # agreeing tokens a source needs to be resumed past a difference
-_REALIGN_REACH = 8  # how far from where the source has got to a re-alignment looks
-_REALIGN_WITHIN = 4  # ... and only this many tokens after the last offer: while a copy is under way
-LOOKUP_PRIOR = (0.1, 0.2, 0.25, 0.5, 0.7, 0.8, 0.85, 0.5, 0.5)  # a chance match of a few tokens seldom continues
+LOOKUP_PRIOR = (0.1, 0.2, 0.25, 0.5, 0.7, 0.8, 0.85, 0.5)  # a chance match of a few tokens seldom continues
 
 
 def match_bucket(agreement: int) -> int:
@@ -111,18 +107,9 @@ class PromptLookupDrafter:
     and the place the source copied at the last step has advanced to (which
     survives an edit: a renamed variable, a fixed typo). The candidate whose
     preceding tokens agree most with the cursor's wins; how many agree is
-    what the controller's acceptance estimate is keyed on.
+    what the controller's acceptance estimate is keyed on."""
 
-    When none agrees well, the copy may have drifted from the source by
-    inserted or re-split tokens (a reformat writes ``x = [`` where the source
-    had ``x=[``): the source is re-aligned just after the nearest token to
-    where it has got to whose text, spaces aside, ends the same way as the
-    last token's. ``piece`` gives a token's bytes; without it only equal
-    tokens re-align."""
-
-    def __init__(self, piece: Callable[[int], bytes] | None = None) -> None:
-        self._piece = piece
-        self._bare: dict[int, bytes] = {}
+    def __init__(self) -> None:
         self.profile = Profile(
             name="lookup", step_cost=0.0, catch_up_cost=0.0, setup_s=0.0, acceptance=LOOKUP_PRIOR, free=True
         )
@@ -175,41 +162,10 @@ class PromptLookupDrafter:
                 best, best_score = follow, score
                 # the last token differs from the source's: the text copies it, with an edit just now
                 bucket = match_bucket(score) if seen[follow - 1] == seen[n - 1] else RESUME_BUCKET
-        recent = self._cursor and n - self._cursor <= _REALIGN_WITHIN
-        if recent and (best_score < _RESUME_MIN or bucket == RESUME_BUCKET):  # nothing agrees, or past a difference
-            anchor = self._realign(follow, n)
-            if anchor >= 0 and anchor != best:
-                best, bucket = anchor, REALIGN_BUCKET
         if best < 0:
             return None
         self._source, self._cursor = best, n
         return Offer(index, bucket, LOOKUP_MAX)
-
-    def _bare_text(self, token: int) -> bytes:
-        """A token's text without whitespace (empty for a whitespace token)."""
-        text = self._bare.get(token)
-        if text is None:
-            text = b"".join(self._piece(token).split()) if self._piece is not None else b""
-            self._bare[token] = text
-        return text
-
-    def _realign(self, follow: int, n: int) -> int:
-        """The position after the token nearest ``follow`` (within reach, before
-        the cursor) that the last token re-aligns with, or -1."""
-        seen = self._seen
-        last = seen[n - 1]
-        tail = self._bare_text(last)
-        for step in range(_REALIGN_REACH + 1):
-            for j in (follow - step, follow + step) if step else (follow,):
-                if not 1 <= j < n - 1:
-                    continue
-                token = seen[j - 1]
-                if token == last:
-                    return j
-                text = self._bare_text(token)
-                if tail and text and (text.endswith(tail) or tail.endswith(text)):
-                    return j
-        return -1
 
     def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         t0 = time.perf_counter()

@@ -107,7 +107,7 @@ def open_speculation(engine: Engine, choice: str, draft_path: Path | None = None
         return None
     drafters: list[Drafter] = []
     if choice in ("auto", "lookup"):
-        drafters.append(PromptLookupDrafter(engine.piece))
+        drafters.append(PromptLookupDrafter())
     if choice != "lookup" and draft_path is not None:
         drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto"))
     return Speculation(drafters) if drafters else None

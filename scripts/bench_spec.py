@@ -315,13 +315,9 @@ def main() -> None:
     columns: dict[str, Callable[[list[int], int], Result]] = {
         "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
         "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
-        "lookup": lambda p, n: fresh(Speculation([PromptLookupDrafter(engine.piece)]), engine, decoder, p, n),
+        "lookup": lambda p, n: fresh(Speculation([PromptLookupDrafter()]), engine, decoder, p, n),
         "auto": lambda p, n: fresh(
-            Speculation([PromptLookupDrafter(engine.piece), DraftModelDrafter(args.draft, engine)]),
-            engine,
-            decoder,
-            p,
-            n,
+            Speculation([PromptLookupDrafter(), DraftModelDrafter(args.draft, engine)]), engine, decoder, p, n
         ),
     }
     prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}

@@ -12,7 +12,6 @@ import pytest
 from localrun.decode import Decoder, SamplingParams, generate
 from localrun.drafters import (
     MODEL_MAX,
-    REALIGN_BUCKET,
     RESUME_BUCKET,
     Draft,
     DraftModelDrafter,
@@ -436,35 +435,3 @@ def test_panel_footer_shows_acceptance(models: dict[str, Path]) -> None:
     )
     assert status == 0
     assert "lookup" in screen and "accepted" in screen and "/step" in screen
-
-
-def test_lookup_realigns_after_inserted_or_resplit_tokens() -> None:
-    rng = np.random.default_rng(0)
-    source = list(range(10, 30))
-    copy = [*source, *source[:10]]
-    lookup = PromptLookupDrafter()
-    lookup.begin(copy)
-    assert lookup.offer(copy, 0) is not None
-    assert lookup.offer([*copy, 77], 0) is not None  # 77 in place of 20: resumed after it
-    inserted = [*copy, 77, 20]  # ... but 77 was an insertion: the copy goes on with 20
-    offer = lookup.offer(inserted, 0)
-    assert offer is not None and offer.bucket == REALIGN_BUCKET
-    assert lookup.draft(inserted, 3, GREEDY, rng).tokens == [21, 22, 23]
-    # a reformat: the source has "x=[" as two tokens, the copy writes "x", " =", " ["
-    pieces = {1: b"x", 2: b"=[", 3: b"f", 4: b" =", 5: b" ["}
-    lookup = PromptLookupDrafter(lambda t: pieces.get(t, b"<%d>" % t))
-    prompt = [*range(40, 52), 1, 2, 3, *range(60, 70), 99]
-    lookup.begin(prompt)
-    context = [*prompt, *range(40, 52), 1]
-    assert lookup.offer(context, 0) is not None  # copying: the source's next token is "=["
-    context.append(4)
-    lookup.offer(context, 0)
-    context.append(5)
-    offer = lookup.offer(context, 0)  # " [" ends as "=[" does: the source resumes after it
-    assert offer is not None and offer.bucket == REALIGN_BUCKET
-    assert lookup.draft(context, 3, GREEDY, rng).tokens == [3, 60, 61]
-    without_text = PromptLookupDrafter()  # without token texts only equal tokens realign
-    without_text.begin(prompt)
-    for k in range(len(prompt) + 13, len(context) + 1):
-        last = without_text.offer(context[:k], 0)
-    assert last is None or last.bucket != REALIGN_BUCKET
