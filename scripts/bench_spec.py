@@ -10,7 +10,7 @@ Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
   prose    free generation (an explanation): nothing to copy
   rename   rename a variable in a ~50-line Python file: the answer copies the input
   reformat reformat compact Python to PEP 8: the answer copies the input with
-           every line's whitespace and quotes changed
+           every line's indentation and spacing changed
   typo     fix the typos in a long paragraph: the answer copies the input
 Columns, run in interleaved rounds (the order rotates) on one target engine:
   plain    localrun's plain loop (decode.generate)
