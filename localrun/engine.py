@@ -22,7 +22,7 @@ import llama_cpp
 
 from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
 from localrun.ggufmeta import GGUFInfo, read_gguf
-from localrun.modelinfo import CONTEXT_STEP, ModelInfo, available_memory, describe
+from localrun.modelinfo import CONTEXT_STEP, N_UBATCH, ModelInfo, available_memory, describe
 
 DEFAULT_CTX = 4096
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
@@ -163,7 +163,7 @@ class EngineConfig:
     memory_budget: int | None = None  # bytes for weights + KV cache + compute; None: available RAM
     n_threads: int | None = None  # None: default_threads()
     n_batch: int = 2048
-    n_ubatch: int = 512
+    n_ubatch: int = N_UBATCH  # the memory estimates (localrun.modelinfo) assume it
     type_k: str = "f16"  # f16, q8_0 or q4_0
     type_v: str = "f16"
     flash_attn: str = "auto"  # auto, on or off

@@ -84,7 +84,8 @@ class PromptCache:
         """Make ``path`` the most recently used entry: its modification time
         after every other entry's (the file system's clock may tick coarser
         than a save and a hit apart)."""
-        newest = max((p.stat().st_mtime_ns for p in self.entries() if p != path), default=0)
+        others = self.directory.glob(f"*{SUFFIX}")
+        newest = max((p.stat().st_mtime_ns for p in others if p != path), default=0)
         stamp = max(time.time_ns(), newest + 1_000_000)  # 1 ms: kept by file systems storing microseconds
         os.utime(path, ns=(stamp, stamp))
 

@@ -130,21 +130,26 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
     engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn))
     flash_attn = engine.flash_attn  # what auto resolved to: every column runs with it
     tokens = engine.tokenize(PROMPT)
-    stock = llama_cpp.Llama(
-        model_path=str(model),
-        n_ctx=4096,
-        n_batch=2048,
-        n_ubatch=512,
-        n_threads=args.threads,
-        n_threads_batch=args.threads,
-        flash_attn=flash_attn != "off",  # auto: on, as llama.cpp settles it for the CPU
-        verbose=False,
+    stock = (
+        llama_cpp.Llama(
+            model_path=str(model),
+            n_ctx=4096,
+            n_batch=2048,
+            n_ubatch=512,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+            flash_attn=flash_attn != "off",  # auto: on, as llama.cpp settles it for the CPU
+            verbose=False,
+        )
+        if "stock" in args.columns
+        else None
     )
     runners: dict[str, Callable[[], Figures]] = {
         "localrun": lambda: bench_localrun(engine, tokens, args.tokens, "plain"),
         "panel": lambda: bench_localrun(engine, tokens, args.tokens, "panel"),
-        "stock": lambda: bench_stock(stock, tokens, args.tokens),
     }
+    if stock is not None:
+        runners["stock"] = lambda: bench_stock(stock, tokens, args.tokens)
     sampling_shares: list[float] = []
     if args.native:
         runners["native"] = lambda: bench_native(
@@ -170,7 +175,8 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
     if sampling_shares:
         share = statistics.median(sampling_shares)
         print(f"  native's sampling: {share:.1%} of its decode time (its own 'eval' figure leaves it out)")
-    stock.close()
+    if stock is not None:
+        stock.close()
     engine.close()
 
 
