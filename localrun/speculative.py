@@ -41,6 +41,7 @@ from localrun.errors import LocalrunError
 from localrun.events import DraftStats, Event, StopReason
 from localrun.spec_control import AdaptiveController, Controller, Plan
 from localrun.spec_sampling import check_draft, target_probs
+from localrun.textlookup import TextLookupDrafter
 
 _DECODE_OK, _DECODE_ABORTED = 0, 2
 DRAFT_CHOICES = ("auto", "none", "lookup")
@@ -98,16 +99,21 @@ class Speculation:
         self.close()
 
 
+def lookup_drafters(engine: Engine) -> list[Drafter]:
+    """Prompt lookup, by tokens and by text with its spacing set aside."""
+    return [PromptLookupDrafter(), TextLookupDrafter.for_engine(engine)]
+
+
 def open_speculation(engine: Engine, choice: str, draft_path: Path | None = None) -> Speculation | None:
     """The speculation `--draft CHOICE` asks for. ``choice``: none (None is
-    returned), lookup, auto (prompt lookup, plus ``draft_path`` if given: the
+    returned), lookup (`lookup_drafters`), auto (prompt lookup, plus ``draft_path`` if given: the
     model's matched draft, loaded only if the controller wants it), or anything
     else with ``draft_path`` naming that draft model (loaded now)."""
     if choice == "none":
         return None
     drafters: list[Drafter] = []
     if choice in ("auto", "lookup"):
-        drafters.append(PromptLookupDrafter())
+        drafters += lookup_drafters(engine)
     if choice != "lookup" and draft_path is not None:
         drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto"))
     return Speculation(drafters) if drafters else None

@@ -15,7 +15,8 @@ Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
 Columns, run in interleaved rounds (the order rotates) on one target engine:
   plain    localrun's plain loop (decode.generate)
   draft    the draft model, a fixed draft length (--draft-n), every step
-  lookup   prompt lookup under the adaptive controller
+  lookup   prompt lookup (by tokens, and by text with its spacing set aside)
+           under the adaptive controller: what `--draft lookup` does
   auto     what `--draft auto` does: lookup and the draft model, adaptive
 With --native PATH/TO/llama-speculative-simple, llama.cpp's own speculative
 decoding on the same templated prompt, greedy, its defaults otherwise:
@@ -52,12 +53,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.decode import Decoder, SamplingParams, generate
-from localrun.drafters import DraftModelDrafter, PromptLookupDrafter
+from localrun.drafters import DraftModelDrafter
 from localrun.engine import Engine, EngineConfig, default_threads
 from localrun.events import DraftStats, Event, Stats, TokenEvent
 from localrun.prompt import chat_template, prompt_tokens, render_messages
 from localrun.spec_control import FixedController
-from localrun.speculative import Speculation
+from localrun.speculative import Speculation, lookup_drafters
 
 MODELS = Path("/root/models")
 TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -315,9 +316,9 @@ def main() -> None:
     columns: dict[str, Callable[[list[int], int], Result]] = {
         "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
         "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
-        "lookup": lambda p, n: fresh(Speculation([PromptLookupDrafter()]), engine, decoder, p, n),
+        "lookup": lambda p, n: fresh(Speculation(lookup_drafters(engine)), engine, decoder, p, n),
         "auto": lambda p, n: fresh(
-            Speculation([PromptLookupDrafter(), DraftModelDrafter(args.draft, engine)]), engine, decoder, p, n
+            Speculation([*lookup_drafters(engine), DraftModelDrafter(args.draft, engine)]), engine, decoder, p, n
         ),
     }
     prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}
