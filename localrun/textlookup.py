@@ -80,7 +80,8 @@ class SpacingRules:
     their classes (word, operator, or the character itself); for a line
     start, the commonest for this indentation, else the indentation scaled
     the commonest way seen; the commonest after this class, or before it
-    (seen twice at least); else the source's own gap."""
+    (seen twice at least; not inside a word or an operator such as ``>=``,
+    which the source writes as one); else the source's own gap."""
 
     latest: dict[_Key, Gap] = field(default_factory=dict)
     votes: dict[object, dict[Gap, int]] = field(default_factory=dict)
@@ -114,7 +115,10 @@ class SpacingRules:
 
     def _voted(self, before: str, src_gap: str, after: str) -> Gap | None:
         b, a = char_class(before), char_class(after)
-        for key, least in (((b, src_gap, a), 1), (src_gap, 1), ((b, src_gap, "*"), 2), (("*", src_gap, a), 2)):
+        keys: list[tuple[object, int]] = [((b, src_gap, a), 1), (src_gap, 1)]
+        if b != a or src_gap:  # a word's characters, or an operator's (>=, **), are not split by analogy
+            keys += [((b, src_gap, "*"), 2), (("*", src_gap, a), 2)]
+        for key, least in keys:
             votes = self.votes.get(key)
             if votes and sum(votes.values()) >= least:
                 return max(votes, key=lambda g: votes[g])
@@ -211,6 +215,8 @@ class TextLookupDrafter:
         first = rules.predict(src[pos - 1], gaps[pos], src[pos], indent)
         # where the answer spaced it otherwise: a tokenizer that keeps a word's space puts the last one on it
         lead = first[len(self.trail) :] if first.startswith(self.trail) else " " if self.trail.endswith(" ") else ""
+        if (new_indent := indent_of(self.trail + lead)) is not None:
+            indent = new_indent
         parts = [lead, src[pos]]
         for k in range(pos + 1, min(pos + chars, len(src))):
             gap = rules.predict(src[k - 1], gaps[k], src[k], indent)

@@ -60,6 +60,7 @@ def write_tiny_model(
     eos_first: bool = False,
     bigram: bool = False,
     merges: list[str] | None = None,
+    loop: str = "",
 ) -> Path:
     """Write a model to ``path``.
 
@@ -69,8 +70,10 @@ def write_tiny_model(
     logit ties and greedy decoding picks token 0, the end-of-text token.
     ``bigram`` zeroes what attention and the feed-forward blocks add, so the
     next token depends on the current one alone: greedy text falls into a
-    loop, which prompt lookup can predict. ``merges`` replaces the BPE merges
-    (a different vocabulary)."""
+    loop, which prompt lookup can predict. ``loop`` (with ``bigram``; distinct
+    characters that no merge joins) makes that loop this text: each of its
+    byte tokens is followed by the next, cyclically. ``merges`` replaces the
+    BPE merges (a different vocabulary)."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(MERGES if merges is None else merges)
     n_vocab = len(tokens)
@@ -102,10 +105,15 @@ def write_tiny_model(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 
-    writer.add_tensor("token_embd.weight", rand(n_vocab, n_embd))
+    embd = rand(n_vocab, n_embd)
+    writer.add_tensor("token_embd.weight", embd)
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     output = np.zeros((n_vocab, n_embd), dtype=np.float32) if eos_first else rand(n_vocab, n_embd)
     output[: len(SPECIALS)] = 0.0
+    ids = [len(SPECIALS) + b for b in loop.encode()]
+    assert len(set(ids)) == len(ids), "a loop's characters must be distinct"
+    for current, following in zip(ids, ids[1:] + ids[:1], strict=True):
+        output[following] = 4.0 * embd[current]  # its logit after ``current`` beats every random one
     writer.add_tensor("output.weight", output)
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
