@@ -5,6 +5,8 @@
   occurrence that agrees with the most preceding tokens) and proposes what
   followed; costs microseconds and no model. When a long run of the input is
   being copied the agreement is long, and so the controller drafts long.
+- `TextLookupDrafter` (textlookup.py): lookup over the text with its
+  whitespace set aside, for answers that copy their input respaced.
 - `DraftModelDrafter`: a smaller model with the same vocabulary, with its own
   engine and KV cache kept in step with the target's accepted tokens (rolled
   back past rejected drafts). Loaded on first use unless asked for eagerly;
