@@ -18,7 +18,7 @@ keeps its own average; a size not tried yet is estimated from a line fitted
 to all verify batches (a fixed cost plus a cost per row), a little
 optimistically, so that it gets tried. Until something is measured it
 assumes the drafter's `Profile` (a draft model's step costs its size ratio to
-the target; lookup is free) and an extra verify row costing half a
+the target; lookup is free) and an extra verify row costing a third of a
 plain step.
 
 It keeps probing cheaply so it can change its mind when the text changes: a
@@ -37,7 +37,7 @@ from typing import Protocol
 
 from localrun.drafters import Draft, Offer, Profile
 
-PRIOR_VERIFY_SLOPE = 0.5  # an extra verify row, as a fraction of a plain step, until measured (0.5-0.7 on 2 cores here)
+PRIOR_VERIFY_SLOPE = 0.33  # an extra verify row, as a fraction of a plain step, until measured
 PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth
 ACCEPT_MEMORY = 0.9  # per use: older acceptance counts fade, so the estimate follows the text
 IDLE_FADE = 16  # ... and fade once more per this many steps the way was not used

@@ -24,6 +24,7 @@ from localrun.decode import SamplingParams
 from localrun.drafters import LOOKUP_MAX, Draft, Offer, Profile
 from localrun.engine import Engine
 
+BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there
 SYNC_CHARS = 10  # non-space characters that must match the source to take up copying it
 DRAFT_CHARS = 4 * LOOKUP_MAX + 16  # characters of source read for one draft: enough for its tokens
 # buckets by how many characters have been copied since the text last left the source
@@ -147,7 +148,8 @@ class TextLookupDrafter:
         return cls(engine.piece, lambda text: engine.tokenize(text, add_special=False, parse_special=False))
 
     def begin(self, context: Sequence[int]) -> None:
-        text = b"".join(self.piece(t) for t in context).decode("utf-8", errors="replace")
+        # a token that renders to nothing (a control token: a message's end) ends a stretch of source
+        text = b"".join(self.piece(t) or BOUNDARY.encode() for t in context).decode("utf-8", errors="replace")
         chars, self.src_gaps, _ = split_gaps(text)
         self.src = "".join(chars)
         self.n_prompt = self.n_read = len(context)
@@ -203,36 +205,44 @@ class TextLookupDrafter:
 
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         self._read(context)
-        if self.run < SYNC_CHARS or not 0 < self.pos < len(self.src):
+        if self.run < SYNC_CHARS or not 0 < self.pos < len(self.src) or self.src[self.pos] == BOUNDARY:
             return None
         bucket = sum(1 for edge in _BUCKET_EDGES if self.run >= edge)
         return Offer(index, bucket, LOOKUP_MAX)
 
-    def continuation(self, chars: int) -> str:
-        """The source's next ``chars`` characters, respaced, after what the answer has written."""
+    def continuation(self, chars: int) -> tuple[tuple[str, ...], str]:
+        """The source's next ``chars`` characters (up to a boundary), respaced:
+        the whitespace to write first (some choices, when the answer has
+        already written other whitespace than the rules predict), and the rest."""
         src, gaps, rules, pos = self.src, self.src_gaps, self.rules, self.pos
         indent = self.out_indent[-1] if self.out_indent else 0
         first = rules.predict(src[pos - 1], gaps[pos], src[pos], indent)
-        # where the answer spaced it otherwise: a tokenizer that keeps a word's space puts the last one on it
-        lead = first[len(self.trail) :] if first.startswith(self.trail) else " " if self.trail.endswith(" ") else ""
-        if (new_indent := indent_of(self.trail + lead)) is not None:
+        leads = (first[len(self.trail) :],) if first.startswith(self.trail) else ("", " ")
+        if (new_indent := indent_of(self.trail + leads[0])) is not None:
             indent = new_indent
-        parts = [lead, src[pos]]
+        parts = [src[pos]]
         for k in range(pos + 1, min(pos + chars, len(src))):
+            if src[k] == BOUNDARY:
+                break
             gap = rules.predict(src[k - 1], gaps[k], src[k], indent)
             if (new_indent := indent_of(gap)) is not None:
                 indent = new_indent
             parts.append(gap)
             parts.append(src[k])
-        return "".join(parts)
+        return leads, "".join(parts)
 
     def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
         t0 = time.perf_counter()
-        text = self.continuation(DRAFT_CHARS)
+        leads, rest = self.continuation(DRAFT_CHARS)
         last = self.piece(context[-1])
-        # tokenized after the last token's text, so the first new token splits where the model would split it
-        tokens = self.tokenize(last.decode("utf-8", errors="ignore") + text)
-        tokens = tokens[1:] if tokens and self.piece(tokens[0]) == last else self.tokenize(text)
+        # tokenized after the last token's text, so that the first new token splits where the model's would:
+        # the first lead with which the last token comes out whole (a space before a word or a digit
+        # goes with it or not, as the tokenizer has it)
+        for lead in leads:
+            tokens = self.tokenize(last.decode("utf-8", errors="ignore") + lead + rest)
+            if tokens and self.piece(tokens[0]) == last:
+                return Draft(tokens[1 : n + 1], steps_s=time.perf_counter() - t0)
+        tokens = self.tokenize(leads[0] + rest)
         return Draft(tokens[:n], steps_s=time.perf_counter() - t0)
 
     def close(self) -> None:

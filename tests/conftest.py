@@ -4,11 +4,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
+from localrun.events import Event, Stats, TokenEvent
 from tests.tinymodel import write_tiny_model
 
 # A shell that starts a background job without job control makes it ignore
@@ -88,3 +89,15 @@ def on_terminal(*args: str, rows: int = 30, cols: int = 100) -> tuple[int | None
     child.expect(pexpect.EOF)
     child.close()
     return child.exitstatus, child.before or ""
+
+
+def collect(events: Iterable[Event]) -> tuple[str, Stats]:
+    """A generation's text and its closing stats."""
+    text, stats = "", None
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            text += ev.text
+        else:
+            stats = ev.stats
+    assert stats is not None
+    return text, stats

@@ -12,9 +12,9 @@ import pytest
 from localrun.chat import ChatSession, read_conversation
 from localrun.decode import Decoder, SamplingParams, generate
 from localrun.engine import Engine, EngineConfig
-from localrun.events import DoneEvent, Stats, TokenEvent
+from localrun.events import Stats, TokenEvent
 from localrun.prompt import BUILTIN_TEMPLATES
-from tests.conftest import cli
+from tests.conftest import cli, collect
 from tests.tinymodel import CHATML, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -27,15 +27,7 @@ def engine(tiny_model: Path) -> Iterator[Engine]:
 
 
 def run_turn(session: ChatSession, text: str) -> tuple[str, Stats]:
-    plan = session.plan(text)
-    reply, stats = "", None
-    for ev in session.reply(plan):
-        if isinstance(ev, TokenEvent):
-            reply += ev.text
-        elif isinstance(ev, DoneEvent):
-            stats = ev.stats
-    assert stats is not None
-    return reply, stats
+    return collect(session.reply(session.plan(text)))
 
 
 def test_later_turns_evaluate_only_their_new_tokens(engine: Engine) -> None:

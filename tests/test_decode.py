@@ -11,6 +11,7 @@ from localrun.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
 from localrun.events import DoneEvent, Stats, TokenEvent
 from localrun.prompt import prompt_tokens
+from tests.conftest import collect
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -22,15 +23,7 @@ def engine(tiny_model: Path) -> Iterator[Engine]:
 
 
 def run(engine: Engine, prompt: str, sampling: SamplingParams = GREEDY, **kw: object) -> tuple[str, Stats]:
-    tokens = engine.tokenize(prompt)
-    text, stats = "", None
-    for ev in generate(engine, tokens, sampling, **kw):  # type: ignore[arg-type]
-        if isinstance(ev, TokenEvent):
-            text += ev.text
-        else:
-            stats = ev.stats
-    assert stats is not None
-    return text, stats
+    return collect(generate(engine, engine.tokenize(prompt), sampling, **kw))  # type: ignore[arg-type]
 
 
 def test_streams_until_max_tokens(engine: Engine) -> None:

@@ -9,10 +9,10 @@ import pytest
 
 from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig
-from localrun.events import DoneEvent, Stats, TokenEvent
+from localrun.events import Stats
 from localrun.prompt import build_prompt
 from localrun.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
-from tests.conftest import cli
+from tests.conftest import cli, collect
 from tests.tinymodel import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -26,14 +26,7 @@ def engine(tiny_model: Path) -> Iterator[Engine]:
 
 
 def run(engine: Engine, tokens: list[int], checkpoint: Checkpoint | None) -> tuple[str, Stats]:
-    text, stats = "", None
-    for ev in generate(engine, tokens, GREEDY, max_tokens=12, checkpoint=checkpoint):
-        if isinstance(ev, TokenEvent):
-            text += ev.text
-        elif isinstance(ev, DoneEvent):
-            stats = ev.stats
-    assert stats is not None
-    return text, stats
+    return collect(generate(engine, tokens, GREEDY, max_tokens=12, checkpoint=checkpoint))
 
 
 def test_shared_prefix_covers_the_material(engine: Engine) -> None:

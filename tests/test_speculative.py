@@ -22,12 +22,12 @@ from localrun.drafters import (
 )
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
-from localrun.events import DraftStats, Event, Stats, TokenEvent
+from localrun.events import DraftStats
 from localrun.ggufmeta import read_gguf, read_strings
 from localrun.spec_control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.spec_sampling import check_draft, target_probs
 from localrun.speculative import Speculation, open_speculation
-from tests.conftest import cli, on_terminal
+from tests.conftest import cli, collect, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -54,17 +54,6 @@ def engine(models: dict[str, Path]) -> Iterator[Engine]:
 def bigram(models: dict[str, Path]) -> Iterator[Engine]:
     with Engine(EngineConfig(model_path=models["bigram"], n_ctx=1024, n_threads=2)) as eng:
         yield eng
-
-
-def collect(events: Iterator[Event]) -> tuple[str, Stats]:
-    text, stats = "", None
-    for ev in events:
-        if isinstance(ev, TokenEvent):
-            text += ev.text
-        else:
-            stats = ev.stats
-    assert stats is not None
-    return text, stats
 
 
 def plain(engine: Engine, prompt: Sequence[int], sampling: SamplingParams = GREEDY, n: int = 300) -> str:

@@ -8,10 +8,11 @@ import pytest
 from localrun.decode import SamplingParams, generate
 from localrun.drafters import PromptLookupDrafter
 from localrun.engine import Engine, EngineConfig
-from localrun.events import DoneEvent, Stats, TokenEvent
+from localrun.events import Stats
 from localrun.spec_control import FixedController
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
+from tests.conftest import collect
 from tests.tinymodel import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -110,17 +111,8 @@ def loop_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 def run(engine: Engine, prompt: Sequence[int], spec: Speculation | None, n: int = 200) -> tuple[str, Stats]:
     if spec is None:
-        events = generate(engine, prompt, GREEDY, max_tokens=n)
-    else:
-        events = spec.generate(engine, prompt, GREEDY, max_tokens=n)
-    text, stats = "", None
-    for event in events:
-        if isinstance(event, TokenEvent):
-            text += event.text
-        elif isinstance(event, DoneEvent):
-            stats = event.stats
-    assert stats is not None
-    return text, stats
+        return collect(generate(engine, prompt, GREEDY, max_tokens=n))
+    return collect(spec.generate(engine, prompt, GREEDY, max_tokens=n))
 
 
 def test_text_lookup_follows_a_respaced_copy_losslessly(loop_model: Engine) -> None:
@@ -146,3 +138,15 @@ def test_lookup_choice_opens_both_lookups(loop_model: Engine) -> None:
     assert spec is not None
     assert [d.profile.name for d in spec.drafters] == ["lookup", "text-lookup"]
     spec.close()
+
+
+def test_text_lookup_stops_at_a_token_that_renders_to_nothing() -> None:
+    """A control token (a message's end) ends a stretch of source: a draft does not run across it."""
+    drafter = TextLookupDrafter(lambda t: b"" if t == 0 else chr(t).encode(), lambda text: [ord(c) for c in text])
+    prompt = [*ids("copy: alpha beta gamma"), 0, *ids("assistant"), 0]
+    drafter.begin(prompt)
+    context = [*prompt, *ids("alpha beta g")]
+    assert drafter.offer(context, 0) is not None
+    assert "".join(chr(t) for t in drafter.draft(context, 20, GREEDY, RNG).tokens) == "amma"
+    end = [*context, *ids("amma")]
+    assert drafter.offer(end, 0) is None
