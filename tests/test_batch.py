@@ -26,11 +26,11 @@ from localrun.batchrender import JsonlWriter
 from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
-from localrun.events import BatchProgress, SequenceDone, Stats, TokenEvent
+from localrun.events import BatchProgress, SequenceDone, Stats
 from localrun.ggufmeta import read_gguf
 from localrun.modelinfo import describe
 from localrun.prompt import prompt_tokens
-from tests.conftest import cli, on_terminal
+from tests.conftest import cli, collect, on_terminal
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["hello there", "the cat sat on the mat", "x", "in the beginning was", "on the", "a b c d e f", "what now"]
@@ -44,14 +44,7 @@ def single(tiny_model: Path) -> Iterator[Engine]:
 
 
 def alone(engine: Engine, tokens: list[int], sampling: SamplingParams = GREEDY, **kw: object) -> tuple[str, Stats]:
-    text, stats = "", None
-    for ev in generate(engine, tokens, sampling, **kw):  # type: ignore[arg-type]
-        if isinstance(ev, TokenEvent):
-            text += ev.text
-        else:
-            stats = ev.stats
-    assert stats is not None
-    return text, stats
+    return collect(generate(engine, tokens, sampling, **kw))  # type: ignore[arg-type]
 
 
 def batched(
