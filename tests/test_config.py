@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from localrun import config, paths, registry
+from localrun import config, paths
+from localrun.store import registry
 from localrun.errors import ConfigError
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model

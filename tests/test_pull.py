@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun import registry
+from localrun.store import registry
 from tests.conftest import cli, on_terminal
 from tests.fakehub import HubState, serve
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from localrun import registry, store
+from localrun import store
+from localrun.store import registry
 from localrun.errors import ModelNotFoundError, RegistryError
 
 GOOD = """

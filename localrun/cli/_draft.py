@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from localrun import registry, store
+from localrun import store
+from localrun.store import registry
 from localrun.cli.models import resolve_model
 from localrun.config import load as load_config
 from localrun.engine import Engine

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from localrun import bench as core
-from localrun import benchview, registry, store
+from localrun import benchview, store
+from localrun.store import registry
 from localrun.cli import _options as opt
 from localrun.cli._errors import error_boundary
 from localrun.cli.models import resolve_model

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from localrun import registry as registry_mod
+from localrun.store import registry as registry_mod
 from localrun import store
 from localrun.cli._errors import error_boundary
 from localrun.errors import UsageError

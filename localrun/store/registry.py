@@ -9,6 +9,7 @@ file, the entry and the reason.
 from __future__ import annotations
 
 import tomllib
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,8 @@ from localrun.errors import ModelNotFoundError, RegistryError
 
 
 def shipped_file() -> Path:
-    """In an installed wheel the file sits in the package; in a checkout, at the top."""
-    packaged = Path(__file__).with_name("models.toml")
-    return packaged if packaged.exists() else Path(__file__).resolve().parent.parent / "models.toml"
+    """The models.toml this package ships (package data)."""
+    return Path(str(resources.files(__package__ or "localrun.store").joinpath("models.toml")))
 
 
 _ENTRY_KEYS = {"repo", "file", "quant", "draft", "default_tag", "mirrors", "defaults", "description"}

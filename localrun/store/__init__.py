@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from localrun import hub, paths
-from localrun import mirror as mirror_source
+from localrun import paths
+from localrun.store import hub
+from localrun.store import mirror as mirror_source
 from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError, UsageError
-from localrun.registry import ModelEntry, Registry
+from localrun.store.registry import ModelEntry, Registry
 
 Source = Literal["auto", "hub", "mirror"]
 Progress = Callable[[str, int, int | None], None]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localrun.errors import DownloadError, SourceUnreachableError
-from localrun.registry import Mirror
+from localrun.store.registry import Mirror
 
 Progress = Callable[[str, int, int | None], None]  # (description, bytes done, bytes total)
 _CHUNK = 1 << 20
