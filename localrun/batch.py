@@ -28,7 +28,7 @@ from localrun.decode import Decoder, Sampler, SamplingParams, TokenOutput
 from localrun.engine import Engine
 from localrun.errors import ContextOverflowError, EngineError
 from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone
-from localrun.modelinfo import CONTEXT_STEP, ModelInfo
+from localrun.gguf.info import CONTEXT_STEP, ModelInfo
 
 DEFAULT_MAX_PARALLEL = 16  # on 2 cores, aggregate speed grows little past this (11.9 / 21.3 / 25.1 tok/s at 1 / 4 / 16)
 _DECODE_OK, _DECODE_ABORTED = 0, 2

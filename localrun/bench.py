@@ -32,8 +32,8 @@ from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig, Weights, default_threads, memory_budget
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
-from localrun.ggufmeta import read_gguf
-from localrun.modelinfo import CONTEXT_STEP, ModelInfo, describe
+from localrun.gguf.reader import read_gguf
+from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.perplexity import REFERENCE_TEXT, Perplexity, perplexity
 from localrun.prompt import prompt_tokens
 

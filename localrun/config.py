@@ -30,7 +30,7 @@ from typing import Any
 
 from localrun import paths
 from localrun.errors import ConfigError
-from localrun.modelinfo import KV_BYTES_PER_ELEMENT, parse_size
+from localrun.gguf.info import KV_BYTES_PER_ELEMENT, parse_size
 
 FLASH_ATTN_MODES = ("auto", "on", "off")
 

@@ -30,7 +30,7 @@ import numpy as np
 from localrun.decode import Decoder, SamplingParams
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
-from localrun.ggufmeta import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
+from localrun.gguf.reader import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
 from localrun.spec_sampling import Probs, sample, target_probs
 
 LOOKUP_MAX = 32  # the longest draft prompt lookup offers

@@ -21,8 +21,8 @@ from typing import Any, Self
 import llama_cpp
 
 from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
-from localrun.ggufmeta import GGUFInfo, read_gguf
-from localrun.modelinfo import CONTEXT_STEP, N_UBATCH, ModelInfo, available_memory, describe
+from localrun.gguf.reader import GGUFInfo, read_gguf
+from localrun.gguf.info import CONTEXT_STEP, N_UBATCH, ModelInfo, available_memory, describe
 
 DEFAULT_CTX = 4096
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer

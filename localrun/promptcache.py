@@ -27,7 +27,7 @@ from localrun import paths
 from localrun.decode import Decoder
 from localrun.engine import Engine
 from localrun.errors import UsageError
-from localrun.modelinfo import parse_size
+from localrun.gguf.info import parse_size
 from localrun.prompt import Prompt
 
 MAGIC = b"localrun-prompt-cache/1\n"

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from localrun.engine import _init_backend, default_threads, set_verbose
 from localrun.errors import BadModelError, EngineError, UsageError
-from localrun.ggufmeta import read_gguf
+from localrun.gguf.reader import read_gguf
 
 # The file types offered: name -> llama_ftype (the names llama.cpp's quantize tool uses, lower case)
 QUANT_TYPES: dict[str, int] = {

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.engine import Engine, EngineConfig
-from localrun.ggufmeta import read_gguf
-from localrun.modelinfo import KV_BYTES_PER_ELEMENT, describe, parse_size
+from localrun.gguf.reader import read_gguf
+from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe, parse_size
 from localrun.perplexity import perplexity as measure_perplexity
 
 

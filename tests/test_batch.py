@@ -27,8 +27,8 @@ from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
 from localrun.events import BatchProgress, SequenceDone, Stats
-from localrun.ggufmeta import read_gguf
-from localrun.modelinfo import describe
+from localrun.gguf.reader import read_gguf
+from localrun.gguf.info import describe
 from localrun.prompt import prompt_tokens
 from tests.conftest import cli, collect, on_terminal
 

@@ -13,7 +13,7 @@ from localrun import bench, config, engine
 from localrun.benchstats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
 from localrun.decode import SamplingParams, generate
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
-from localrun.ggufmeta import GGUFInfo
+from localrun.gguf.reader import GGUFInfo
 from localrun.quantize import quantize
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
@@ -366,7 +366,7 @@ def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str
 
     from localrun.decode import SamplingParams, generate
     from localrun.engine import Engine, EngineConfig
-    from localrun.ggufmeta import read_gguf
+    from localrun.gguf.reader import read_gguf
 
     out = tmp_path / "out-q8_0.gguf"
     res = cli("quantize", str(weights["f32"]), str(out), "--type", "q8_0")

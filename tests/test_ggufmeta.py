@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import BadModelError, ModelNotFoundError
-from localrun.ggufmeta import read_gguf
+from localrun.gguf.reader import read_gguf
 from tests.tinymodel import vocabulary
 
 

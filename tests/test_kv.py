@@ -8,8 +8,8 @@ from localrun.decode import SamplingParams, generate
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import UsageError
 from localrun.events import DoneEvent
-from localrun.ggufmeta import read_gguf
-from localrun.modelinfo import describe
+from localrun.gguf.reader import read_gguf
+from localrun.gguf.info import describe
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
 

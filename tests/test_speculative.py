@@ -23,7 +23,7 @@ from localrun.drafters import (
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.events import DraftStats
-from localrun.ggufmeta import read_gguf, read_strings
+from localrun.gguf.reader import read_gguf, read_strings
 from localrun.spec_control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.spec_sampling import check_draft, target_probs
 from localrun.speculative import Speculation, open_speculation

@@ -13,7 +13,7 @@ from localrun.config import load as load_config
 from localrun.decode import SamplingParams
 from localrun.engine import Engine, EngineConfig
 from localrun.errors import UsageError
-from localrun.ggufmeta import GGUFInfo, read_gguf
+from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.store import Target
 
 Model = Annotated[

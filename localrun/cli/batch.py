@@ -23,8 +23,8 @@ from localrun.decode import SamplingParams
 from localrun.engine import DEFAULT_CTX, Engine, EngineConfig, memory_budget
 from localrun.errors import BadModelError, LocalrunError, UsageError
 from localrun.events import BatchProgress, SequenceDone
-from localrun.ggufmeta import GGUFInfo
-from localrun.modelinfo import CONTEXT_STEP, describe
+from localrun.gguf.reader import GGUFInfo
+from localrun.gguf.info import CONTEXT_STEP, describe
 from localrun.prompt import chat_tokens, compose, prompt_tokens
 
 

@@ -20,7 +20,7 @@ from localrun.cli.models import resolve_model
 from localrun.config import load as load_config
 from localrun.config import save_defaults
 from localrun.errors import UsageError
-from localrun.modelinfo import parse_size
+from localrun.gguf.info import parse_size
 from localrun.quantize import QUANT_TYPES, quantize
 from localrun.render import human_bytes
 

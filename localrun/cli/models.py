@@ -16,8 +16,8 @@ from localrun.store import registry as registry_mod
 from localrun import store
 from localrun.cli._errors import error_boundary
 from localrun.errors import UsageError
-from localrun.ggufmeta import read_gguf
-from localrun.modelinfo import KV_BYTES_PER_ELEMENT, available_memory, describe, parse_size
+from localrun.gguf.reader import read_gguf
+from localrun.gguf.info import KV_BYTES_PER_ELEMENT, available_memory, describe, parse_size
 from localrun.render import PullProgress, human_bytes
 
 _AUTO_FA = {

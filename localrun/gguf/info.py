@@ -13,7 +13,7 @@ from typing import Any
 
 from gguf import LlamaFileType
 
-from localrun.ggufmeta import GGUFInfo
+from localrun.gguf.reader import GGUFInfo
 
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 CONTEXT_STEP = 256
