@@ -16,7 +16,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from localrun.batchinput import LineId
+from localrun.runtime.batch.input import LineId
 from localrun.events import BatchProgress, SequenceDone
 
 Record = dict[str, Any]

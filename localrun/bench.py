@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from localrun.benchstats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
-from localrun.decode import SamplingParams, generate
-from localrun.engine import Engine, EngineConfig, Weights, default_threads, memory_budget
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig, Weights, default_threads, memory_budget
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.gguf.reader import read_gguf
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
-from localrun.perplexity import REFERENCE_TEXT, Perplexity, perplexity
-from localrun.prompt import prompt_tokens
+from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
+from localrun.runtime.prompt import prompt_tokens
 
 PROMPTS = (
     "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one sorted list "
@@ -293,7 +293,7 @@ class Bench:
         included, goes in ``extra["total_tokens_per_s"]``. A sequence's token
         times are its mean step time (the batch loop does not time single
         tokens)."""
-        from localrun.batch import BatchRequest, run_batch, slot_context
+        from localrun.runtime.batch.scheduler import BatchRequest, run_batch, slot_context
 
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)

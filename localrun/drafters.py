@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localrun.decode import Decoder, SamplingParams
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.decode import Decoder, SamplingParams
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.gguf.reader import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
 from localrun.spec_sampling import Probs, sample, target_probs

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localrun.decode import Checkpoint, Decoder, Sampler, SamplingParams, TokenOutput
+from localrun.runtime.decode import Checkpoint, Decoder, Sampler, SamplingParams, TokenOutput
 from localrun.drafters import Draft, Drafter, DraftModelDrafter, Offer, PromptLookupDrafter
-from localrun.engine import Engine
+from localrun.runtime.engine import Engine
 from localrun.errors import LocalrunError
 from localrun.events import DraftStats, Event, StopReason
 from localrun.spec_control import AdaptiveController, Controller, Plan

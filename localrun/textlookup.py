@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localrun.decode import SamplingParams
+from localrun.runtime.decode import SamplingParams
 from localrun.drafters import LOOKUP_MAX, Draft, Offer, Profile
-from localrun.engine import Engine
+from localrun.runtime.engine import Engine
 
 BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there
 SYNC_CHARS = 10  # non-space characters that must match the source to take up copying it

@@ -7,7 +7,7 @@
 1. batch vs one by one: the same prompts of mixed length (one system prompt,
    greedy, up to --tokens each) through `localrun generate --batch` with its
    default --parallel, and one after another through localrun's own loop
-   (`localrun.decode.generate`, one decoder, so the system prompt is reused
+   (`localrun.runtime.decode.generate`, one decoder, so the system prompt is reused
    there too). Aggregate tokens/sec = generated tokens / wall time of the
    generation (model load and tokenization left out of both). It also counts
    how many texts are identical in the two runs (greedy decoding).
@@ -36,11 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localrun.batch import BatchRequest, run_batch
-from localrun.decode import Decoder, SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.batch.scheduler import BatchRequest, run_batch
+from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import BatchProgress, DoneEvent, TokenEvent
-from localrun.prompt import prompt_tokens
+from localrun.runtime.prompt import prompt_tokens
 
 DEFAULT_MODEL = Path("/root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 SYSTEM = "You are a concise coding assistant. Answer with short, correct code and at most two sentences."

@@ -15,12 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localrun.chat import ChatSession
-from localrun.decode import Decoder, SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.chat import ChatSession
+from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import DoneEvent, Stats
-from localrun.prompt import build_prompt, chat_template
-from localrun.promptcache import PromptCache
+from localrun.runtime.prompt import build_prompt, chat_template
+from localrun.runtime.promptcache import PromptCache
 
 GREEDY = SamplingParams(temperature=0.0)
 DEFAULT_MODEL = Path("/root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")

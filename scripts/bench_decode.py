@@ -6,7 +6,7 @@
         [--columns panel,stock,native] [--flash-attn auto|on|off]
 
 Columns, each the median of --reps interleaved runs on the same greedy prompt:
-  localrun     localrun's own loop (localrun.decode.generate), text into a pipe
+  localrun     localrun's own loop (localrun.runtime.decode.generate), text into a pipe
   panel        the same loop rendered by the Rich live panel into a fake terminal
   stock        llama-cpp-python's own path (Llama.generate)
   native       llama.cpp's llama-completion binary, when --native is given; its
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_cpp
 from rich.console import Console
 
-from localrun.decode import SamplingParams, generate
-from localrun.engine import Engine, EngineConfig, default_threads
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig, default_threads
 from localrun.events import Stats
 from localrun.render import LiveRenderer, PlainRenderer
 

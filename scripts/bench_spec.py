@@ -52,11 +52,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localrun.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.drafters import DraftModelDrafter
-from localrun.engine import Engine, EngineConfig, default_threads
+from localrun.runtime.engine import Engine, EngineConfig, default_threads
 from localrun.events import DraftStats, Event, Stats, TokenEvent
-from localrun.prompt import chat_template, prompt_tokens, render_messages
+from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
 from localrun.spec_control import FixedController
 from localrun.speculative import Speculation, lookup_drafters
 

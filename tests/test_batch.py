@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from localrun.batch import (
+from localrun.runtime.batch.scheduler import (
     DEFAULT_MAX_PARALLEL,
     BatchRequest,
     default_parallel,
@@ -21,15 +21,15 @@ from localrun.batch import (
     shared_prefix,
     slot_context,
 )
-from localrun.batchinput import finished_ids, read_lines
+from localrun.runtime.batch.input import finished_ids, read_lines
 from localrun.batchrender import JsonlWriter
-from localrun.decode import SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
 from localrun.events import BatchProgress, SequenceDone, Stats
 from localrun.gguf.reader import read_gguf
 from localrun.gguf.info import describe
-from localrun.prompt import prompt_tokens
+from localrun.runtime.prompt import prompt_tokens
 from tests.conftest import cli, collect, on_terminal
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localrun import bench, config, engine
+from localrun import bench, config
+from localrun.runtime import engine
 from localrun.benchstats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
-from localrun.decode import SamplingParams, generate
+from localrun.runtime.decode import SamplingParams, generate
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
-from localrun.quantize import quantize
+from localrun.runtime.quantize import quantize
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
 
@@ -364,8 +365,8 @@ def test_bench_usage_errors(tiny_model: Path) -> None:
 def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str, Path], tmp_path: Path) -> None:
     from gguf import GGMLQuantizationType, LlamaFileType
 
-    from localrun.decode import SamplingParams, generate
-    from localrun.engine import Engine, EngineConfig
+    from localrun.runtime.decode import SamplingParams, generate
+    from localrun.runtime.engine import Engine, EngineConfig
     from localrun.gguf.reader import read_gguf
 
     out = tmp_path / "out-q8_0.gguf"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from localrun.chat import ChatSession, read_conversation
-from localrun.decode import Decoder, SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.chat import ChatSession, read_conversation
+from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import Stats, TokenEvent
-from localrun.prompt import BUILTIN_TEMPLATES
+from localrun.runtime.prompt import BUILTIN_TEMPLATES
 from tests.conftest import cli, collect
 from tests.tinymodel import CHATML, write_tiny_model
 

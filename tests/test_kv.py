@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from localrun.decode import SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import UsageError
 from localrun.events import DoneEvent
 from localrun.gguf.reader import read_gguf

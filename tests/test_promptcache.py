@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from localrun.decode import SamplingParams, generate
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import Stats
-from localrun.prompt import build_prompt
-from localrun.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
+from localrun.runtime.prompt import build_prompt
+from localrun.runtime.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
 from tests.conftest import cli, collect
 from tests.tinymodel import write_tiny_model
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localrun.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.drafters import (
     MODEL_MAX,
     RESUME_BUCKET,
@@ -20,7 +20,7 @@ from localrun.drafters import (
     check_draft_compatible,
     match_bucket,
 )
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.events import DraftStats
 from localrun.gguf.reader import read_gguf, read_strings

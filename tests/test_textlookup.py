@@ -5,9 +5,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from localrun.decode import SamplingParams, generate
+from localrun.runtime.decode import SamplingParams, generate
 from localrun.drafters import PromptLookupDrafter
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import Stats
 from localrun.spec_control import FixedController
 from localrun.speculative import Speculation, lookup_drafters, open_speculation

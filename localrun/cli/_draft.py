@@ -14,7 +14,7 @@ from localrun import store
 from localrun.store import registry
 from localrun.cli.models import resolve_model
 from localrun.config import load as load_config
-from localrun.engine import Engine
+from localrun.runtime.engine import Engine
 from localrun.errors import LocalrunError
 from localrun.speculative import Speculation, open_speculation
 

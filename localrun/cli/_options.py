@@ -10,8 +10,8 @@ import typer
 
 from localrun.cli.models import resolve_model
 from localrun.config import load as load_config
-from localrun.decode import SamplingParams
-from localrun.engine import Engine, EngineConfig
+from localrun.runtime.decode import SamplingParams
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import UsageError
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.store import Target

@@ -14,18 +14,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from localrun.batch import BatchRequest, default_parallel, parallel_that_fits, run_batch, slot_context
-from localrun.batchinput import BatchLine, LineId, finished_ids, read_lines
+from localrun.runtime.batch.scheduler import BatchRequest, default_parallel, parallel_that_fits, run_batch, slot_context
+from localrun.runtime.batch.input import BatchLine, LineId, finished_ids, read_lines
 from localrun.batchrender import BatchProgressBar, JsonlWriter, error_record, result_record, summary
 from localrun.cli._errors import ExitCode
 from localrun.cli.generate import ctrl_c_stops
-from localrun.decode import SamplingParams
-from localrun.engine import DEFAULT_CTX, Engine, EngineConfig, memory_budget
+from localrun.runtime.decode import SamplingParams
+from localrun.runtime.engine import DEFAULT_CTX, Engine, EngineConfig, memory_budget
 from localrun.errors import BadModelError, LocalrunError, UsageError
 from localrun.events import BatchProgress, SequenceDone
 from localrun.gguf.reader import GGUFInfo
 from localrun.gguf.info import CONTEXT_STEP, describe
-from localrun.prompt import chat_tokens, compose, prompt_tokens
+from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
 
 
 @dataclass(frozen=True)

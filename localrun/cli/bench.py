@@ -21,7 +21,7 @@ from localrun.config import load as load_config
 from localrun.config import save_defaults
 from localrun.errors import UsageError
 from localrun.gguf.info import parse_size
-from localrun.quantize import QUANT_TYPES, quantize
+from localrun.runtime.quantize import QUANT_TYPES, quantize
 from localrun.render import human_bytes
 
 

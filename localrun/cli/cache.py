@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from localrun.cli._errors import error_boundary
-from localrun.promptcache import default_cache
+from localrun.runtime.promptcache import default_cache
 from localrun.render import human_bytes
 
 app = typer.Typer(help="The prompt cache (KV state of long prompt prefixes, on disk).", no_args_is_help=True)

@@ -24,14 +24,14 @@ import typer
 from rich.console import Console
 
 from localrun import paths
-from localrun.chat import ChatSession, read_conversation
+from localrun.runtime.chat import ChatSession, read_conversation
 from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, open_draft
 from localrun.cli._errors import ExitCode, error_boundary
 from localrun.cli.generate import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
-from localrun.prompt import BUILTIN_TEMPLATES, chat_template
+from localrun.runtime.prompt import BUILTIN_TEMPLATES, chat_template
 from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
 
 MULTILINE = '"""'

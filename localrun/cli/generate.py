@@ -18,11 +18,11 @@ from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, open_draft
 from localrun.cli._errors import ExitCode, error_boundary
 from localrun.config import load as load_config
-from localrun.decode import generate as run_generation
-from localrun.engine import Engine
+from localrun.runtime.decode import generate as run_generation
+from localrun.runtime.engine import Engine
 from localrun.errors import UsageError
-from localrun.prompt import build_prompt, compose
-from localrun.promptcache import checkpoint_for
+from localrun.runtime.prompt import build_prompt, compose
+from localrun.runtime.promptcache import checkpoint_for
 from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
 
 

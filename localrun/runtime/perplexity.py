@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localrun.decode import Decoder
-from localrun.engine import Engine
+from localrun.runtime.decode import Decoder
+from localrun.runtime.engine import Engine
 
 # A fixed English text shipped with localrun, so that `localrun bench`
 # measures every setting on the same tokens on any machine.

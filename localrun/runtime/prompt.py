@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localrun.engine import Engine
+from localrun.runtime.engine import Engine
 from localrun.errors import BadModelError, UsageError
 
 Message = dict[str, str]

@@ -24,11 +24,11 @@ from typing import Literal
 import llama_cpp
 
 from localrun import paths
-from localrun.decode import Decoder
-from localrun.engine import Engine
+from localrun.runtime.decode import Decoder
+from localrun.runtime.engine import Engine
 from localrun.errors import UsageError
 from localrun.gguf.info import parse_size
-from localrun.prompt import Prompt
+from localrun.runtime.prompt import Prompt
 
 MAGIC = b"localrun-prompt-cache/1\n"
 SUFFIX = ".kv"

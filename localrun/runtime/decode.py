@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import llama_cpp
 import numpy as np
 
-from localrun.engine import Engine
+from localrun.runtime.engine import Engine
 from localrun.errors import EngineError
 from localrun.events import DoneEvent, Event, Stats, StopReason, TokenEvent
 

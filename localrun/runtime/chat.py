@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.decode import Decoder, SamplingParams, generate
-from localrun.engine import Engine
+from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.engine import Engine
 from localrun.errors import UsageError
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
-from localrun.prompt import Message, render_messages, tokenize_rendered
+from localrun.runtime.prompt import Message, render_messages, tokenize_rendered
 from localrun.speculative import Speculation
 
 REPLY_RESERVE = 512  # context kept free for a reply when older turns must go

@@ -19,7 +19,7 @@ from pathlib import Path
 import llama_cpp
 from gguf import GGMLQuantizationType, LlamaFileType
 
-from localrun.engine import _init_backend, default_threads, set_verbose
+from localrun.runtime.engine import _init_backend, default_threads, set_verbose
 from localrun.errors import BadModelError, EngineError, UsageError
 from localrun.gguf.reader import read_gguf
 

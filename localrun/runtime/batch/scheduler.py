@@ -24,8 +24,8 @@ from typing import Any
 
 import llama_cpp
 
-from localrun.decode import Decoder, Sampler, SamplingParams, TokenOutput
-from localrun.engine import Engine
+from localrun.runtime.decode import Decoder, Sampler, SamplingParams, TokenOutput
+from localrun.runtime.engine import Engine
 from localrun.errors import ContextOverflowError, EngineError
 from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo
