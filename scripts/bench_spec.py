@@ -53,11 +53,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.runtime.decode import Decoder, SamplingParams, generate
-from localrun.drafters import DraftModelDrafter
+from localrun.speculative.drafters import DraftModelDrafter
 from localrun.runtime.engine import Engine, EngineConfig, default_threads
 from localrun.events import DraftStats, Event, Stats, TokenEvent
 from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
-from localrun.spec_control import FixedController
+from localrun.speculative.control import FixedController
 from localrun.speculative import Speculation, lookup_drafters
 
 MODELS = Path("/root/models")

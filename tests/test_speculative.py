@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from localrun.runtime.decode import Decoder, SamplingParams, generate
-from localrun.drafters import (
+from localrun.speculative.drafters import (
     MODEL_MAX,
     RESUME_BUCKET,
     Draft,
@@ -24,8 +24,8 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.events import DraftStats
 from localrun.gguf.reader import read_gguf, read_strings
-from localrun.spec_control import PLAIN, AdaptiveController, FixedController, Plan
-from localrun.spec_sampling import check_draft, target_probs
+from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
+from localrun.speculative.sampling import check_draft, target_probs
 from localrun.speculative import Speculation, open_speculation
 from tests.conftest import cli, collect, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model

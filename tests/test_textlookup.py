@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from localrun.runtime.decode import SamplingParams, generate
-from localrun.drafters import PromptLookupDrafter
+from localrun.speculative.drafters import PromptLookupDrafter
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import Stats
-from localrun.spec_control import FixedController
+from localrun.speculative.control import FixedController
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
-from localrun.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
+from localrun.speculative.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
 from tests.conftest import collect
 from tests.tinymodel import write_tiny_model
 

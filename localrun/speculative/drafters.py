@@ -31,7 +31,7 @@ from localrun.runtime.decode import Decoder, SamplingParams
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.gguf.reader import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
-from localrun.spec_sampling import Probs, sample, target_probs
+from localrun.speculative.sampling import Probs, sample, target_probs
 
 LOOKUP_MAX = 32  # the longest draft prompt lookup offers
 MODEL_MAX = 8  # the longest draft a draft model offers

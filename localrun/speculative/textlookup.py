@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localrun.runtime.decode import SamplingParams
-from localrun.drafters import LOOKUP_MAX, Draft, Offer, Profile
+from localrun.speculative.drafters import LOOKUP_MAX, Draft, Offer, Profile
 from localrun.runtime.engine import Engine
 
 BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there

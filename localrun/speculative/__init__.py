@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from localrun.runtime.decode import Checkpoint, Decoder, Sampler, SamplingParams, TokenOutput
-from localrun.drafters import Draft, Drafter, DraftModelDrafter, Offer, PromptLookupDrafter
+from localrun.speculative.drafters import Draft, Drafter, DraftModelDrafter, Offer, PromptLookupDrafter
 from localrun.runtime.engine import Engine
 from localrun.errors import LocalrunError
 from localrun.events import DraftStats, Event, StopReason
-from localrun.spec_control import AdaptiveController, Controller, Plan
-from localrun.spec_sampling import check_draft, target_probs
-from localrun.textlookup import TextLookupDrafter
+from localrun.speculative.control import AdaptiveController, Controller, Plan
+from localrun.speculative.sampling import check_draft, target_probs
+from localrun.speculative.textlookup import TextLookupDrafter
 
 _DECODE_OK, _DECODE_ABORTED = 0, 2
 DRAFT_CHOICES = ("auto", "none", "lookup")
