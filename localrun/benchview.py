@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from localrun import bench
-from localrun.benchstats import Row
+from localrun.bench.stats import Row
 from localrun.render import human_bytes
 from localrun.svgchart import Bar, bar_chart
 

@@ -11,7 +11,7 @@ import pytest
 
 from localrun import bench, config
 from localrun.runtime import engine
-from localrun.benchstats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
+from localrun.bench.stats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo

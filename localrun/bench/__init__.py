@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.benchstats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
+from localrun.bench.stats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig, Weights, default_threads, memory_budget
 from localrun.errors import LocalrunError, UsageError
