@@ -37,7 +37,7 @@ from rich.console import Console
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig, default_threads
 from localrun.events import Stats
-from localrun.render import LiveRenderer, PlainRenderer
+from localrun.ui.stream import LiveRenderer, PlainRenderer
 
 PROMPT = (
     "Below is a long technical article about how computers store and process numbers, "

@@ -22,7 +22,7 @@ from localrun.runtime.batch.scheduler import (
     slot_context,
 )
 from localrun.runtime.batch.input import finished_ids, read_lines
-from localrun.batchrender import JsonlWriter
+from localrun.ui.batch import JsonlWriter
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError

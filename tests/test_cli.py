@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localrun.events import DraftStats
-from localrun.render import footer
+from localrun.ui.stream import footer
 from tests.conftest import cli, on_terminal
 
 ANSI = "\x1b"

@@ -16,7 +16,7 @@ from typing import IO
 
 from localrun.runtime.batch.scheduler import BatchRequest, default_parallel, parallel_that_fits, run_batch, slot_context
 from localrun.runtime.batch.input import BatchLine, LineId, finished_ids, read_lines
-from localrun.batchrender import BatchProgressBar, JsonlWriter, error_record, result_record, summary
+from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_record, result_record, summary
 from localrun.cli._errors import ExitCode
 from localrun.cli.generate import ctrl_c_stops
 from localrun.runtime.decode import SamplingParams

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from localrun import bench as core
-from localrun import benchview, store
+from localrun import store
+from localrun.ui import bench as benchview
 from localrun.store import registry
 from localrun.cli import _options as opt
 from localrun.cli._errors import error_boundary
@@ -22,7 +23,7 @@ from localrun.config import save_defaults
 from localrun.errors import UsageError
 from localrun.gguf.info import parse_size
 from localrun.runtime.quantize import QUANT_TYPES, quantize
-from localrun.render import human_bytes
+from localrun.ui.stream import human_bytes
 
 
 def _stdout_console() -> Console:

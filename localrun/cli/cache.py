@@ -9,7 +9,7 @@ import typer
 
 from localrun.cli._errors import error_boundary
 from localrun.runtime.promptcache import default_cache
-from localrun.render import human_bytes
+from localrun.ui.stream import human_bytes
 
 app = typer.Typer(help="The prompt cache (KV state of long prompt prefixes, on disk).", no_args_is_help=True)
 

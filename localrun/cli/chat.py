@@ -32,7 +32,7 @@ from localrun.cli.generate import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
 from localrun.runtime.prompt import BUILTIN_TEMPLATES, chat_template
-from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
+from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
 
 MULTILINE = '"""'
 

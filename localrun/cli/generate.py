@@ -23,7 +23,7 @@ from localrun.runtime.engine import Engine
 from localrun.errors import UsageError
 from localrun.runtime.prompt import build_prompt, compose
 from localrun.runtime.promptcache import checkpoint_for
-from localrun.render import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
+from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
 
 
 def read_prompt(argument: str | None) -> tuple[str | None, str | None]:

@@ -18,7 +18,7 @@ from localrun.cli._errors import error_boundary
 from localrun.errors import UsageError
 from localrun.gguf.reader import read_gguf
 from localrun.gguf.info import KV_BYTES_PER_ELEMENT, available_memory, describe, parse_size
-from localrun.render import PullProgress, human_bytes
+from localrun.ui.stream import PullProgress, human_bytes
 
 _AUTO_FA = {
     "off": "off with an f16 cache (small heads: the unfused path decodes faster), on with a quantized V",
