@@ -1,3 +1,3 @@
 from localrun.cli import main
 
-main()
+raise SystemExit(main())

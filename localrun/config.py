@@ -20,8 +20,6 @@ atomically (`localrun bench --save-defaults` writes it).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,7 +28,8 @@ from typing import Any
 
 from localrun import paths
 from localrun.errors import ConfigError
-from localrun.gguf.info import KV_BYTES_PER_ELEMENT, parse_size
+from localrun.gguf.info import KV_BYTES_PER_ELEMENT
+from localrun.units import parse_size
 
 FLASH_ATTN_MODES = ("auto", "on", "off")
 
@@ -150,12 +149,5 @@ def save_defaults(values: Mapping[str, Any], path: Path | None = None) -> Path:
     lines = ["# localrun user defaults: see `localrun bench --save-defaults` and the README", "[defaults]"]
     lines += [f"{key} = {_toml_value(merged[key])}" for key in KEYS if key in merged]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write("\n".join(lines) + "\n")
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    paths.atomic_write(path, "\n".join(lines) + "\n")
     return path

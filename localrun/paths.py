@@ -7,6 +7,7 @@ the XDG base directories apply.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -28,3 +29,18 @@ def cache_dir() -> Path:
 
 def data_dir() -> Path:
     return _base("XDG_DATA_HOME", ".local/share", "data")
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: a temporary file in the same
+    folder, then a rename. The folder must exist (a missing one is the
+    user's to create: the OSError names it)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

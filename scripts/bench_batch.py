@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from localrun.events import BatchProgress, DoneEvent, TokenEvent
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.events import BatchProgress, DoneEvent, TokenEvent
 from localrun.runtime.prompt import prompt_tokens
 
 DEFAULT_MODEL = Path("/root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")

@@ -15,10 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from localrun.events import DoneEvent, Stats
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.events import DoneEvent, Stats
 from localrun.runtime.prompt import build_prompt, chat_template
 from localrun.runtime.promptcache import PromptCache
 

@@ -34,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_cpp
 from rich.console import Console
 
-from localrun.runtime.decode import SamplingParams, generate
-from localrun.runtime.engine import Engine, EngineConfig, default_threads
 from localrun.events import Stats
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.system import default_threads
 from localrun.ui.stream import LiveRenderer, PlainRenderer
 
 PROMPT = (

@@ -19,10 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
 from localrun.gguf.reader import read_gguf
-from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe, parse_size
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.perplexity import perplexity as measure_perplexity
+from localrun.units import parse_size
 
 
 def perplexity(model: Path, kv_type: str, text: str, window: int, max_tokens: int) -> tuple[float, int]:

@@ -52,13 +52,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localrun.runtime.decode import Decoder, SamplingParams, generate
-from localrun.speculative.drafters import DraftModelDrafter
-from localrun.runtime.engine import Engine, EngineConfig, default_threads
 from localrun.events import DraftStats, Event, Stats, TokenEvent
+from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
-from localrun.speculative.control import FixedController
 from localrun.speculative import Speculation, lookup_drafters
+from localrun.speculative.control import FixedController
+from localrun.speculative.drafters import DraftModelDrafter
+from localrun.system import default_threads
 
 MODELS = Path("/root/models")
 TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"

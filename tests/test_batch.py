@@ -12,24 +12,17 @@ from typing import Any
 
 import pytest
 
-from localrun.runtime.batch.scheduler import (
-    DEFAULT_MAX_PARALLEL,
-    BatchRequest,
-    default_parallel,
-    parallel_that_fits,
-    run_batch,
-    shared_prefix,
-    slot_context,
-)
-from localrun.runtime.batch.input import finished_ids, read_lines
-from localrun.ui.batch import JsonlWriter
-from localrun.runtime.decode import SamplingParams, generate
-from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
 from localrun.events import BatchProgress, SequenceDone, Stats
-from localrun.gguf.reader import read_gguf
 from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
+from localrun.runtime.batch.input import finished_ids, read_lines
+from localrun.runtime.batch.scheduler import BatchRequest, run_batch, shared_prefix
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.sizing import DEFAULT_MAX_PARALLEL, default_parallel, parallel_that_fits, slot_context
+from localrun.ui.batch import JsonlWriter
 from tests.conftest import cli, collect, on_terminal
 
 GREEDY = SamplingParams(temperature=0.0)

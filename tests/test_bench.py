@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from localrun import bench, config
-from localrun.runtime import engine
 from localrun.bench.stats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
-from localrun.runtime.decode import SamplingParams, generate
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
+from localrun.runtime import engine
+from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.quantize import quantize
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
@@ -365,9 +365,9 @@ def test_bench_usage_errors(tiny_model: Path) -> None:
 def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str, Path], tmp_path: Path) -> None:
     from gguf import GGMLQuantizationType, LlamaFileType
 
+    from localrun.gguf.reader import read_gguf
     from localrun.runtime.decode import SamplingParams, generate
     from localrun.runtime.engine import Engine, EngineConfig
-    from localrun.gguf.reader import read_gguf
 
     out = tmp_path / "out-q8_0.gguf"
     res = cli("quantize", str(weights["f32"]), str(out), "--type", "q8_0")

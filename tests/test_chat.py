@@ -9,10 +9,10 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from localrun.events import Stats, TokenEvent
 from localrun.runtime.chat import ChatSession, read_conversation
 from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.events import Stats, TokenEvent
 from localrun.runtime.prompt import BUILTIN_TEMPLATES
 from tests.conftest import cli, collect
 from tests.tinymodel import CHATML, write_tiny_model

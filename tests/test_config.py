@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from localrun import config, paths
-from localrun.store import registry
 from localrun.errors import ConfigError
+from localrun.store import registry
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from localrun.runtime.decode import Decoder, Sampler, SamplingParams, StopMatcher, generate
-from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import ContextOverflowError
 from localrun.events import DoneEvent, Stats, TokenEvent
+from localrun.runtime.decode import Decoder, Sampler, SamplingParams, StopMatcher, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import prompt_tokens
 from tests.conftest import collect
 

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from localrun.runtime.decode import SamplingParams, generate
-from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import UsageError
 from localrun.events import DoneEvent
-from localrun.gguf.reader import read_gguf
 from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from tests.conftest import cli
 from tests.tinymodel import write_tiny_model
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from localrun.events import Stats
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.events import Stats
 from localrun.runtime.prompt import build_prompt
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
 from tests.conftest import cli, collect

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from localrun import store
-from localrun.store import registry
 from localrun.errors import ModelNotFoundError, RegistryError
+from localrun.store import registry
 
 GOOD = """
 default = "mine:small"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun.gguf.info import parse_size
+from localrun.units import parse_size
 from tests.conftest import cli
 
 

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from localrun.errors import IncompatibleDraftError
+from localrun.events import DraftStats
+from localrun.gguf.reader import read_gguf, read_strings
 from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.speculative import Speculation, open_speculation
+from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.speculative.drafters import (
     MODEL_MAX,
     RESUME_BUCKET,
@@ -20,13 +26,7 @@ from localrun.speculative.drafters import (
     check_draft_compatible,
     match_bucket,
 )
-from localrun.runtime.engine import Engine, EngineConfig
-from localrun.errors import IncompatibleDraftError
-from localrun.events import DraftStats
-from localrun.gguf.reader import read_gguf, read_strings
-from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.speculative.sampling import check_draft, target_probs
-from localrun.speculative import Speculation, open_speculation
 from tests.conftest import cli, collect, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model
 

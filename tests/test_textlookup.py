@@ -5,12 +5,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from localrun.runtime.decode import SamplingParams, generate
-from localrun.speculative.drafters import PromptLookupDrafter
-from localrun.runtime.engine import Engine, EngineConfig
 from localrun.events import Stats
-from localrun.speculative.control import FixedController
+from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
+from localrun.speculative.control import FixedController
+from localrun.speculative.drafters import PromptLookupDrafter
 from localrun.speculative.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
 from tests.conftest import collect
 from tests.tinymodel import write_tiny_model

@@ -20,22 +20,24 @@ import contextlib
 import dataclasses
 import importlib.util
 import re
-import resource
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from localrun.bench.stats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
-from localrun.runtime.decode import SamplingParams, generate
-from localrun.runtime.engine import Engine, EngineConfig, Weights, default_threads, memory_budget
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
-from localrun.gguf.reader import read_gguf
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
+from localrun.gguf.reader import read_gguf
+from localrun.runtime.batch.scheduler import BatchRequest, run_batch
+from localrun.runtime.decode import PLAIN, Decoding, SamplingParams, generate
+from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
 from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.sizing import memory_budget, slot_context
+from localrun.speculative import open_speculation
+from localrun.system import default_threads, peak_rss, reset_peak_rss
 
 PROMPTS = (
     "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one sorted list "
@@ -139,25 +141,6 @@ class BenchResult:
 # ------------------------------------------------------------ measurement --
 
 
-def reset_peak_rss() -> None:
-    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_rss() -> int:
-    """Peak resident memory since `reset_peak_rss` (bytes); where that cannot
-    be reset, the process's lifetime peak."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
 def token_times(events: Iterable[Event]) -> tuple[Stats, list[float]]:
     """Drain a generation's events; its Stats and the time (ms) of each output
     token after the first, from the event timestamps. Tokens that produced no
@@ -240,14 +223,14 @@ class Bench:
         """One round of decoding, one sequence: load, warm up, then every
         prompt, greedy, a fixed number of tokens; with ``speculation`` (a
         `--draft` choice), through the speculative loop."""
-        from localrun.speculative import open_speculation
-
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
         extra: dict[str, float] = {}
-        with self.open_engine(config) as engine:
+        with self.open_engine(config) as engine, contextlib.ExitStack() as cleanup:
             spec = open_speculation(engine, speculation, self.draft) if speculation else None
-            run = spec.generate if spec else generate
+            if spec is not None:
+                cleanup.callback(spec.close)
+            decoding: Decoding = spec or PLAIN
             prompts = self.prompts(engine)
             warm = prompts[0][: max(1, min(8, len(prompts[0])))]
             token_times(generate(engine, warm, greedy, max_tokens=self.plan.warmup_tokens, ignore_eos=True))
@@ -257,7 +240,7 @@ class Bench:
             drafters: list[str] = []
             for tokens in prompts:
                 stats, run_times = token_times(
-                    run(engine, tokens, greedy, max_tokens=self.plan.max_tokens, ignore_eos=True)
+                    decoding.generate(engine, tokens, greedy, max_tokens=self.plan.max_tokens, ignore_eos=True)
                 )
                 ttfts.append(stats.ttft_s)
                 times.extend(run_times)
@@ -267,7 +250,6 @@ class Bench:
                     rounds += stats.draft.rounds
                     drafters.append(stats.draft.drafter)
             if spec is not None:
-                spec.close()
                 extra = {"acceptance": accepted / proposed if proposed else 0.0}
                 if rounds:
                     extra["mean_accepted"] = accepted / rounds
@@ -293,8 +275,6 @@ class Bench:
         included, goes in ``extra["total_tokens_per_s"]``. A sequence's token
         times are its mean step time (the batch loop does not time single
         tokens)."""
-        from localrun.runtime.batch.scheduler import BatchRequest, run_batch, slot_context
-
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
         with self.open_engine(dataclasses.replace(config, n_ctx=CONTEXT_STEP)) as tokenizer:

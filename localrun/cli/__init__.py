@@ -1,33 +1,65 @@
-"""The `localrun` command: wires the command modules together, nothing else."""
+"""The `localrun` command: wires the command modules together, nothing else.
+
+Command modules import the runtime (and llama.cpp) inside their functions,
+so `localrun --help` and `localrun list` never load libllama.
+"""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from localrun.cli import bench, cache, chat, generate, models
+from localrun import __version__
+from localrun.cli import _env, bench, cache, chat, generate, models, quantize
+from localrun.cli._errors import bounded, set_debug
 
 app = typer.Typer(
     name="localrun",
     help="Fast local text generation with llama.cpp.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("generate")(generate.generate)
-app.command("chat")(chat.chat)
-app.command("pull")(models.pull)
-app.command("list")(models.list_models)
-app.command("rm")(models.rm)
-app.command("show")(models.show)
+app.command("generate")(bounded(generate.generate))
+app.command("chat")(bounded(chat.chat))
+app.command("pull")(bounded(models.pull))
+app.command("list")(bounded(models.list_models))
+app.command("rm")(bounded(models.rm))
+app.command("show")(bounded(models.show))
 app.add_typer(cache.app, name="cache")
-app.command("bench")(bench.bench_command)
-app.command("quantize")(bench.quantize_command)
+app.command("bench")(bounded(bench.bench_command))
+app.command("quantize")(bounded(quantize.quantize_command))
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        _env.current().stdout.write(f"localrun {__version__}\n")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Tracebacks on errors (also LOCALRUN_DEBUG=1).", show_default=False)
+    ] = False,
+) -> None:
     """Fast local text generation with llama.cpp."""
+    set_debug(debug)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None, env: _env.Environment | None = None) -> int:
+    """Run the command line (``argv``: default sys.argv) in ``env`` (default:
+    the process's streams); returns the exit status."""
+    _env.use(env)
+    set_debug(False)
+    try:
+        app(args=argv, prog_name="localrun")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        _env.use(None)
+    return 0

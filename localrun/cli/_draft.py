@@ -3,20 +3,21 @@ way it becomes a `Speculation` (or none)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from localrun import store
-from localrun.store import registry
-from localrun.cli.models import resolve_model
-from localrun.config import load as load_config
-from localrun.runtime.engine import Engine
+from localrun.cli._env import current
+from localrun.cli._output import out
+from localrun.cli._resolve import resolve_model
 from localrun.errors import LocalrunError
-from localrun.speculative import Speculation, open_speculation
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+    from localrun.speculative import Speculation
 
 Draft = Annotated[
     str | None,
@@ -31,24 +32,25 @@ Draft = Annotated[
 
 @contextmanager
 def open_draft(
-    option: str | None, engine: Engine, target: store.Target, *, offline: bool = False
+    choice: str, engine: Engine, target: store.Target, *, offline: bool = False
 ) -> Iterator[Speculation | None]:
-    """The speculation for ``--draft CHOICE`` on ``engine`` (the model
-    ``target`` names), closed at the end; without the option, config.toml's
-    `draft`, else auto. `auto` uses the matched draft only when it is already
-    on disk (see `store.matched_draft`); an alias or path is pulled if need be."""
-    choice = option or load_config().draft or "auto"
+    """The speculation for the resolved ``--draft`` choice on ``engine`` (the
+    model ``target`` names), closed at the end. `auto` uses the matched draft
+    only when it is already on disk (see `store.matched_draft`); an alias or
+    path is pulled if need be."""
+    from localrun.speculative import open_speculation
+
     path = None
     if choice == "auto":
-        path = store.matched_draft(target, registry.load())
+        path = store.matched_draft(target, current().registry)
     elif choice not in ("none", "lookup"):
-        path, _ = resolve_model(choice, offline=offline)
+        path = resolve_model(choice, offline=offline).path
     try:
         speculation = open_speculation(engine, choice, path)
     except LocalrunError as exc:
         if choice != "auto":
             raise
-        sys.stderr.write(f"warning: the matched draft model is not usable ({exc.message}); prompt lookup only\n")
+        out().warn(f"the matched draft model is not usable ({exc.message}); prompt lookup only")
         speculation = open_speculation(engine, "lookup")
     try:
         yield speculation

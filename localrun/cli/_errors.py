@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
-import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
+from typing import Any, TypeVar
 
 import typer
 
+from localrun.cli._env import current
 from localrun.errors import (
     BadModelError,
     ConfigError,
@@ -56,28 +59,77 @@ def exit_code_for(exc: LocalrunError) -> ExitCode:
     return ExitCode.ERROR
 
 
-def debug_enabled(flag: bool = False) -> bool:
-    return flag or os.environ.get("LOCALRUN_DEBUG", "") not in ("", "0")
+def as_user_error(exc: BaseException) -> LocalrunError | None:
+    """The one-line form of an error the user can act on: localrun's own, or
+    a failure of a file or value the user gave (a missing folder, a read-only
+    file, text that is not UTF-8)."""
+    if isinstance(exc, LocalrunError):
+        return exc
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return LocalrunError(f"{where}{exc.strerror or exc}", hint="check the path and its permissions")
+    if isinstance(exc, ValueError):
+        return UsageError(str(exc))
+    return None
+
+
+def describe(exc: LocalrunError) -> str:
+    """`message (hint)` on one line, for places that keep going (the chat prompt)."""
+    return exc.message + (f" ({exc.hint})" if exc.hint else "")
+
+
+_debug = False
+
+
+def set_debug(flag: bool) -> None:
+    global _debug
+    _debug = flag
+
+
+def debug_enabled() -> bool:
+    return _debug or os.environ.get("LOCALRUN_DEBUG", "") not in ("", "0")
 
 
 @contextmanager
-def error_boundary(debug: bool = False) -> Iterator[None]:
-    """Turn core errors into `error: ...` / `hint: ...` on stderr and an exit code."""
+def error_boundary() -> Iterator[None]:
+    """Turn errors into `error: ...` / `hint: ...` on stderr and an exit code;
+    a traceback only with --debug or LOCALRUN_DEBUG=1."""
+    env = current()
     try:
         yield
-    except LocalrunError as exc:
-        if debug_enabled(debug):
-            traceback.print_exc()
-        sys.stderr.write(f"error: {exc.message}\n")
-        if exc.hint:
-            sys.stderr.write(f"hint: {exc.hint}\n")
-        raise typer.Exit(int(exit_code_for(exc))) from None
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+        env.stderr.write("interrupted\n")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
     except BrokenPipeError:
         # the reader went away (`| head`): stop quietly, and keep Python from
         # complaining when it flushes stdout at exit
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):  # a stream with no file descriptor
+            os.dup2(devnull, env.stdout.fileno())
         raise typer.Exit(int(ExitCode.OK)) from None
+    except (LocalrunError, OSError, ValueError) as exc:
+        error = as_user_error(exc)
+        if error is None:
+            raise
+        if debug_enabled():
+            traceback.print_exc(file=env.stderr)
+        env.stderr.write(f"error: {error.message}\n")
+        if error.hint:
+            env.stderr.write(f"hint: {error.hint}\n")
+        raise typer.Exit(int(exit_code_for(error))) from None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def bounded(command: F) -> F:
+    """``command`` run inside the error boundary (Typer reads the wrapped signature)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with error_boundary():
+            code = command(*args, **kwargs)
+        if code:
+            raise typer.Exit(int(code))
+
+    return run  # type: ignore[return-value]

@@ -1,20 +1,23 @@
-"""Options that `generate`, `chat` (and later commands) share, declared once,
-and the one way they become a loaded engine and sampling parameters."""
+"""Options the commands share, declared once, and the one way they become
+run settings, a loaded engine and sampling parameters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from localrun.cli.models import resolve_model
-from localrun.config import load as load_config
-from localrun.runtime.decode import SamplingParams
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.cli._env import current
+from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
-from localrun.gguf.reader import GGUFInfo, read_gguf
+from localrun.settings import Options, RunSettings, resolve
 from localrun.store import Target
+
+if TYPE_CHECKING:
+    from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime.decode import SamplingParams
+    from localrun.runtime.engine import Engine, EngineConfig
 
 Model = Annotated[
     str | None,
@@ -50,85 +53,64 @@ FlashAttn = Annotated[
 ]
 Json = Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
-Debug = Annotated[bool, typer.Option("--debug", help="Tracebacks on errors.")]
-
-
-def parse_ctx(value: str) -> int | None:
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"--ctx {value!r} is not a number", hint="use --ctx auto or --ctx 8192") from None
 
 
 def sampling_params(
     temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int | None
 ) -> SamplingParams:
+    from localrun.runtime.decode import SamplingParams
+
     return SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
     )
 
 
-@dataclass(frozen=True)
-class EngineChoice:
-    """What the engine options say, before the model's own defaults apply."""
-
-    model: str | None = None
-    offline: bool = False
-    ctx: str | None = None
-    threads: int | None = None
-    kv: str | None = None
-    kv_k: str | None = None
-    kv_v: str | None = None
-    flash_attn: str | None = None  # None: the user's config, else auto
-    verbose: bool = False
+def check_positive(**values: int | None) -> None:
+    """Refuse a count option below 1 (`max_tokens=0` -> `--max-tokens must be at least 1`)."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
 
 
 @dataclass
 class Resolved:
-    """The model file, what its name resolved to, and the engine settings after
-    options, the registry entry's defaults and the user's config.toml."""
+    """The model file, what its name resolved to, its header, and the run's
+    settings after the precedence rule (`localrun.settings`)."""
 
     config: EngineConfig
     info: GGUFInfo
     target: Target
-    system: str | None  # the option's, else the registry entry's default
+    settings: RunSettings
 
 
-@dataclass
-class Opened:
-    engine: Engine
-    target: Target
-    system: str | None
+def resolve_engine(
+    model: str | None, options: Options, *, offline: bool = False, verbose: bool = False, with_draft: bool = True
+) -> Resolved:
+    """Resolve (pull on first use, with the matched draft if ``with_draft``)
+    the model and settle its settings; the model is not loaded."""
+    from localrun.gguf.reader import read_gguf
+    from localrun.runtime.engine import EngineConfig
 
-
-def resolve_engine(choice: EngineChoice, *, system: str | None = None) -> Resolved:
-    """Resolve (pull on first use) the model and settle its settings: an option
-    wins, then the registry entry's defaults, then config.toml, then built-ins."""
-    if choice.threads is not None and choice.threads < 1:
-        raise UsageError("--threads must be at least 1")
-    user = load_config()
-    path, target = resolve_model(choice.model, offline=choice.offline, with_draft=True)
-    defaults = target.entry.defaults if target.entry else {}
-    n_ctx = parse_ctx(choice.ctx) if choice.ctx is not None else defaults.get("ctx")
-    type_k = choice.kv_k or choice.kv or defaults.get("kv_k") or defaults.get("kv") or user.kv_k or "f16"
-    type_v = choice.kv_v or choice.kv or defaults.get("kv_v") or defaults.get("kv") or user.kv_v or "f16"
-    info = read_gguf(path)
+    check_positive(threads=options.threads)
+    env = current()
+    found = resolve_model(model, offline=offline, with_draft=with_draft)
+    entry = found.target.entry
+    settings = resolve(options, entry.defaults if entry else None, env.config)
+    info = read_gguf(found.path)
     config = EngineConfig(
         model_path=info.path,
-        n_ctx=n_ctx,
-        n_threads=choice.threads or user.threads,
-        memory_budget=user.memory_budget,
-        type_k=type_k,
-        type_v=type_v,
-        flash_attn=choice.flash_attn or user.flash_attn or "auto",
-        verbose=choice.verbose,
+        n_ctx=settings.n_ctx,
+        n_threads=settings.threads,
+        memory_budget=settings.memory_budget,
+        type_k=settings.type_k,
+        type_v=settings.type_v,
+        flash_attn=settings.flash_attn,
+        verbose=verbose,
     )
-    return Resolved(config, info, target, system if system is not None else defaults.get("system"))
+    return Resolved(config, info, found.target, settings)
 
 
-def open_engine(choice: EngineChoice, *, system: str | None = None) -> Opened:
-    """`resolve_engine`, then load the model."""
-    resolved = resolve_engine(choice, system=system)
-    return Opened(Engine(resolved.config, resolved.info), resolved.target, resolved.system)
+def load(resolved: Resolved) -> Engine:
+    from localrun.runtime.engine import Engine
+
+    return Engine(resolved.config, resolved.info)

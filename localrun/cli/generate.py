@@ -2,64 +2,60 @@
 
 from __future__ import annotations
 
-import signal
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
-from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, open_draft
-from localrun.cli._errors import ExitCode, error_boundary
-from localrun.config import load as load_config
-from localrun.runtime.decode import generate as run_generation
-from localrun.runtime.engine import Engine
+from localrun.cli._env import current
+from localrun.cli._errors import ExitCode
+from localrun.cli._output import out
 from localrun.errors import UsageError
-from localrun.runtime.prompt import build_prompt, compose
-from localrun.runtime.promptcache import checkpoint_for
-from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer, Renderer
+from localrun.settings import Options
+
+if TYPE_CHECKING:
+    from localrun.ui.stream import Renderer
 
 
 def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     """(instruction, material): PROMPT from the argument, or stdin when it is
     `-` or stdin is piped; with both, the argument is the instruction and stdin
     the material."""
+    from localrun.runtime.prompt import compose
+
+    env = current()
     if argument == "-":
-        return None, sys.stdin.read()
-    material = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+        return None, env.stdin.read()
+    material = None if env.stdin is None or env.stdin_isatty else env.stdin.read()
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
 
 
-@contextmanager
-def ctrl_c_stops(engine: Engine) -> Iterator[None]:
-    """The first Ctrl-C asks the loop to stop (it ends with stop_reason
-    'interrupted'); a second one raises KeyboardInterrupt."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if engine.abort_requested:
-            raise KeyboardInterrupt
-        engine.abort_requested = True
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
+    from rich.console import Console
+
+    from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
+
+    env = current()
     if as_json:
-        return JsonRenderer(sys.stdout)
-    if sys.stdout.isatty():
-        return LiveRenderer(Console(file=sys.stdout), title=title)
-    return PlainRenderer(sys.stdout, sys.stderr, show_stats=show_stats)
+        return JsonRenderer(env.stdout)
+    if env.stdout_isatty:
+        return LiveRenderer(Console(file=env.stdout), title=title)
+    return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
+
+
+def _refuse_with_batch(draft: str | None, prompt_cache: bool | None, as_json: bool) -> None:
+    """Flags `--batch` cannot honour: an error, never silently ignored."""
+    if draft is not None and draft != "none":
+        raise UsageError("--batch does not decode speculatively", hint="drop --draft (or use --draft none)")
+    if prompt_cache:
+        raise UsageError(
+            "--batch does not use the prompt cache", hint="drop --prompt-cache: a shared prefix is evaluated once"
+        )
+    if as_json:
+        raise UsageError("--batch always writes JSON lines", hint="drop --json")
 
 
 def generate(
@@ -97,7 +93,6 @@ def generate(
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: opt.Verbose = False,
-    debug: opt.Debug = False,
     batch: Annotated[
         str | None,
         typer.Option("--batch", help="Many prompts: a file (or - for stdin) of lines or JSONL; JSONL results."),
@@ -109,45 +104,61 @@ def generate(
     resume: Annotated[
         Path | None, typer.Option("--resume", help="--batch: skip the ids already in this file; append to it.")
     ] = None,
-) -> None:
+) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
-    with error_boundary(debug):
-        if max_tokens is not None and max_tokens < 1:
-            raise UsageError("--max-tokens must be at least 1")
-        sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-        choice = opt.EngineChoice(model, offline, ctx, threads, kv, kv_k, kv_v, flash_attn, verbose)
-        if batch is not None:  # many prompts: localrun/cli/batch.py
-            from localrun.cli import batch as batch_cli
+    opt.check_positive(max_tokens=max_tokens)
+    sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    options = Options(
+        ctx=ctx,
+        kv=kv,
+        kv_k=kv_k,
+        kv_v=kv_v,
+        flash_attn=flash_attn,
+        threads=threads,
+        system=system,
+        draft=draft,
+        parallel=parallel,
+    )
+    if batch is not None:  # many prompts: localrun/cli/batch.py
+        from localrun.cli import batch as batch_cli
+        from localrun.runtime.batch.plan import BatchSettings
 
-            resolved = opt.resolve_engine(choice, system=system)
-            settings = batch_cli.BatchSettings(
-                source=batch,
-                instruction=prompt,
-                system=resolved.system,
-                raw=raw,
-                sampling=sampling,
-                max_tokens=max_tokens,
-                stop=tuple(stop or ()),
-                seq_ctx=opt.parse_ctx(ctx) if ctx is not None else None,
-                parallel=parallel if parallel is not None else load_config().parallel,
-                unordered=unordered,
-                resume=resume,
-                show_stats=stats,
+        _refuse_with_batch(draft, prompt_cache, as_json)
+        resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
+        settings = BatchSettings(
+            instruction=prompt,
+            system=resolved.settings.system,
+            raw=raw,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            # --ctx sets each sequence's context; the model's default context caps it
+            seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
+            ctx_limit=resolved.settings.n_ctx,
+            parallel=resolved.settings.parallel,
+        )
+        return batch_cli.run(batch, settings, resolved.config, unordered=unordered, resume=resume, show_stats=stats)
+    if parallel is not None or unordered or resume is not None:
+        raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
+
+    from localrun.cli._signals import ctrl_c_stops
+    from localrun.runtime.decode import PLAIN, Decoding
+    from localrun.runtime.prompt import build_prompt
+    from localrun.runtime.promptcache import checkpoint_for
+
+    instruction, material = read_prompt(prompt)
+    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose)
+    with opt.load(resolved) as engine:
+        built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
+        checkpoint = checkpoint_for(built, engine, prompt_cache)
+        renderer = pick_renderer(as_json, stats, engine.info.name)
+        draft_choice = resolved.settings.draft
+        with ctrl_c_stops(engine), open_draft(draft_choice, engine, resolved.target, offline=offline) as speculation:
+            decoding: Decoding = speculation or PLAIN
+            events = decoding.generate(
+                engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
             )
-            raise typer.Exit(batch_cli.run(settings, replace(resolved.config, n_ctx=None), resolved.info))
-        instruction, material = read_prompt(prompt)
-        opened = opt.open_engine(choice, system=system)
-        with opened.engine as engine:
-            built = build_prompt(engine, instruction, material, system=opened.system, raw=raw)
-            checkpoint = checkpoint_for(built, engine, prompt_cache)
-            renderer = pick_renderer(as_json, stats, engine.info.name)
-            with ctrl_c_stops(engine), open_draft(draft, engine, opened.target, offline=offline) as speculation:
-                run = speculation.generate if speculation else run_generation
-                events = run(
-                    engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
-                )
-                final = renderer.render(events)
-            for warning in checkpoint.warnings if checkpoint else ():
-                sys.stderr.write(f"warning: {warning}\n")
-        if final.stop_reason == "interrupted":
-            raise typer.Exit(int(ExitCode.INTERRUPTED))
+            final = renderer.render(events)
+        for warning in checkpoint.warnings if checkpoint else ():
+            out().warn(warning)
+    return ExitCode.INTERRUPTED if final.stop_reason == "interrupted" else ExitCode.OK

@@ -2,59 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Annotated, cast
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from localrun.store import registry as registry_mod
 from localrun import store
-from localrun.cli._errors import error_boundary
+from localrun.cli._env import current
+from localrun.cli._errors import ExitCode
+from localrun.cli._output import out
+from localrun.cli._resolve import pull_with_progress
 from localrun.errors import UsageError
-from localrun.gguf.reader import read_gguf
-from localrun.gguf.info import KV_BYTES_PER_ELEMENT, available_memory, describe, parse_size
-from localrun.ui.stream import PullProgress, human_bytes
+from localrun.units import human_bytes, parse_size
 
 _AUTO_FA = {
     "off": "off with an f16 cache (small heads: the unfused path decodes faster), on with a quantized V",
     "auto": "on (llama.cpp's choice for the CPU)",
 }
-
-
-def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> tuple[Path, store.Target]:
-    """The model file for a name (default: the registry's default), pulled on
-    first use with a notice on stderr unless ``offline``; and what the name
-    resolved to (its registry entry carries per-model defaults)."""
-    reg = registry_mod.load()
-    target = store.parse(name or reg.default, reg)
-    found = store.locate(target)
-    if found is not None:
-        return found, target
-    if target.path is not None:
-        return store.pull(target).path, target  # reports a missing file
-    if offline:
-        raise UsageError(
-            f"{target.label} is not downloaded and --offline was given", hint=f"localrun pull {target.label}"
-        )
-    sys.stderr.write(f"{target.label} is not downloaded yet: pulling it\n")
-    pulled = _pull_with_progress(target, "auto")
-    if with_draft and target.entry is not None and target.entry.draft:
-        draft = store.parse(target.entry.draft, reg)
-        if store.locate(draft) is None:
-            _pull_with_progress(draft, "auto")
-    return pulled.path, target
-
-
-def _pull_with_progress(target: store.Target, source: store.Source) -> store.Pulled:
-    with PullProgress(sys.stderr, target.label) as progress:
-        pulled = store.pull(target, source=source, progress=progress.update, notice=progress.notice)
-        progress.finish(pulled.path, pulled.source)
-    return pulled
 
 
 def pull(
@@ -63,21 +27,19 @@ def pull(
     ],
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Do not pull the matched draft model.")] = False,
     source: Annotated[str, typer.Option("--source", help="auto, hub or mirror.")] = "auto",
-    debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     """Download a model (and its matched draft) into the local cache."""
-    with error_boundary(debug):
-        if source not in ("auto", "hub", "mirror"):
-            raise UsageError(f"unknown source {source!r}", hint="use --source auto, hub or mirror")
-        chosen = cast(store.Source, source)
-        reg = registry_mod.load()
-        target = store.parse(name, reg)
-        targets = [target]
-        if not no_draft and target.entry is not None and target.entry.draft:
-            targets.append(store.parse(target.entry.draft, reg))
-        for t in targets:
-            pulled = _pull_with_progress(t, chosen)
-            sys.stdout.write(f"{t.label}\t{pulled.path}\n")
+    if source not in ("auto", "hub", "mirror"):
+        raise UsageError(f"unknown source {source!r}", hint="use --source auto, hub or mirror")
+    chosen = cast(store.Source, source)
+    reg = current().registry
+    target = store.parse(name, reg)
+    targets = [target]
+    if not no_draft and target.entry is not None and target.entry.draft:
+        targets.append(store.parse(target.entry.draft, reg))
+    for t in targets:
+        pulled = pull_with_progress(t, chosen)
+        out().result(f"{t.label}\t{pulled.path}")
 
 
 @dataclass(frozen=True)
@@ -95,139 +57,143 @@ class ListRow:
 
 def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
-    debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     """The registry's models: present or not, size on disk, quantization, draft, source."""
-    with error_boundary(debug):
-        reg = registry_mod.load()
-        rows = []
-        for entry in reg.entries.values():
-            path = store.locate(store.Target(entry.alias, entry=entry, repo=entry.repo, file=entry.file))
-            rows.append(
-                ListRow(
-                    alias=entry.alias,
-                    present=path is not None,
-                    size_bytes=path.stat().st_size if path else 0,
-                    quant=entry.quant,
-                    draft=entry.draft,
-                    source=f"hf://{entry.repo}/{entry.file}",
-                    mirrors=len(entry.mirrors),
-                    default=entry.alias == reg.default,
-                    path=str(path) if path else None,
-                )
+    reg = current().registry
+    rows = []
+    for entry in reg.entries.values():
+        path = store.locate(store.Target.from_entry(entry))
+        rows.append(
+            ListRow(
+                alias=entry.alias,
+                present=path is not None,
+                size_bytes=path.stat().st_size if path else 0,
+                quant=entry.quant,
+                draft=entry.draft,
+                source=f"hf://{entry.repo}/{entry.file}",
+                mirrors=len(entry.mirrors),
+                default=entry.alias == reg.default,
+                path=str(path) if path else None,
             )
-        total = sum(r.size_bytes for r in rows)
-        if as_json:
-            record = {"models": [asdict(r) for r in rows], "total_bytes": total}
-            sys.stdout.write(json.dumps(record, indent=2) + "\n")
-            return
-        table = Table(box=None, pad_edge=False)
-        for col in ("MODEL", "PRESENT", "SIZE", "QUANT", "DRAFT", "SOURCE"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(
-                f"{r.alias} (default)" if r.default else r.alias,
-                "yes" if r.present else "-",
-                human_bytes(r.size_bytes) if r.present else "-",
-                r.quant,
-                r.draft or "-",
-                r.source + (f" +{r.mirrors} mirror" if r.mirrors else ""),
-            )
-        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
-        console.print(table)
-        console.print(f"total on disk: {human_bytes(total)}")
+        )
+    total = sum(r.size_bytes for r in rows)
+    if as_json:
+        record = {"models": [asdict(r) for r in rows], "total_bytes": total}
+        out().json(record, indent=2)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("MODEL", "PRESENT", "SIZE", "QUANT", "DRAFT", "SOURCE"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            f"{r.alias} (default)" if r.default else r.alias,
+            "yes" if r.present else "-",
+            human_bytes(r.size_bytes) if r.present else "-",
+            r.quant,
+            r.draft or "-",
+            r.source + (f" +{r.mirrors} mirror" if r.mirrors else ""),
+        )
+    console = out().console()
+    console.print(table)
+    console.print(f"total on disk: {human_bytes(total)}")
 
 
 def rm(
     name: Annotated[str, typer.Argument(help="The alias to delete.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
-    debug: Annotated[bool, typer.Option("--debug")] = False,
-) -> None:
+) -> ExitCode | None:
     """Delete a model's downloaded files."""
-    with error_boundary(debug):
-        reg = registry_mod.load()
-        target = store.parse(name, reg)
-        if target.path is not None:
-            raise UsageError("rm deletes downloaded models, not files given by path", hint="delete the file yourself")
-        users = [e.alias for e in reg.drafted_by(target.label)]
-        if users:
-            sys.stderr.write(f"warning: {target.label} is the draft model of {', '.join(users)}\n")
-        if store.locate(target) is None:
-            sys.stderr.write(f"{target.label} is not downloaded\n")
-            return
-        if not yes:
-            if not sys.stdin.isatty():
-                raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
-            if not typer.confirm(f"delete {target.label}?", err=True):
-                raise typer.Exit(1)
-        freed = store.remove(target)
-        sys.stderr.write(f"deleted {target.label}, {human_bytes(freed)} freed\n")
+    reg = current().registry
+    target = store.parse(name, reg)
+    if target.path is not None:
+        raise UsageError("rm deletes downloaded models, not files given by path", hint="delete the file yourself")
+    users = [e.alias for e in reg.drafted_by(target.label)]
+    if users:
+        out().warn(f"{target.label} is the draft model of {', '.join(users)}")
+    if store.locate(target) is None:
+        out().note(f"{target.label} is not downloaded")
+        return None
+    if not yes:
+        if not current().stdin_isatty:
+            raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
+        if not typer.confirm(f"delete {target.label}?", err=True):
+            return ExitCode.ERROR  # declined
+    freed = store.remove(target)
+    out().note(f"deleted {target.label}, {human_bytes(freed)} freed")
+    return None
 
 
 def show(
     name: Annotated[str, typer.Argument(help="Alias, owner/repo:QUANT, hf://... or a GGUF path.")],
     budget: Annotated[
-        str | None, typer.Option("--budget", help="Memory for weights + KV cache, e.g. 4GiB. Default: available RAM.")
+        str | None,
+        typer.Option(
+            "--budget", help="Memory for weights + KV cache, e.g. 4GiB. Default: the available RAM less a reserve."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
-    debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     """What the model file says: architecture, size, attention, context, KV cache cost."""
-    with error_boundary(debug):
-        reg = registry_mod.load()
-        target = store.parse(name, reg)
-        path = store.locate(target) if target.path is None else target.path
-        if path is None:
-            raise UsageError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
-        try:
-            budget_bytes = parse_size(budget) if budget else available_memory()
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-        info = describe(read_gguf(path))
-        kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
-        fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
-        record = {
-            "name": info.name,
-            "path": str(info.path),
-            "architecture": info.architecture,
-            "parameters": info.parameters,
-            "weights_bytes": info.weights_bytes,
-            "quantization": info.quantization,
-            "layers": info.layers,
-            "attention_heads": info.heads,
-            "kv_heads": info.kv_heads,
-            "grouped_query_attention": info.grouped_query_attention,
-            "context_length": info.context_length,
-            "vocab_size": info.vocab_size,
-            "chat_template": info.has_chat_template,
-            "kv_bytes_per_token": kv,
-            "compute_bytes_estimate": info.compute_bytes(),
-            "budget_bytes": budget_bytes,
-            "max_context": fits,
-            "flash_attn_auto": info.auto_flash_attn("f16"),
-        }
-        if as_json:
-            sys.stdout.write(json.dumps(record, indent=2) + "\n")
-            return
-        gqa = (
-            f" (grouped-query attention, {info.heads // info.kv_heads} query heads per KV head)"
-            if info.grouped_query_attention
-            else ""
-        )
-        lines = [
-            f"{info.name}  {info.path}",
-            f"  architecture     {info.architecture}",
-            f"  parameters       {info.parameters / 1e9:.2f} B"
-            if info.parameters >= 1e8
-            else f"  parameters       {info.parameters / 1e6:.1f} M",
-            f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
-            f"  layers           {info.layers}",
-            f"  attention        {info.heads} heads of {info.key_length}, {info.kv_heads} KV heads{gqa}",
-            f"  flash attention  auto: {_AUTO_FA[info.auto_flash_attn('f16')]}",
-            f"  trained context  {info.context_length} tokens",
-            f"  vocabulary       {info.vocab_size} tokens",
-            f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",
-            "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
-            f"  context in {human_bytes(budget_bytes)}: " + ", ".join(f"{t} {n}" for t, n in fits.items()),
-        ]
-        sys.stdout.write("\n".join(lines) + "\n")
+    from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
+    from localrun.gguf.reader import read_gguf
+    from localrun.runtime.sizing import memory_budget
+
+    reg = current().registry
+    target = store.parse(name, reg)
+    path = store.locate(target) if target.path is None else target.path
+    if path is None:
+        raise UsageError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
+    try:
+        budget_bytes = memory_budget(parse_size(budget) if budget else None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    info = describe(read_gguf(path))
+    kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
+    fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
+    record = {
+        "name": info.name,
+        "path": str(info.path),
+        "architecture": info.architecture,
+        "parameters": info.parameters,
+        "weights_bytes": info.weights_bytes,
+        "quantization": info.quantization,
+        "layers": info.layers,
+        "attention_heads": info.heads,
+        "kv_heads": info.kv_heads,
+        "grouped_query_attention": info.grouped_query_attention,
+        "context_length": info.context_length,
+        "vocab_size": info.vocab_size,
+        "chat_template": info.has_chat_template,
+        "kv_bytes_per_token": kv,
+        "compute_bytes_estimate": info.compute_bytes(),
+        "budget_bytes": budget_bytes,
+        "max_context": fits,
+        "flash_attn_auto": info.auto_flash_attn("f16"),
+    }
+    if as_json:
+        out().json(record, indent=2)
+        return
+    gqa = (
+        f" (grouped-query attention, {info.heads // info.kv_heads} query heads per KV head)"
+        if info.grouped_query_attention
+        else ""
+    )
+    lines = [
+        f"{info.name}  {info.path}",
+        f"  architecture     {info.architecture}",
+        f"  parameters       {info.parameters / 1e9:.2f} B"
+        if info.parameters >= 1e8
+        else f"  parameters       {info.parameters / 1e6:.1f} M",
+        f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
+        f"  layers           {info.layers}",
+        f"  attention        {info.heads} heads of {info.key_length}, {info.kv_heads} KV heads{gqa}",
+        f"  flash attention  auto: {_AUTO_FA[info.auto_flash_attn('f16')]}",
+        f"  trained context  {info.context_length} tokens",
+        f"  vocabulary       {info.vocab_size} tokens",
+        f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",
+        "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
+        f"  context in {human_bytes(budget_bytes)}: " + ", ".join(f"{t} {n}" for t, n in fits.items()),
+    ]
+    out().result("\n".join(lines))

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.runtime.decode import Decoder, SamplingParams, generate
-from localrun.runtime.engine import Engine
+from localrun import paths
 from localrun.errors import UsageError
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.runtime.decode import PLAIN, Decoder, Decoding, SamplingParams
+from localrun.runtime.engine import Engine
 from localrun.runtime.prompt import Message, render_messages, tokenize_rendered
 from localrun.speculative import Speculation
 
@@ -85,6 +86,11 @@ class ChatSession:
         self._cached_text = ""  # the rendered text that the KV cache's tokens stand for
         self._cached_tokens: list[int] = []
 
+    @property
+    def decoding(self) -> Decoding:
+        """The speculation while drafting is on (/draft), else plain decoding."""
+        return self.speculation if self.speculation is not None and self.use_draft else PLAIN
+
     # -- conversation --
 
     def messages(self, turns: list[Turn] | None = None) -> list[Message]:
@@ -135,8 +141,10 @@ class ChatSession:
         generated, even when interrupted."""
         turn = self.turns[-1]
         self.engine.abort_requested = False
-        run = self.speculation.generate if self.speculation is not None and self.use_draft else generate
-        for event in run(self.engine, plan.tokens, self.sampling, max_tokens=self.max_tokens, decoder=self.decoder):
+        events = self.decoding.generate(
+            self.engine, plan.tokens, self.sampling, max_tokens=self.max_tokens, decoder=self.decoder
+        )
+        for event in events:
             if isinstance(event, TokenEvent):
                 turn.reply += event.text
             elif isinstance(event, DoneEvent):
@@ -178,9 +186,7 @@ class ChatSession:
                 )
             ],
         }
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(record, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        paths.atomic_write(path, json.dumps(record, ensure_ascii=False, indent=2) + "\n")
 
     def load(self, path: Path) -> None:
         system, turns = read_conversation(path)

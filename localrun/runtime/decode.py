@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import llama_cpp
 import numpy as np
 
-from localrun.runtime.engine import Engine
 from localrun.errors import EngineError
 from localrun.events import DoneEvent, Event, Stats, StopReason, TokenEvent
+from localrun.runtime.engine import Engine
 
 _DECODE_OK, _DECODE_NO_SLOT, _DECODE_ABORTED = 0, 1, 2
 
@@ -372,3 +372,56 @@ def generate(
         yield from out.finish(reason, prompt_cache=getattr(checkpoint, "outcome", None))
     finally:
         sampler.close()
+
+
+class Decoding(Protocol):
+    """A way to decode: plain (`PLAIN`) or speculative (`localrun.speculative.Speculation`).
+    A caller chooses one and calls its `generate`."""
+
+    @property
+    def label(self) -> str: ...
+
+    def generate(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        decoder: Decoder | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> Iterator[Event]: ...
+
+
+class PlainDecoding:
+    """One token per step: `generate`."""
+
+    label = "plain"
+
+    def generate(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        decoder: Decoder | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> Iterator[Event]:
+        return generate(
+            engine,
+            prompt_tokens,
+            sampling,
+            max_tokens=max_tokens,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            decoder=decoder,
+            checkpoint=checkpoint,
+        )
+
+
+PLAIN: Decoding = PlainDecoding()

@@ -21,20 +21,12 @@ from typing import Any, Self
 import llama_cpp
 
 from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
+from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
-from localrun.gguf.info import CONTEXT_STEP, N_UBATCH, ModelInfo, available_memory, describe
+from localrun.runtime.sizing import check_kv_config, choose_context
+from localrun.system import default_threads
 
-DEFAULT_CTX = 4096
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
-
-
-def default_threads() -> int:
-    """All the CPUs this process may run on. Measured fastest on 2-vCPU machines,
-    where llama-cpp-python's default (half the CPUs) leaves one core idle."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # ---------------------------------------------------------------- logging --
@@ -163,7 +155,7 @@ class EngineConfig:
     memory_budget: int | None = None  # bytes for weights + KV cache + compute; None: available RAM
     n_threads: int | None = None  # None: default_threads()
     n_batch: int = 2048
-    n_ubatch: int = N_UBATCH  # the memory estimates (localrun.modelinfo) assume it
+    n_ubatch: int = N_UBATCH  # the memory estimates (localrun.gguf.info) assume it
     type_k: str = "f16"  # f16, q8_0 or q4_0
     type_v: str = "f16"
     flash_attn: str = "auto"  # auto, on or off
@@ -179,75 +171,6 @@ FLASH_ATTN = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-_QUANT_BLOCK = 32
-
-
-_RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
-
-
-def memory_budget(configured: int | None = None) -> int:
-    """The bytes a model may use: ``configured``, or the available RAM less a
-    reserve for the rest of the system; 0 when nothing is known."""
-    if configured:
-        return configured
-    available = available_memory()
-    return available - _RESERVE if available else 0
-
-
-def choose_context(shape: ModelInfo, config: EngineConfig, flash_attn: str) -> int:
-    """`--ctx auto`: the longest context that fits the memory budget; `--ctx N`:
-    N, or an error with the numbers when it does not fit."""
-    budget = memory_budget(config.memory_budget)
-    if not budget:  # nothing known about memory
-        return config.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
-    fits = shape.max_context(budget, config.type_k, config.type_v, flash_attn)
-    kv = f"KV {config.type_k}/{config.type_v}"
-    if config.n_ctx is None:
-        if fits < CONTEXT_STEP:
-            raise UsageError(
-                f"the model does not fit in {budget / 2**30:.1f} GiB: weights {shape.weights_bytes / 2**30:.2f} GiB, "
-                f"compute {shape.compute_bytes() / 2**30:.2f} GiB, and no room for a {CONTEXT_STEP}-token {kv} cache",
-                hint="free some memory, or pass --ctx N to try anyway",
-            )
-        return fits
-    if config.n_ctx < 16:
-        raise UsageError(f"context size {config.n_ctx} is too small", hint="use --ctx 512 or more")
-    need = shape.memory_needed(config.n_ctx, config.type_k, config.type_v, flash_attn)
-    if need > budget:
-        kv_bytes = config.n_ctx * shape.kv_bytes_per_token(config.type_k, config.type_v)
-        raise UsageError(
-            f"--ctx {config.n_ctx} needs {need / 2**30:.2f} GiB (weights {shape.weights_bytes / 2**30:.2f}, "
-            f"{kv} {kv_bytes / 2**30:.2f}, compute {(need - shape.weights_bytes - kv_bytes) / 2**30:.2f}); "
-            f"the memory budget is {budget / 2**30:.2f} GiB",
-            hint=f"--ctx auto fits {fits} tokens; --kv q8_0 halves the KV cache",
-        )
-    return config.n_ctx
-
-
-def check_kv_config(config: EngineConfig, shape: ModelInfo) -> str:
-    """Validate the KV cache types against the model and return the flash
-    attention mode to ask llama.cpp for: a quantized V cache needs flash
-    attention, so it is switched on unless the user switched it off (then it
-    is an error); auto is settled by `ModelInfo.auto_flash_attn`."""
-    for name, kv_type, dim in (("K", config.type_k, shape.key_length), ("V", config.type_v, shape.value_length)):
-        if kv_type not in KV_TYPES:
-            raise UsageError(f"unknown KV cache type {kv_type!r} for {name}", hint="use f16, q8_0 or q4_0")
-        if kv_type != "f16" and dim % _QUANT_BLOCK:
-            raise UsageError(
-                f"a {kv_type} {name} cache needs a head size that is a multiple of {_QUANT_BLOCK}; "
-                f"this model's is {dim}",
-                hint=f"use --kv-{name.lower()} f16",
-            )
-    if config.flash_attn not in FLASH_ATTN:
-        raise UsageError(f"unknown --flash-attn value {config.flash_attn!r}", hint="use auto, on or off")
-    if config.type_v != "f16" and config.flash_attn == "off":
-        raise UsageError(
-            f"a {config.type_v} V cache needs flash attention, which --flash-attn off switches off",
-            hint="use --flash-attn on (or auto), or --kv-v f16",
-        )
-    if config.flash_attn == "auto" or config.type_v != "f16":
-        return shape.auto_flash_attn(config.type_v)
-    return config.flash_attn
 
 
 class Engine(_Native):

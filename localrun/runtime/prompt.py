@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localrun.runtime.engine import Engine
 from localrun.errors import BadModelError, UsageError
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
 
 Message = dict[str, str]
 

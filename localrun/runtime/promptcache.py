@@ -14,7 +14,6 @@ import ctypes
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,11 +23,11 @@ from typing import Literal
 import llama_cpp
 
 from localrun import paths
+from localrun.errors import UsageError
 from localrun.runtime.decode import Decoder
 from localrun.runtime.engine import Engine
-from localrun.errors import UsageError
-from localrun.gguf.info import parse_size
 from localrun.runtime.prompt import Prompt
+from localrun.units import parse_size
 
 MAGIC = b"localrun-prompt-cache/1\n"
 SUFFIX = ".kv"
@@ -210,15 +209,10 @@ class Checkpoint:
         state = bytes(buf)[:written]
         header = {**self.header, "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
         self.cache.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache.directory, suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + json.dumps(header).encode() + b"\n")
-                f.write(state)
-            Path(tmp).replace(self.path)
+            paths.atomic_write(self.path, MAGIC + json.dumps(header).encode() + b"\n" + state)
             self.cache.mark_used(self.path)
         except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
             self.warnings.append(f"could not write the prompt cache ({exc.strerror})")
             return
         self.cache.evict(keep=self.path)

@@ -19,9 +19,10 @@ from pathlib import Path
 import llama_cpp
 from gguf import GGMLQuantizationType, LlamaFileType
 
-from localrun.runtime.engine import _init_backend, default_threads, set_verbose
 from localrun.errors import BadModelError, EngineError, UsageError
 from localrun.gguf.reader import read_gguf
+from localrun.runtime.engine import _init_backend, set_verbose
+from localrun.system import default_threads
 
 # The file types offered: name -> llama_ftype (the names llama.cpp's quantize tool uses, lower case)
 QUANT_TYPES: dict[str, int] = {

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from localrun.runtime.decode import Checkpoint, Decoder, Sampler, SamplingParams, TokenOutput
-from localrun.speculative.drafters import Draft, Drafter, DraftModelDrafter, Offer, PromptLookupDrafter
-from localrun.runtime.engine import Engine
 from localrun.errors import LocalrunError
 from localrun.events import DraftStats, Event, StopReason
+from localrun.runtime.decode import Checkpoint, Decoder, Sampler, SamplingParams, TokenOutput
+from localrun.runtime.engine import Engine
 from localrun.speculative.control import AdaptiveController, Controller, Plan
+from localrun.speculative.drafters import Draft, Drafter, DraftModelDrafter, Offer, PromptLookupDrafter
 from localrun.speculative.sampling import check_draft, target_probs
 from localrun.speculative.textlookup import TextLookupDrafter
 

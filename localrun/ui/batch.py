@@ -16,8 +16,8 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from localrun.runtime.batch.input import LineId
 from localrun.events import BatchProgress, SequenceDone
+from localrun.runtime.batch.input import LineId
 
 Record = dict[str, Any]
 

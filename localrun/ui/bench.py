@@ -12,8 +12,8 @@ from rich.table import Table
 
 from localrun import bench
 from localrun.bench.stats import Row
-from localrun.ui.stream import human_bytes
 from localrun.ui.svgchart import Bar, bar_chart
+from localrun.units import human_bytes
 
 _DASH = "-"
 

@@ -31,6 +31,7 @@ from rich.progress import (
 from rich.text import Text
 
 from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
+from localrun.units import human_bytes
 
 
 class Renderer(Protocol):
@@ -220,14 +221,6 @@ class LiveRenderer:
             Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )
         return final
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 class PullProgress:

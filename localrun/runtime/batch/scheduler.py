@@ -24,13 +24,11 @@ from typing import Any
 
 import llama_cpp
 
-from localrun.runtime.decode import Decoder, Sampler, SamplingParams, TokenOutput
-from localrun.runtime.engine import Engine
 from localrun.errors import ContextOverflowError, EngineError
 from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone
-from localrun.gguf.info import CONTEXT_STEP, ModelInfo
+from localrun.runtime.decode import Decoder, Sampler, SamplingParams, TokenOutput
+from localrun.runtime.engine import Engine
 
-DEFAULT_MAX_PARALLEL = 16  # on 2 cores, aggregate speed grows little past this (11.9 / 21.3 / 25.1 tok/s at 1 / 4 / 16)
 _DECODE_OK, _DECODE_ABORTED = 0, 2
 
 
@@ -59,26 +57,6 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
             k += 1
         n = k
     return max(n, 0)
-
-
-def slot_context(need: int, limit: int) -> int:
-    """The context one sequence gets: ``need`` tokens rounded up to llama.cpp's
-    step of 256, at most ``limit`` (the trained context)."""
-    return max(CONTEXT_STEP, min(-(-need // CONTEXT_STEP) * CONTEXT_STEP, limit))
-
-
-def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int) -> int:
-    """How many sequences of ``seq_ctx`` tokens fit in ``budget`` bytes beside
-    the weights and the compute buffer."""
-    room = budget - shape.weights_bytes - shape.compute_bytes()
-    per_sequence = seq_ctx * shape.kv_bytes_per_token(type_k, type_v)
-    return max(0, room // per_sequence) if per_sequence else 0
-
-
-def default_parallel(n_prompts: int, fits: int | None) -> int:
-    """At most DEFAULT_MAX_PARALLEL, no more than there are prompts, no more than fit in memory."""
-    n = min(DEFAULT_MAX_PARALLEL, max(n_prompts, 1))
-    return max(1, min(n, fits)) if fits is not None else n
 
 
 class _Slot:

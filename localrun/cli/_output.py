@@ -1,0 +1,43 @@
+"""What a command shows besides the model's text: results on stdout, notes
+and warnings on stderr, JSON and tables, through the current Environment."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from localrun.cli._env import Environment, current
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+PIPE_WIDTH = 200  # tables into a pipe are not squeezed to 80 columns
+
+
+class Output:
+    def __init__(self, env: Environment | None = None) -> None:
+        self.env = env or current()
+
+    def result(self, text: str) -> None:
+        """A line the user asked for, on stdout."""
+        self.env.stdout.write(text + "\n")
+
+    def json(self, record: Any, *, indent: int | None = None) -> None:
+        self.env.stdout.write(json.dumps(record, indent=indent) + "\n")
+
+    def note(self, text: str) -> None:
+        self.env.stderr.write(text + "\n")
+
+    def warn(self, text: str) -> None:
+        self.env.stderr.write(f"warning: {text}\n")
+
+    def console(self, *, stderr: bool = False) -> Console:
+        """A Rich console on stdout (or stderr): the terminal's width, or PIPE_WIDTH into a pipe."""
+        from rich.console import Console
+
+        stream, tty = (self.env.stderr, self.env.stderr_isatty) if stderr else (self.env.stdout, self.env.stdout_isatty)
+        return Console(file=stream, width=None if tty else PIPE_WIDTH)
+
+
+def out() -> Output:
+    return Output(current())

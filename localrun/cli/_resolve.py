@@ -1,0 +1,28 @@
+"""Model names to files for the commands: the store's resolver, with a
+progress bar and a notice when a model is pulled on first use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localrun import store
+from localrun.cli._env import current
+
+
+def pull_with_progress(target: store.Target, source: store.Source = "auto") -> store.Pulled:
+    from localrun.ui.stream import PullProgress
+
+    with PullProgress(current().stderr, target.label) as progress:
+        pulled = store.pull(target, source=source, progress=progress.update, notice=progress.notice)
+        progress.finish(pulled.path, pulled.source)
+    return pulled
+
+
+def _pull_missing(target: store.Target) -> Path:
+    current().stderr.write(f"{target.label} is not downloaded yet: pulling it\n")
+    return pull_with_progress(target).path
+
+
+def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> store.Resolved:
+    """`store.resolve` on the current registry, pulling on first use with a progress bar."""
+    return store.resolve(name, current().registry, offline=offline, with_draft=with_draft, pull_missing=_pull_missing)

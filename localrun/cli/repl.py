@@ -1,0 +1,217 @@
+"""`localrun chat` on a terminal: line editing and a persistent history
+(readline), `\"\"\"` blocks for multi-line messages, slash commands, replies
+streamed in the live panel and shown as Markdown when complete. Ctrl-C stops
+a reply; Ctrl-C or Ctrl-D at the prompt ends the session."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from localrun import paths
+from localrun.cli._env import current
+from localrun.cli._errors import ExitCode, as_user_error, describe
+from localrun.cli._signals import ctrl_c_stops
+from localrun.errors import LocalrunError, UsageError
+from localrun.events import Stats
+from localrun.runtime.chat import ChatSession
+from localrun.ui.stream import LiveRenderer
+
+MULTILINE = '"""'
+
+
+@dataclass(frozen=True)
+class Command:
+    usage: str
+    help: str
+    run: Callable[[str], bool]  # returns False to end the session
+
+
+class Repl:
+    """The interactive loop: read a message or a command, stream the reply."""
+
+    def __init__(self, session: ChatSession, console: Console, history: Path | None = None) -> None:
+        self.session = session
+        self.console = console
+        self.history = history or paths.data_dir() / "chat_history"
+        self.commands: dict[str, Command] = {
+            "/help": Command("/help", "this list", self._help),
+            "/stats": Command("/stats", "the last turn's figures and the session's totals", self._stats),
+            "/clear": Command("/clear", "start a new conversation", self._clear),
+            "/system": Command("/system [TEXT]", "show or set the system prompt (new conversation)", self._system),
+            "/retry": Command("/retry", "generate the last reply again", self._retry),
+            "/draft": Command("/draft on|off|auto", "speculative decoding on (auto) or off", self._draft),
+            "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
+            "/load": Command("/load FILE", "load a saved conversation", self._load),
+            "/exit": Command("/exit", "end the session (also Ctrl-D)", lambda _: False),
+        }
+
+    # -- input --
+
+    def _setup_readline(self) -> None:
+        try:
+            import readline
+        except ImportError:  # no line editing on this platform
+            return
+        readline.set_history_length(2000)
+        with contextlib.suppress(OSError):  # no history yet
+            readline.read_history_file(self.history)
+
+    def _save_history(self) -> None:
+        try:
+            import readline
+
+            self.history.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(self.history)
+        except (ImportError, OSError):
+            pass
+
+    def read_message(self) -> str:
+        """One message: a line, or a block between two `\"\"\"` lines."""
+        line = input(">>> ")
+        if not line.strip().startswith(MULTILINE):
+            return line
+        first = line.strip()[len(MULTILINE) :]
+        if first.endswith(MULTILINE):  # """one line"""
+            return first[: -len(MULTILINE)]
+        lines = [first] if first else []
+        while True:
+            try:
+                more = input("... ")
+            except KeyboardInterrupt:  # drop the unfinished block, stay in the session
+                self.console.print("\n(message discarded)", style="dim")
+                return ""
+            if more.rstrip().endswith(MULTILINE):
+                lines.append(more.rstrip()[: -len(MULTILINE)])
+                return "\n".join(lines).strip("\n")
+            lines.append(more)
+
+    # -- the loop --
+
+    def run(self) -> ExitCode:
+        self._setup_readline()
+        name = self.session.engine.info.name
+        self.console.print(
+            f"[bold]{name}[/bold] · context {self.session.engine.n_ctx} tokens · "
+            f"/help for commands, {MULTILINE} for multi-line messages, Ctrl-D to quit",
+            style="dim",
+        )
+        if self.session.turns:
+            self.console.print(f"continuing a conversation of {len(self.session.turns)} turns", style="dim")
+        try:
+            while True:
+                try:
+                    text = self.read_message()
+                except EOFError:
+                    self.console.print()
+                    break
+                except KeyboardInterrupt:
+                    self.console.print()
+                    break
+                if not text.strip():
+                    continue
+                if text.startswith("/"):
+                    if not self._command(text):
+                        break
+                    continue
+                self._turn(text)
+        finally:
+            self._save_history()
+        current().stderr.write(f"session: {self.session.totals.summary()}\n")
+        return ExitCode.OK
+
+    def _command(self, text: str) -> bool:
+        name, _, arg = text.partition(" ")
+        command = self.commands.get(name)
+        if command is None:
+            self.console.print(f"unknown command {name}; /help lists the commands", style="yellow")
+            return True
+        try:
+            return command.run(arg.strip())
+        except Exception as exc:  # a mistake in a command must not end the session and lose the conversation
+            error = as_user_error(exc)
+            if error is None:
+                raise
+            self.console.print(f"error: {describe(error)}", style="red")
+            return True
+
+    def _turn(self, text: str, *, retry: bool = False) -> None:
+        try:
+            plan = self.session.retry() if retry else self.session.plan(text)
+        except LocalrunError as exc:
+            self.console.print(f"error: {describe(exc)}", style="red")
+            return
+        if plan.dropped:
+            self.console.print(
+                f"dropped the {plan.dropped} oldest turn(s) to fit the context of {self.session.engine.n_ctx} tokens",
+                style="yellow",
+            )
+        renderer = LiveRenderer(self.console, title=self.session.engine.info.name, markdown=True)
+        with ctrl_c_stops(self.session.engine):
+            final = renderer.render(self.session.reply(plan))
+        if final.stop_reason == "interrupted":
+            self.console.print("reply interrupted; it stays in the conversation (/retry to redo it)", style="yellow")
+
+    # -- commands --
+
+    def _help(self, _: str) -> bool:
+        for command in self.commands.values():
+            self.console.print(f"  {command.usage:<16} {command.help}")
+        self.console.print(f"  {MULTILINE:<16} start and end a multi-line message")
+        return True
+
+    def _stats(self, _: str) -> bool:
+        last: Stats | None = next((t.stats for t in reversed(self.session.turns) if t.stats), None)
+        self.console.print(f"last turn: {last.summary() if last else 'none yet'}", soft_wrap=True)
+        self.console.print(f"session:   {self.session.totals.summary()}", soft_wrap=True)
+        return True
+
+    def _clear(self, _: str) -> bool:
+        self.session.clear()
+        self.console.print("new conversation", style="dim")
+        return True
+
+    def _system(self, arg: str) -> bool:
+        if not arg:
+            self.console.print(f"system prompt: {self.session.system or '(none)'}")
+            return True
+        self.session.set_system(arg)
+        self.session.clear()
+        self.console.print("system prompt set; new conversation", style="dim")
+        return True
+
+    def _retry(self, _: str) -> bool:
+        self._turn("", retry=True)
+        return True
+
+    def _draft(self, arg: str) -> bool:
+        if arg not in ("on", "off", "auto"):
+            state = "on" if self.session.use_draft and self.session.speculation else "off"
+            self.console.print(f"speculative decoding is {state}; /draft on|off|auto")
+            return True
+        if arg != "off" and self.session.speculation is None:
+            raise UsageError("no drafter was opened", hint="start chat with --draft auto, lookup or a draft model")
+        self.session.use_draft = arg != "off"
+        label = self.session.speculation.label if self.session.speculation else ""
+        self.console.print(f"speculative decoding {'on (' + label + ')' if self.session.use_draft else 'off'}")
+        return True
+
+    def _save(self, arg: str) -> bool:
+        if not arg:
+            raise UsageError("/save needs a file name")
+        path = Path(arg).expanduser()
+        self.session.save(path)
+        self.console.print(f"saved {len(self.session.turns)} turns to {path}", style="dim")
+        return True
+
+    def _load(self, arg: str) -> bool:
+        if not arg:
+            raise UsageError("/load needs a file name")
+        path = Path(arg).expanduser()
+        self.session.load(path)
+        self.console.print(f"loaded {len(self.session.turns)} turns from {path}", style="dim")
+        return True

@@ -1,0 +1,118 @@
+"""How much memory a model may use and what fits in it: the context of one
+engine, each sequence's context in a batch, and how many sequences run at once.
+
+`localrun show`, `--ctx auto`, `--ctx N`, `--batch` and `bench` all size
+through this module, so they agree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from localrun.config import FLASH_ATTN_MODES
+from localrun.errors import UsageError
+from localrun.gguf.info import CONTEXT_STEP, KV_BYTES_PER_ELEMENT, ModelInfo
+from localrun.system import available_memory
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import EngineConfig
+
+DEFAULT_CTX = 4096  # a context when nothing is known about memory, and what a line without max tokens may use
+DEFAULT_MAX_PARALLEL = 16  # --batch: sequences decoded together at most, unless --parallel says otherwise
+RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
+
+_QUANT_BLOCK = 32
+
+
+def memory_budget(configured: int | None = None) -> int:
+    """The bytes a model may use: ``configured``, or the available RAM less a
+    reserve for the rest of the system; 0 when nothing is known."""
+    if configured:
+        return configured
+    available = available_memory()
+    return available - RESERVE if available else 0
+
+
+def choose_context(shape: ModelInfo, config: EngineConfig, flash_attn: str) -> int:
+    """`--ctx auto`: the longest context that fits the memory budget; `--ctx N`:
+    N, or an error with the numbers when it does not fit."""
+    budget = memory_budget(config.memory_budget)
+    if not budget:  # nothing known about memory
+        return config.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
+    fits = shape.max_context(budget, config.type_k, config.type_v, flash_attn)
+    kv = f"KV {config.type_k}/{config.type_v}"
+    if config.n_ctx is None:
+        if fits < CONTEXT_STEP:
+            raise UsageError(
+                f"the model does not fit in {budget / 2**30:.1f} GiB: weights {shape.weights_bytes / 2**30:.2f} GiB, "
+                f"compute {shape.compute_bytes() / 2**30:.2f} GiB, and no room for a {CONTEXT_STEP}-token {kv} cache",
+                hint="free some memory, or pass --ctx N to try anyway",
+            )
+        return fits
+    if config.n_ctx < 16:
+        raise UsageError(f"context size {config.n_ctx} is too small", hint="use --ctx 512 or more")
+    need = shape.memory_needed(config.n_ctx, config.type_k, config.type_v, flash_attn)
+    if need > budget:
+        kv_bytes = config.n_ctx * shape.kv_bytes_per_token(config.type_k, config.type_v)
+        raise UsageError(
+            f"--ctx {config.n_ctx} needs {need / 2**30:.2f} GiB (weights {shape.weights_bytes / 2**30:.2f}, "
+            f"{kv} {kv_bytes / 2**30:.2f}, compute {(need - shape.weights_bytes - kv_bytes) / 2**30:.2f}); "
+            f"the memory budget is {budget / 2**30:.2f} GiB",
+            hint=f"--ctx auto fits {fits} tokens; --kv q8_0 halves the KV cache",
+        )
+    return config.n_ctx
+
+
+def check_kv_config(config: EngineConfig, shape: ModelInfo) -> str:
+    """Validate the KV cache types against the model and return the flash
+    attention mode to ask llama.cpp for: a quantized V cache needs flash
+    attention, so it is switched on unless the user switched it off (then it
+    is an error); auto is settled by `ModelInfo.auto_flash_attn`."""
+    for name, kv_type, dim in (("K", config.type_k, shape.key_length), ("V", config.type_v, shape.value_length)):
+        if kv_type not in KV_BYTES_PER_ELEMENT:
+            raise UsageError(f"unknown KV cache type {kv_type!r} for {name}", hint="use f16, q8_0 or q4_0")
+        if kv_type != "f16" and dim % _QUANT_BLOCK:
+            raise UsageError(
+                f"a {kv_type} {name} cache needs a head size that is a multiple of {_QUANT_BLOCK}; "
+                f"this model's is {dim}",
+                hint=f"use --kv-{name.lower()} f16",
+            )
+    if config.flash_attn not in FLASH_ATTN_MODES:
+        raise UsageError(f"unknown --flash-attn value {config.flash_attn!r}", hint="use auto, on or off")
+    if config.type_v != "f16" and config.flash_attn == "off":
+        raise UsageError(
+            f"a {config.type_v} V cache needs flash attention, which --flash-attn off switches off",
+            hint="use --flash-attn on (or auto), or --kv-v f16",
+        )
+    if config.flash_attn == "auto" or config.type_v != "f16":
+        return shape.auto_flash_attn(config.type_v)
+    return config.flash_attn
+
+
+def slot_context(need: int, limit: int) -> int:
+    """The context one sequence gets: ``need`` tokens rounded up to llama.cpp's
+    step of 256, at most ``limit`` (the trained context)."""
+    return max(CONTEXT_STEP, min(-(-need // CONTEXT_STEP) * CONTEXT_STEP, limit))
+
+
+def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int) -> int:
+    """How many sequences of ``seq_ctx`` tokens fit in ``budget`` bytes beside
+    the weights and the compute buffer."""
+    room = budget - shape.weights_bytes - shape.compute_bytes()
+    per_sequence = seq_ctx * shape.kv_bytes_per_token(type_k, type_v)
+    return max(0, room // per_sequence) if per_sequence else 0
+
+
+def default_parallel(n_prompts: int, fits: int | None) -> int:
+    """At most DEFAULT_MAX_PARALLEL, no more than there are prompts, no more than fit in memory."""
+    n = min(DEFAULT_MAX_PARALLEL, max(n_prompts, 1))
+    return max(1, min(n, fits)) if fits is not None else n
+
+
+def sequence_context(needs: list[int], fixed: int | None, limit: int) -> int:
+    """Each batch sequence's context: ``fixed`` (--ctx) rounded up to the
+    step, or enough for the largest of ``needs`` (prompt plus max tokens),
+    at most ``limit`` (the trained context)."""
+    if fixed is not None:
+        return -(-fixed // CONTEXT_STEP) * CONTEXT_STEP
+    return slot_context(max(needs, default=1), limit)

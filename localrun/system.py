@@ -1,0 +1,47 @@
+"""What this machine offers the process: memory, CPUs, and its peak memory use."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import sys
+from pathlib import Path
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (bytes); 0 when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def default_threads() -> int:
+    """All the CPUs this process may run on (llama-cpp-python's own default is half)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss() -> int:
+    """Peak resident memory since `reset_peak_rss` (bytes); where that cannot
+    be reset, the process's lifetime peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

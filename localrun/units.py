@@ -1,0 +1,44 @@
+"""Sizes in bytes: parsing what users write, formatting what they read."""
+
+from __future__ import annotations
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MB', '2.5G', '1000000' -> bytes."""
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number) :]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4GiB, 512MB)")
+    return int(float(number) * _UNITS[unit])
+
+
+def human_bytes(n: float) -> str:
+    """A file or download size in decimal units: '1.1 GB'."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def gib(n: float) -> str:
+    """A memory amount in binary units, as the sizing messages give it: '1.50 GiB'."""
+    return f"{n / 2**30:.2f} GiB"
