@@ -7,11 +7,7 @@ the end-of-generation test, and an abort flag that stops a running decode.
 
 from __future__ import annotations
 
-import collections
 import ctypes
-import os
-import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,74 +19,11 @@ import llama_cpp
 from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
 from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
+from localrun.runtime import llama_log
 from localrun.runtime.sizing import check_kv_config, choose_context
 from localrun.system import default_threads
 
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
-
-
-# ---------------------------------------------------------------- logging --
-
-_log_lock = threading.Lock()
-_recent_errors: collections.deque[str] = collections.deque(maxlen=8)
-_recent_log: collections.deque[str] = collections.deque(maxlen=64)  # buffer sizes, read after a load
-_verbose = False
-
-
-def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    message = text.decode("utf-8", errors="replace")
-    with _log_lock:
-        if "MiB" in message:  # buffer sizes; the debug chatter would flush them out
-            _recent_log.append(message)
-        if level == 4:  # GGML_LOG_LEVEL_ERROR in ggml.h (3 is WARN)
-            _recent_errors.append(message.strip())
-    if _verbose:
-        os.write(2, text)
-
-
-_log_callback = llama_cpp.llama_log_callback(_on_log)
-
-
-def set_verbose(verbose: bool) -> None:
-    """llama.cpp's own log lines go to stderr only when verbose."""
-    global _verbose
-    _verbose = verbose
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-
-
-_KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
-_COMPUTE = re.compile(r"CPU compute buffer size =\s*([\d.]+) MiB")
-
-
-def _logged_buffers() -> tuple[int | None, int | None, int | None]:
-    """(KV cache bytes, KV cells, compute buffer bytes) from llama.cpp's log of the last context creation."""
-    with _log_lock:
-        text = "".join(_recent_log)
-        _recent_log.clear()
-    kv = _KV_SIZE.findall(text)
-    compute = _COMPUTE.findall(text)
-    mib = 1024 * 1024
-    return (
-        round(float(kv[-1][0]) * mib) if kv else None,
-        int(kv[-1][1]) if kv else None,
-        round(float(compute[0]) * mib) if compute else None,
-    )
-
-
-def _last_llama_error() -> str:
-    with _log_lock:
-        return _recent_errors[-1] if _recent_errors else ""
-
-
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        set_verbose(_verbose)
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
 
 
 # ----------------------------------------------------------------- engine --
@@ -103,7 +36,7 @@ def _load_model(info: GGUFInfo, repack: bool) -> Any:
     model = llama_cpp.llama_model_load_from_file(str(info.path).encode(), mparams)
     if not model:
         raise BadModelError(
-            f"llama.cpp could not load {info.path}: {_last_llama_error() or 'unknown error'}",
+            f"llama.cpp could not load {info.path}: {llama_log.last_error() or 'unknown error'}",
             hint=f"architecture {info.architecture!r} may be unsupported by this llama.cpp build",
         )
     return model
@@ -134,8 +67,8 @@ class Weights(_Native):
         self.path = path
         self.repack = repack
         self.info = read_gguf(path)
-        set_verbose(verbose)
-        _init_backend()
+        llama_log.set_verbose(verbose)
+        llama_log.init_backend()
         self.handle = _load_model(self.info, repack)
 
     def serves(self, config: EngineConfig) -> bool:
@@ -188,8 +121,8 @@ class Engine(_Native):
         if weights is not None and not weights.serves(config):
             raise ValueError(f"weights of {weights.path} given for an engine of {config.model_path}")
         self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
-        set_verbose(config.verbose)
-        _init_backend()
+        llama_log.set_verbose(config.verbose)
+        llama_log.init_backend()
 
         self._model = weights.handle if weights is not None else _load_model(self.info, config.repack)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -216,10 +149,10 @@ class Engine(_Native):
         cparams.n_seq_max = config.n_seq_max
         cparams.kv_unified = config.kv_unified
         cparams.no_perf = True
-        _logged_buffers()  # forget what the model load logged
+        llama_log.logged_buffers()  # forget what the model load logged
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            reason = _last_llama_error() or "unknown error"
+            reason = llama_log.last_error() or "unknown error"
             self.close()
             raise EngineError(
                 f"llama.cpp could not create a context of {n_ctx} tokens "
@@ -227,7 +160,7 @@ class Engine(_Native):
                 hint="try a smaller --ctx, or --kv f16",
             )
         self.flash_attn = flash_attn  # the mode asked of llama.cpp: on or off, or auto where it decides
-        self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = _logged_buffers()
+        self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = llama_log.logged_buffers()
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from localrun.errors import BadModelError, EngineError, UsageError
 from localrun.gguf.reader import read_gguf
-from localrun.runtime.engine import _init_backend, set_verbose
+from localrun.runtime import llama_log
 from localrun.system import default_threads
 
 # The file types offered: name -> llama_ftype (the names llama.cpp's quantize tool uses, lower case)
@@ -45,7 +45,6 @@ QUANT_TYPES: dict[str, int] = {
 }
 _FLOAT_TENSORS = {int(GGMLQuantizationType.F32), int(GGMLQuantizationType.F16), int(GGMLQuantizationType.BF16)}
 _TENSOR_LINE = re.compile(rb"^\[\s*(\d+)/\s*(\d+)\]")
-_LOG_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 
 
 @dataclass(frozen=True)
@@ -124,20 +123,17 @@ def quantize(
     """Quantize ``src`` into ``dst`` as ``qtype``. ``progress(done, total)``
     is called per tensor, from llama.cpp's own log of its work."""
     ftype = _check_request(src, dst, qtype, force, allow_requantize)
-    _init_backend()
+    llama_log.init_backend()
 
     errors: list[str] = []
 
-    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        if level == _LOG_ERROR and text.strip(b"=\n "):
+    def on_log(level: int, text: bytes) -> None:
+        if level == llama_log.LEVEL_ERROR and text.strip(b"=\n "):
             errors.append(text.decode("utf-8", errors="replace").strip())
         found = _TENSOR_LINE.match(text)
         if found and progress is not None:  # logged as each tensor starts
             progress(int(found.group(1)) - 1, int(found.group(2)))
-        if verbose:
-            os.write(2, text)
 
-    callback = llama_cpp.llama_log_callback(on_log)
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = threads or default_threads()
     params.ftype = ftype
@@ -145,8 +141,8 @@ def quantize(
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
     start = time.perf_counter()
     try:
-        llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
-        try:
+        llama_log.set_verbose(verbose)
+        with llama_log.listening(on_log):
             status = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
             if status != 0:
                 raise EngineError(
@@ -154,8 +150,6 @@ def quantize(
                     hint="run with --verbose to see llama.cpp's log",
                 )
             _verify(tmp, ftype, qtype, errors)
-        finally:
-            set_verbose(verbose)  # llama.cpp's log goes back to the engine's handler
         tmp.replace(dst)
     finally:
         tmp.unlink(missing_ok=True)
