@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from localrun.events import Event, Stats, TokenEvent
 from tests.tinymodel import write_tiny_model
 
 # A shell that starts a background job without job control makes it ignore
@@ -57,47 +53,3 @@ def wide_model(models_dir: Path) -> Path:
 def long_model(models_dir: Path) -> Path:
     """Trained context of 32k tokens: generation runs long enough to interrupt."""
     return write_tiny_model(models_dir / "tiny-long.gguf", n_ctx_train=32768)
-
-
-def cli(
-    *args: str, input: str | None = None, timeout: float = 120, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run `python -m localrun ARGS` with stdin as given (empty when None)."""
-    return subprocess.run(
-        [sys.executable, "-m", "localrun", *args],
-        input=input if input is not None else "",
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-def on_terminal(*args: str, rows: int = 30, cols: int = 100) -> tuple[int | None, str]:
-    """Run `python -m localrun ARGS` on a pseudo-terminal; (exit status, what the screen got)."""
-    import pexpect
-
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "localrun", *args],
-        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)},
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(rows, cols),
-    )
-    child.expect(pexpect.EOF)
-    child.close()
-    return child.exitstatus, child.before or ""
-
-
-def collect(events: Iterable[Event]) -> tuple[str, Stats]:
-    """A generation's text and its closing stats."""
-    text, stats = "", None
-    for ev in events:
-        if isinstance(ev, TokenEvent):
-            text += ev.text
-        else:
-            stats = ev.stats
-    assert stats is not None
-    return text, stats

@@ -23,7 +23,7 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sizing import DEFAULT_MAX_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.ui.batch import JsonlWriter
-from tests.conftest import cli, collect, on_terminal
+from tests.helpers import Result, cli, collect, on_terminal
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["hello there", "the cat sat on the mat", "x", "in the beginning was", "on the", "a b c d e f", "what now"]
@@ -254,7 +254,7 @@ def records(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines()]
 
 
-def run_cli(model: Path, source: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(model: Path, source: str, *args: str, input: str | None = None) -> Result:
     return cli("generate", "-m", str(model), "-t", "0", "--batch", source, *args, input=input)
 
 

@@ -16,7 +16,7 @@ from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import engine
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.quantize import quantize
-from tests.conftest import cli
+from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 
 # ------------------------------------------------------------- arithmetic --

@@ -14,7 +14,7 @@ from localrun.runtime.chat import ChatSession, read_conversation
 from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import BUILTIN_TEMPLATES
-from tests.conftest import cli, collect
+from tests.helpers import cli, collect
 from tests.tinymodel import CHATML, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)

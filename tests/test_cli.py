@@ -11,7 +11,7 @@ import pytest
 
 from localrun.events import DraftStats
 from localrun.ui.stream import footer
-from tests.conftest import cli, on_terminal
+from tests.helpers import Result, cli, on_terminal
 
 ANSI = "\x1b"
 
@@ -75,7 +75,7 @@ def test_seed_makes_sampling_repeatable(tiny_model: Path) -> None:
 def test_stdin_prompt_and_instruction(tiny_model: Path) -> None:
     base = ("generate", "-m", str(tiny_model), "-n", "12", "--temperature", "0", "--json")
 
-    def prompt_tokens(res: subprocess.CompletedProcess[str]) -> int:
+    def prompt_tokens(res: Result) -> int:
         assert res.returncode == 0, res.stderr
         return int(json.loads(res.stdout.splitlines()[-1])["prompt_tokens"])
 

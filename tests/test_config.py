@@ -9,7 +9,7 @@ import pytest
 from localrun import config, paths
 from localrun.errors import ConfigError
 from localrun.store import registry
-from tests.conftest import cli
+from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 
 

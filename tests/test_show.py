@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from localrun.units import parse_size
-from tests.conftest import cli
+from tests.helpers import cli
 
 
 def test_show_json_from_gguf_metadata(tiny_model: Path) -> None:

@@ -27,7 +27,7 @@ from localrun.speculative.drafters import (
     match_bucket,
 )
 from localrun.speculative.sampling import check_draft, target_probs
-from tests.conftest import cli, collect, on_terminal
+from tests.helpers import cli, collect, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)

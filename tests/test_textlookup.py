@@ -12,7 +12,7 @@ from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.control import FixedController
 from localrun.speculative.drafters import PromptLookupDrafter
 from localrun.speculative.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
-from tests.conftest import collect
+from tests.helpers import collect
 from tests.tinymodel import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)

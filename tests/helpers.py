@@ -1,0 +1,102 @@
+"""Helpers the tests share: running the command line (in process, in a
+subprocess, on a pseudo-terminal) and draining a generation."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from localrun.cli import main
+from localrun.cli._env import Environment
+from localrun.events import Event, Stats, TokenEvent
+
+
+@dataclass
+class Result:
+    """What a command did: its exit status and its two streams."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@contextmanager
+def _environ(extra: dict[str, str] | None) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.update(extra or {})
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def cli(
+    *args: str,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+    stdin_tty: bool = False,
+) -> Result:
+    """Run `localrun ARGS` in this process, with stdin as given (empty when
+    None) and stdout/stderr captured; neither is a terminal (``stdin_tty``
+    makes stdin one, for the confirmations)."""
+    stdin, stdout, stderr = io.StringIO(input or ""), io.StringIO(), io.StringIO()
+    streams = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stderr  # what click and Typer write to
+    try:
+        with _environ(env):
+            code = main(list(args), Environment(stdin, stdout, stderr, stdin_isatty=stdin_tty))
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = streams
+    return Result(code, stdout.getvalue(), stderr.getvalue())
+
+
+def cli_process(
+    *args: str, input: str | None = None, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m localrun ARGS` in a subprocess: for signals, llama.cpp's
+    own log on the real stderr, and the Hugging Face client, which reads its
+    environment once per process."""
+    return subprocess.run(
+        [sys.executable, "-m", "localrun", *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def on_terminal(*args: str, rows: int = 30, cols: int = 100) -> tuple[int | None, str]:
+    """Run `python -m localrun ARGS` on a pseudo-terminal; (exit status, what the screen got)."""
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", *args],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(rows, cols),
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus, child.before or ""
+
+
+def collect(events: Iterable[Event]) -> tuple[str, Stats]:
+    """A generation's text and its closing stats."""
+    text, stats = "", None
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            text += ev.text
+        else:
+            stats = ev.stats
+    assert stats is not None
+    return text, stats
