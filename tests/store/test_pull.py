@@ -196,6 +196,7 @@ def test_concurrent_pulls_do_not_corrupt(hub: HubState, model_bytes: bytes) -> N
     assert len(paths) == 1 and paths.pop().read_bytes() == model_bytes
 
 
+@pytest.mark.slow
 def test_rm_asks_and_warns(hub: HubState) -> None:
     assert cli_process("pull", "tiny:q4").returncode == 0
     refused = cli_process("rm", "tiny:draft")
@@ -246,6 +247,7 @@ def test_ctrl_c_keeps_a_resumable_partial_file(hub: HubState) -> None:
     assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == data
 
 
+@pytest.mark.slow
 def test_registry_defaults_apply_to_generate(hub: HubState, tiny_model: Path) -> None:
     assert cli_process("pull", "tiny:q4", "--no-draft").returncode == 0
 
@@ -263,6 +265,8 @@ def test_registry_defaults_apply_to_generate(hub: HubState, tiny_model: Path) ->
     assert cli_process("generate", "-m", "tiny:q4", "--ctx", "512", "-n", "2", long).returncode == 0
 
 
+@pytest.mark.pty
+@pytest.mark.slow
 def test_terminal_shows_a_progress_bar(hub: HubState) -> None:
     hub.add(REPO, "bar.gguf", os.urandom(6_000_000))
     hub.seconds_per_mb = 0.3

@@ -418,6 +418,7 @@ def test_json_done_event_reports_the_drafts(models: dict[str, Path]) -> None:
     assert "".join(e.get("text", "") for e in none) == "".join(e.get("text", "") for e in events)
 
 
+@pytest.mark.pty
 def test_panel_footer_shows_acceptance(models: dict[str, Path]) -> None:
     status, screen = on_terminal(
         "generate", "-m", str(models["bigram"]), "-n", "150", "-t", "0", "--draft", "lookup", "the cat sat"

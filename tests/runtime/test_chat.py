@@ -125,6 +125,7 @@ def test_chat_load_continues_a_saved_conversation(tiny_model: Path, tmp_path: Pa
     assert res.returncode == 2 and "reply with no question" in res.stderr
 
 
+@pytest.mark.pty
 def test_model_without_template(models_dir: Path) -> None:
     plain = write_tiny_model(models_dir / "no-template.gguf", chat_template=None)
     res = cli("chat", "-m", str(plain), input="hi\n")
@@ -150,6 +151,7 @@ def spawn_chat(*args: str) -> pexpect.spawn:
     )
 
 
+@pytest.mark.pty
 def test_interactive_session(tiny_model: Path, tmp_path: Path) -> None:
     saved = tmp_path / "saved.json"
     child = spawn_chat("-m", str(tiny_model), "-n", "12", "-t", "0")
@@ -196,6 +198,7 @@ def test_interactive_session(tiny_model: Path, tmp_path: Path) -> None:
     child.expect(pexpect.EOF)
 
 
+@pytest.mark.pty
 def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child = spawn_chat("-m", str(long_model), "--ctx", "32768", "-n", "30000")
     child.expect(">>> ")
