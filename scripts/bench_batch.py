@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure `localrun generate --batch` side by side with the alternatives, in one run.
 
-    .venv/bin/python scripts/bench_batch.py [MODEL.gguf] [--threads 2] [--prompts 32]
+    .venv/bin/python scripts/bench_batch.py [MODEL] [--threads 2] [--prompts 32]
         [--tokens 128] [--rounds 1] [--native PATH/TO/llama-batched-bench] [--quick]
 
 1. batch vs one by one: the same prompts of mixed length (one system prompt,
@@ -18,7 +18,11 @@
 
 Rounds alternate the order of the contenders; ratios are taken within a round,
 then the median over rounds. A shared machine is noisy: read the ranges.
-`--quick` (8 prompts, 64 tokens, --pp 64) runs in a few minutes.
+`--quick` (8 prompts, 64 tokens, --pp 64) is a shorter run.
+
+MODEL is any localrun model name (a registry alias, owner/repo:QUANT,
+hf://owner/repo/file.gguf or a GGUF path); a registry model is pulled on
+first use.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import prompt_tokens
+from scripts._models import HelpFormatter, model_path
+from scripts._stats import ratio_summary
 
-DEFAULT_MODEL = Path("/root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+DEFAULT_MODEL = "qwen2.5-coder:1.5b"
 SYSTEM = "You are a concise coding assistant. Answer with short, correct code and at most two sentences."
 SHORT = [
     "Write a Python function that reverses a string.",
@@ -186,22 +192,18 @@ def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int)
 # ------------------------------------------------------------------ main --
 
 
-def ratios(a: list[float], b: list[float]) -> str:
-    r = sorted(x / y for x, y in zip(a, b, strict=True))
-    return f"{statistics.median(r):.3f}x" + (f" (range {r[0]:.3f}-{r[-1]:.3f})" if len(r) > 1 else "")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompts", type=int, default=32)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="model name or GGUF path")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every contender")
+    ap.add_argument("--prompts", type=int, default=32, help="number of prompts (short, medium, long mixed 3:2:1)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens to generate per prompt (at most)")
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens per sequence in the native comparison")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds; the contenders' order alternates")
     ap.add_argument("--native", help="path to llama-batched-bench")
     ap.add_argument("--quick", action="store_true", help="8 prompts, 64 tokens, --pp 64")
     args = ap.parse_args()
+    args.model = model_path(args.model)
     if args.quick:
         args.prompts, args.tokens, args.pp = 8, 64, 64
     prompts = bench_prompts(args.prompts)
@@ -228,7 +230,7 @@ def main() -> None:
     single.close()
     print(f"--batch (default --parallel = {parallel}) {statistics.median(batch_rate):.2f} tok/s; "
           f"one by one {statistics.median(alone_rate):.2f} tok/s")  # fmt: skip
-    print(f"batch / one by one: {ratios(batch_rate, alone_rate)}  (goal >= 1.8x)")
+    print(f"batch / one by one: {ratio_summary(batch_rate, alone_rate, range_of_one=False)}  (goal >= 1.8x)")
     print(f"identical greedy texts: {same}/{len(prompts)}")
 
     if args.native:
@@ -249,8 +251,9 @@ def main() -> None:
                     native.append(figures)
                 print(f"  round {r + 1} {which:8s}: {figures[0]:.2f} tok/s total, {figures[1]:.2f} tok/s decoding")
         engine.close()
-        print(f"localrun / llama-batched-bench: total {ratios([o[0] for o in ours], [x[0] for x in native])}, "
-              f"decoding {ratios([o[1] for o in ours], [x[1] for x in native])}  (goal >= 0.95x)")  # fmt: skip
+        total = ratio_summary([o[0] for o in ours], [x[0] for x in native], range_of_one=False)
+        decoding = ratio_summary([o[1] for o in ours], [x[1] for x in native], range_of_one=False)
+        print(f"localrun / llama-batched-bench: total {total}, decoding {decoding}  (goal >= 0.95x)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
   same prompt evaluated from scratch [<= 0.2x];
 - chat: time to first token of turn 20 against turn 2, same message length [<= 1.2x].
 
-    .venv/bin/python scripts/bench_cache.py [--model GGUF] [--prefix 2000] [--reps 3] [--turns 20]
+    .venv/bin/python scripts/bench_cache.py [--model NAME] [--prefix 2000] [--reps 3] [--turns 20]
+
+--model is any localrun model name (a registry alias, owner/repo:QUANT,
+hf://owner/repo/file.gguf or a GGUF path); a registry model is pulled on
+first use.
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from localrun.events import DoneEvent, Stats
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.decode import Decoder, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import build_prompt, chat_template
 from localrun.runtime.promptcache import PromptCache
+from scripts._models import HelpFormatter, model_path
+from scripts._stats import median_ratio
 
 GREEDY = SamplingParams(temperature=0.0)
-DEFAULT_MODEL = Path("/root/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+DEFAULT_MODEL = "qwen2.5-coder:1.5b"
 
 
 def material(engine: Engine, n_tokens: int) -> str:
@@ -57,7 +65,7 @@ def bench_prompt_cache(engine: Engine, n_prefix: int, reps: int) -> None:
                 checkpoint=cache.checkpoint(engine, warm.tokens[: warm.shared]),
             )
         )
-        ratios, cold_t, hot_t = [], [], []
+        cold_t, hot_t = [], []
         for r in range(reps):
             prompt = build_prompt(engine, f"Question {r}: what does handler_{r} return?", text)
             cold = done(generate(engine, prompt.tokens, GREEDY, max_tokens=4, decoder=Decoder(engine)))
@@ -68,7 +76,6 @@ def bench_prompt_cache(engine: Engine, n_prefix: int, reps: int) -> None:
             assert checkpoint.outcome == "hit", checkpoint.warnings
             cold_t.append(cold.ttft_s)
             hot_t.append(hot.ttft_s)
-            ratios.append(hot.ttft_s / cold.ttft_s)
             print(
                 f"  round {r + 1}: prompt {len(prompt.tokens)} tokens, cached prefix {prompt.shared}: "
                 f"ttft {cold.ttft_s:.2f}s uncached, {hot.ttft_s:.2f}s from the cache ({hot.ttft_s / cold.ttft_s:.3f}x)"
@@ -76,7 +83,7 @@ def bench_prompt_cache(engine: Engine, n_prefix: int, reps: int) -> None:
         size = sum(p.stat().st_size for p in cache.entries())
     print(
         f"prompt cache: median ttft {statistics.median(hot_t):.2f}s vs {statistics.median(cold_t):.2f}s uncached = "
-        f"{statistics.median(ratios):.3f}x (goal <= 0.2x); file {size / 2**20:.1f} MiB for {warm.shared} tokens"
+        f"{median_ratio(hot_t, cold_t):.3f}x (goal <= 0.2x); file {size / 2**20:.1f} MiB for {warm.shared} tokens"
     )
 
 
@@ -104,16 +111,15 @@ def bench_chat(engine: Engine, turns: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model name or GGUF path")
     ap.add_argument("--prefix", type=int, default=2000, help="cached prefix length in tokens")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=3, help="prompt cache rounds (uncached, then from the cache)")
+    ap.add_argument("--turns", type=int, default=20, help="chat turns")
+    ap.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     args = ap.parse_args()
-    if not args.model.is_file():
-        sys.exit(f"no model at {args.model}; pass --model")
-    with Engine(EngineConfig(args.model, n_ctx=args.ctx)) as engine:
+    model = model_path(args.model)
+    with Engine(EngineConfig(model, n_ctx=args.ctx)) as engine:
         print(f"{engine.info.name}, context {engine.n_ctx}, KV f16")
         bench_prompt_cache(engine, args.prefix, args.reps)
         bench_chat(engine, args.turns)

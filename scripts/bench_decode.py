@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure localrun's decode loop side by side with the alternatives, in one run.
 
-    .venv/bin/python scripts/bench_decode.py MODEL.gguf [MODEL.gguf ...]
+    .venv/bin/python scripts/bench_decode.py MODEL [MODEL ...]
         [--tokens 128] [--reps 3] [--threads N] [--native PATH/TO/llama-completion]
         [--columns panel,stock,native] [--flash-attn auto|on|off]
 
@@ -15,6 +15,10 @@ It prints decode and prompt-processing tokens/sec and the ratios
 localrun/stock, localrun/native and panel/localrun, each the median of the
 ratios within a round. Absolute figures drift on
 a shared machine; the ratios are what to read.
+
+MODEL is any localrun model name (a registry alias such as qwen2.5-coder:1.5b,
+owner/repo:QUANT, hf://owner/repo/file.gguf or a GGUF path); a registry model
+is pulled on first use.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.system import default_threads
 from localrun.ui.stream import LiveRenderer, PlainRenderer
+from scripts._models import HelpFormatter, model_path
+from scripts._stats import ratio_summary
 
 PROMPT = (
     "Below is a long technical article about how computers store and process numbers, "
@@ -123,8 +129,7 @@ def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str
 def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
     """Ratios taken within each round (runs seconds apart), then the median
     over rounds: slow drift of the machine cancels out."""
-    ratios = sorted(x[col] / y[col] for x, y in zip(results[a], results[b], strict=True))
-    return f"{statistics.median(ratios):.3f}x (range {ratios[0]:.3f}-{ratios[-1]:.3f})"
+    return ratio_summary((x[col] for x in results[a]), (y[col] for y in results[b]))
 
 
 def bench_model(model: Path, args: argparse.Namespace) -> None:
@@ -182,24 +187,25 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="+", type=Path)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=default_threads())
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("models", nargs="+", metavar="MODEL", help="model names or GGUF paths, each measured in turn")
+    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens to generate per run")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds; each column's figure is the median")
+    ap.add_argument("--threads", type=int, default=default_threads(), help="threads for every column")
     ap.add_argument("--native", help="path to llama.cpp's llama-completion binary")
     ap.add_argument(
         "--columns",
         type=lambda v: {c.strip() for c in v.split(",")},
-        default={"panel", "stock", "native"},
+        default="panel,stock,native",
         help="comma-separated subset of panel,stock,native (localrun always runs; native needs --native)",
     )
     ap.add_argument(
         "--flash-attn", choices=("auto", "on", "off"), default="auto", help="as localrun's option; all columns match it"
     )
     args = ap.parse_args()
+    models = [model_path(name) for name in args.models]
     print(f"threads {args.threads}, {args.tokens} greedy tokens, {args.reps} rounds; tok/s are medians")
-    for model in args.models:
+    for model in models:
         bench_model(model, args)
 
 

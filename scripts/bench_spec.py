@@ -2,11 +2,14 @@
 """Speculative decoding side by side with plain decoding, in one run.
 
     .venv/bin/python scripts/bench_spec.py [--quick] [--rounds 2] [--threads N]
-        [--target PATH.gguf] [--draft PATH.gguf] [--draft-n 3]
+        [--target MODEL] [--draft MODEL] [--draft-n 3]
         [--workloads prose,rename,reformat,typo] [--columns plain,draft,lookup,auto]
         [--native PATH/TO/llama-speculative-simple]
 
-Greedy, on the Qwen2.5-Coder 1.5B target with its 0.5B draft. Workloads:
+Greedy, by default on the Qwen2.5-Coder 1.5B target with its 0.5B draft
+(--target and --draft take any localrun model name: a registry alias,
+owner/repo:QUANT, hf://owner/repo/file.gguf or a GGUF path; a registry model
+is pulled on first use). Workloads:
   prose    free generation (an explanation): nothing to copy
   rename   rename a variable in a ~50-line Python file: the answer copies the input
   reformat reformat compact Python to PEP 8: the answer copies the input with
@@ -60,10 +63,11 @@ from localrun.speculative import Speculation, lookup_drafters
 from localrun.speculative.control import FixedController
 from localrun.speculative.drafters import DraftModelDrafter
 from localrun.system import default_threads
+from scripts._models import HelpFormatter, model_path
+from scripts._stats import median_ratio
 
-MODELS = Path("/root/models")
-TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-DRAFT = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+TARGET = "qwen2.5-coder:1.5b"
+DRAFT = "qwen2.5-coder:0.5b"
 GREEDY = SamplingParams(temperature=0.0)
 
 CODE = """import csv
@@ -283,12 +287,12 @@ def divergence(engine: Engine, decoder: Decoder, prompt: list[int], plain: Resul
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 round, shorter outputs, two workloads")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--target", type=Path, default=TARGET)
-    parser.add_argument("--draft", type=Path, default=DRAFT)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (the column order rotates)")
+    parser.add_argument("--threads", type=int, default=None, help="threads (default: localrun's default)")
+    parser.add_argument("--target", default=TARGET, help="target model name or GGUF path")
+    parser.add_argument("--draft", default=DRAFT, help="draft model name or GGUF path")
     parser.add_argument("--draft-n", type=int, default=3, help="draft length of the fixed draft column")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--columns", default=",".join(COLUMNS), help="comma-separated (plain always runs)")
@@ -304,6 +308,7 @@ def main() -> None:
     args.columns = ("plain", *(c for c in pick(parser, "column", args.columns, COLUMNS) if c != "plain"))
     if args.native:
         args.columns += tuple(NATIVE)
+    args.target, args.draft = model_path(args.target), model_path(args.draft)
     workloads = {
         name: (prompt, quick if args.quick else full)
         for name, (prompt, full, quick) in WORKLOADS.items()
@@ -387,8 +392,8 @@ def report(
         for column in args.columns:
             runs = results[(name, column)]
             rate = statistics.median(r.stats.decode_tokens_per_s for r in runs)
-            ratio = statistics.median(
-                r.stats.decode_tokens_per_s / b.stats.decode_tokens_per_s for r, b in zip(runs, base, strict=True)
+            ratio = median_ratio(
+                (r.stats.decode_tokens_per_s for r in runs), (b.stats.decode_tokens_per_s for b in base)
             )
             draft = runs[-1].stats.draft
             accepted = f"{draft.accepted}/{draft.proposed} {draft.acceptance:4.0%}" if draft and draft.proposed else "-"
