@@ -7,7 +7,7 @@
 1. batch vs one by one: the same prompts of mixed length (one system prompt,
    greedy, up to --tokens each) through `localrun generate --batch` with its
    default --parallel, and one after another through localrun's own loop
-   (`localrun.runtime.decode.generate`, one decoder, so the system prompt is reused
+   (`localrun.runtime.generate.generate`, one decoder, so the system prompt is reused
    there too). Aggregate tokens/sec = generated tokens / wall time of the
    generation (model load and tokenization left out of both). It also counts
    how many texts are identical in the two runs (greedy decoding).
@@ -42,9 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import BatchProgress, DoneEvent, TokenEvent
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
-from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
 from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.sampling import SamplingParams
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import ratio_summary
 

@@ -23,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import DoneEvent, Stats
 from localrun.runtime.chat import ChatSession
-from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt, chat_template
 from localrun.runtime.promptcache import PromptCache
+from localrun.runtime.sampling import SamplingParams
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import median_ratio
 

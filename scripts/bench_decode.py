@@ -6,7 +6,7 @@
         [--columns panel,stock,native] [--flash-attn auto|on|off]
 
 Columns, each the median of --reps interleaved runs on the same greedy prompt:
-  localrun     localrun's own loop (localrun.runtime.decode.generate), text into a pipe
+  localrun     localrun's own loop (localrun.runtime.generate.generate), text into a pipe
   panel        the same loop rendered by the Rich live panel into a fake terminal
   stock        llama-cpp-python's own path (Llama.generate)
   native       llama.cpp's llama-completion binary, when --native is given; its
@@ -39,8 +39,9 @@ import llama_cpp
 from rich.console import Console
 
 from localrun.events import Stats
-from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
 from localrun.system import default_threads
 from localrun.ui.stream import LiveRenderer, PlainRenderer
 from scripts._models import HelpFormatter, model_path

@@ -56,9 +56,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import DraftStats, Event, Stats, TokenEvent
-from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
 from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
+from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters
 from localrun.speculative.control import FixedController
 from localrun.speculative.drafters import DraftModelDrafter

@@ -31,10 +31,11 @@ from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
-from localrun.runtime.decode import PLAIN, Decoding, SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig, Weights
+from localrun.runtime.generate import PLAIN, Decoding, generate
 from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
 from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import memory_budget, slot_context
 from localrun.speculative import open_speculation
 from localrun.system import default_threads, peak_rss, reset_peak_rss

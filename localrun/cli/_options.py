@@ -16,8 +16,8 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
-    from localrun.runtime.decode import SamplingParams
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.sampling import SamplingParams
 
 Model = Annotated[
     str | None,
@@ -58,7 +58,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own l
 def sampling_params(
     temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int | None
 ) -> SamplingParams:
-    from localrun.runtime.decode import SamplingParams
+    from localrun.runtime.sampling import SamplingParams
 
     return SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed

@@ -25,7 +25,7 @@ from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
 from localrun.errors import UsageError
-from localrun.runtime.prompt import BUILTIN_TEMPLATES
+from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
 
 if TYPE_CHECKING:

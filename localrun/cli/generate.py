@@ -142,7 +142,7 @@ def generate(
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
     from localrun.cli._signals import ctrl_c_stops
-    from localrun.runtime.decode import PLAIN, Decoding
+    from localrun.runtime.generate import PLAIN, Decoding
     from localrun.runtime.prompt import build_prompt
     from localrun.runtime.promptcache import checkpoint_for
 

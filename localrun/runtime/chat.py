@@ -19,9 +19,12 @@ from typing import Any
 from localrun import paths
 from localrun.errors import UsageError
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
-from localrun.runtime.decode import PLAIN, Decoder, Decoding, SamplingParams
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
-from localrun.runtime.prompt import Message, render_messages, tokenize_rendered
+from localrun.runtime.generate import PLAIN, Decoding
+from localrun.runtime.prompt import render_messages, tokenize_rendered
+from localrun.runtime.sampling import SamplingParams
+from localrun.runtime.templates import Message
 from localrun.speculative import Speculation
 
 REPLY_RESERVE = 512  # context kept free for a reply when older turns must go

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localrun.runtime.decode import Decoder
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 
 # A fixed English text shipped with localrun, so that `localrun bench`

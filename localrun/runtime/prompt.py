@@ -2,64 +2,15 @@
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from localrun.errors import BadModelError, UsageError
+from localrun.errors import UsageError
+from localrun.runtime.decoder import common_prefix
+from localrun.runtime.templates import BUILTIN_TEMPLATES, Message, render_chat
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
-
-Message = dict[str, str]
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(fmt)
-
-
-def render_chat(template: str, messages: list[Message], *, bos_token: str, eos_token: str) -> str:
-    """Render a GGUF chat template (Jinja, as Hugging Face tokenizers run it)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
-    try:
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
-        )
-    except TemplateError as exc:
-        raise BadModelError(
-            f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
-        ) from exc
-
-
-# Templates for models whose GGUF carries none (`chat --template NAME`).
-BUILTIN_TEMPLATES: dict[str, str] = {
-    "chatml": (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    ),
-    "llama3": (
-        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
-        "{{ m.content }}<|eot_id|>{% endfor %}"
-        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-    ),
-    "gemma": (
-        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else 'user' %}"
-        "<start_of_turn>{{ role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
-        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-    ),
-    "phi3": (
-        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-    ),
-}
 
 
 def chat_template(engine: Engine, name: str | None = None) -> str:
@@ -137,12 +88,7 @@ def build_prompt(
     prefix = (
         tokenize_rendered(engine, full[:end]) if template else engine.tokenize(full[:end], add_special=engine.add_bos)
     )
-    shared = 0
-    for a, b in zip(prefix, tokens, strict=False):
-        if a != b:
-            break
-        shared += 1
-    return Prompt(tokens, min(shared, len(tokens) - 1))
+    return Prompt(tokens, common_prefix(prefix, tokens, len(tokens) - 1))
 
 
 def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:

@@ -24,7 +24,7 @@ import llama_cpp
 
 from localrun import paths
 from localrun.errors import UsageError
-from localrun.runtime.decode import Decoder
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 from localrun.runtime.prompt import Prompt
 from localrun.units import parse_size

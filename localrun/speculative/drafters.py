@@ -29,8 +29,10 @@ import numpy as np
 
 from localrun.errors import IncompatibleDraftError
 from localrun.gguf.reader import ArrayInfo, GGUFInfo, read_gguf, read_strings, string_span
-from localrun.runtime.decode import Decoder, SamplingParams
+from localrun.runtime.decoder import Decoder, common_prefix
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.llama import DecodeStatus
+from localrun.runtime.sampling import SamplingParams
 from localrun.speculative.sampling import Probs, sample, target_probs
 
 LOOKUP_MAX = 32  # the longest draft prompt lookup offers
@@ -300,10 +302,8 @@ class DraftModelDrafter:
     def _common(self, context: Sequence[int]) -> int:
         assert self.decoder is not None
         held = self.decoder.tokens
-        n, limit = self._known, min(len(held), len(context))
-        while n < limit and held[n] == context[n]:
-            n += 1
-        return n
+        known = self._known  # what was checked before: compare only past it
+        return known + common_prefix(held[known:], context[known:])
 
     def _sync(self, context: Sequence[int]) -> int:
         """Make the draft's cache hold ``context``, evaluating at least its
@@ -315,7 +315,7 @@ class DraftModelDrafter:
         status = decoder.evaluate(context[keep:])
         decoder.rollback(decoder.n_past)  # a batch that failed midway leaves no cells behind
         self._known = decoder.n_past
-        return len(context) - keep if status == 0 else -1
+        return len(context) - keep if status == DecodeStatus.OK else -1
 
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         if self.decoder is None:
@@ -351,7 +351,7 @@ class DraftModelDrafter:
                     probs.pop()
                 break
             tokens.append(token)
-            if i + 1 < n and decoder.evaluate((token,)) != 0:
+            if i + 1 < n and decoder.evaluate((token,)) != DecodeStatus.OK:
                 break
         self._known = decoder.n_past
         return Draft(tokens, probs, n_sync, t1 - t0, time.perf_counter() - t1)

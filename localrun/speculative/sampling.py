@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from localrun.runtime.decode import SamplingParams
+from localrun.runtime.sampling import SamplingParams
 
 Probs = Any  # a 1-D float64 numpy array over the vocabulary, summing to 1
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localrun.runtime.decode import SamplingParams
 from localrun.runtime.engine import Engine
+from localrun.runtime.sampling import SamplingParams
 from localrun.speculative.drafters import LOOKUP_MAX, Draft, Offer, Profile
 
 BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there

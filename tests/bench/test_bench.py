@@ -14,8 +14,9 @@ from localrun.bench.stats import QUALITY_LIMIT, Row, advise, median, percentile,
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import engine
-from localrun.runtime.decode import SamplingParams, generate
+from localrun.runtime.generate import generate
 from localrun.runtime.quantize import quantize
+from localrun.runtime.sampling import SamplingParams
 from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 
@@ -366,8 +367,9 @@ def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str
     from gguf import GGMLQuantizationType, LlamaFileType
 
     from localrun.gguf.reader import read_gguf
-    from localrun.runtime.decode import SamplingParams, generate
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.generate import generate
+    from localrun.runtime.sampling import SamplingParams
 
     out = tmp_path / "out-q8_0.gguf"
     res = cli("quantize", str(weights["f32"]), str(out), "--type", "q8_0")

@@ -18,9 +18,10 @@ from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.batch.input import finished_ids, read_lines
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch, shared_prefix
-from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
 from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import DEFAULT_MAX_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.ui.batch import JsonlWriter
 from tests.helpers import Result, cli, collect, on_terminal

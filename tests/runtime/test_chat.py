@@ -11,9 +11,11 @@ import pytest
 
 from localrun.events import Stats, TokenEvent
 from localrun.runtime.chat import ChatSession, read_conversation
-from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.runtime.prompt import BUILTIN_TEMPLATES
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
+from localrun.runtime.templates import BUILTIN_TEMPLATES
 from tests.helpers import cli, collect
 from tests.tinymodel import CHATML, write_tiny_model
 

@@ -8,9 +8,12 @@ import pytest
 
 from localrun.errors import ContextOverflowError
 from localrun.events import DoneEvent, Stats, TokenEvent
-from localrun.runtime.decode import Decoder, Sampler, SamplingParams, StopMatcher, generate
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.output import StopMatcher
 from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.sampling import Sampler, SamplingParams
 from tests.helpers import collect
 
 GREEDY = SamplingParams(temperature=0.0)

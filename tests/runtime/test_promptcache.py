@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from localrun.events import Stats
-from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
+from localrun.runtime.sampling import SamplingParams
 from tests.helpers import cli, collect
 from tests.tinymodel import write_tiny_model
 

@@ -8,8 +8,9 @@ from localrun.errors import UsageError
 from localrun.events import DoneEvent
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
-from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
 from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 

@@ -12,8 +12,10 @@ import pytest
 from localrun.errors import IncompatibleDraftError
 from localrun.events import DraftStats
 from localrun.gguf.reader import read_gguf, read_strings
-from localrun.runtime.decode import Decoder, SamplingParams, generate
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, open_speculation
 from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.speculative.drafters import (

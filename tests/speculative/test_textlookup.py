@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from localrun.events import Stats
-from localrun.runtime.decode import SamplingParams, generate
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.control import FixedController
 from localrun.speculative.drafters import PromptLookupDrafter

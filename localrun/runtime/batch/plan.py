@@ -17,9 +17,9 @@ from localrun.events import BatchEvent
 from localrun.gguf.info import CONTEXT_STEP, describe
 from localrun.runtime.batch.input import BatchLine
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
-from localrun.runtime.decode import SamplingParams
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
+from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import (
     DEFAULT_CTX,
     default_parallel,

@@ -20,16 +20,16 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import llama_cpp
 
 from localrun.errors import ContextOverflowError, EngineError
 from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone
-from localrun.runtime.decode import Decoder, Sampler, SamplingParams, TokenOutput
+from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
-
-_DECODE_OK, _DECODE_ABORTED = 0, 2
+from localrun.runtime.llama import Batch, DecodeStatus
+from localrun.runtime.output import TokenOutput
+from localrun.runtime.sampling import Sampler, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,7 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     first = prompts[0]
     n = min(len(p) for p in prompts) - 1
     for p in prompts[1:]:
-        k = 0
-        while k < n and p[k] == first[k]:
-            k += 1
-        n = k
+        n = common_prefix(first, p, n)
     return max(n, 0)
 
 
@@ -86,48 +83,32 @@ class _BatchRun:
         self.prefix_tokens = list(requests[0].tokens[:prefix]) if prefix else []
         self.capacity = capacity
         self.slots: list[_Slot | None] = [None] * min(engine.n_seq_max, len(requests))
-        self.decoder = Decoder(engine)
         self.done = self.generated = self.evaluated = 0
         self.t0 = time.perf_counter()
-        self.batch: Any = None
-        self.n = 0
+        self.batch = Batch(engine.n_batch)
 
     # -- the batch --
 
-    def _add(self, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        b, i = self.batch, self.n
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq_id
-        b.logits[i] = logits
-        self.n += 1
+    def _decode(self, with_prompt: bool) -> DecodeStatus:
+        status = self.batch.decode(self.engine, abortable=with_prompt)  # a prompt is long: Ctrl-C stops it midway
+        if status == DecodeStatus.NO_SLOT:
+            raise EngineError(f"llama_decode found no room in the KV cache for a batch of {self.batch.n} tokens")
+        return status
 
-    def _decode(self, with_prompt: bool) -> int:
-        self.batch.n_tokens = self.n
-        if with_prompt:  # long: let Ctrl-C stop it midway
-            with self.engine.abortable():
-                status = llama_cpp.llama_decode(self.engine.ctx, self.batch)
-        else:
-            status = llama_cpp.llama_decode(self.engine.ctx, self.batch)
-        if status not in (_DECODE_OK, _DECODE_ABORTED):
-            raise EngineError(f"llama_decode failed with status {status} in a batch of {self.n} tokens")
-        return int(status)
-
-    def _evaluate_prefix(self) -> int:
+    def _evaluate_prefix(self) -> DecodeStatus:
         """The shared prefix, once, into sequence 0; then copied to the other sequences."""
         step = self.engine.n_batch
         for start in range(0, len(self.prefix_tokens), step):
-            self.n = 0
+            self.batch.clear()
             for k, token in enumerate(self.prefix_tokens[start : start + step]):
-                self._add(token, start + k, 0, False)
+                self.batch.add(token, start + k, 0, False)
             status = self._decode(with_prompt=True)
-            if status != _DECODE_OK:
+            if status != DecodeStatus.OK:
                 return status
         self.evaluated += len(self.prefix_tokens)
         for seq_id in range(1, len(self.slots)):
             llama_cpp.llama_memory_seq_cp(self.memory, 0, seq_id, -1, -1)
-        return _DECODE_OK
+        return DecodeStatus.OK
 
     # -- the loop --
 
@@ -137,7 +118,7 @@ class _BatchRun:
                 request = self.queue.popleft()
                 self.slots[seq_id] = _Slot(self.engine, seq_id, request, len(self.prefix_tokens), self.capacity)
 
-    def _step(self) -> int:
+    def _step(self) -> DecodeStatus:
         """One shared decode: each decoding sequence's next token, and prompt
         tokens in the room left. Tokens go in seq_id order: with a KV cache per
         sequence, llama.cpp splits a batch into ubatches of consecutive seq_ids."""
@@ -147,23 +128,22 @@ class _BatchRun:
             s.take = 1 if not s.pending else min(len(s.pending), room)
             if s.pending:
                 room -= s.take
-        self.n = 0
+        self.batch.clear()
         with_prompt = False
         for s in live:
             s.row = -1
             if not s.pending:
                 assert s.next_token is not None
-                s.row = self.n
-                self._add(s.next_token, s.pos, s.seq_id, True)
+                s.row = self.batch.add(s.next_token, s.pos, s.seq_id, True)
             elif s.take:
                 with_prompt = True
                 last = s.take == len(s.pending)
                 for k in range(s.take):
-                    self._add(s.pending[k], s.pos + k, s.seq_id, last and k == s.take - 1)
+                    row = self.batch.add(s.pending[k], s.pos + k, s.seq_id, last and k == s.take - 1)
                 if last:
-                    s.row = self.n - 1
+                    s.row = row
         status = self._decode(with_prompt)
-        if status != _DECODE_OK:
+        if status != DecodeStatus.OK:
             return status
         for s in live:
             if s.pending and s.take:
@@ -180,7 +160,7 @@ class _BatchRun:
         for seq_id, s in enumerate(self.slots):
             if s is None or s.row < 0:
                 continue
-            token = self.decoder.sample(s.sampler, s.row)
+            token = s.sampler.sample(self.engine, s.row)
             before = s.out.n_gen
             s.out.push(token)
             self.generated += s.out.n_gen - before
@@ -213,20 +193,19 @@ class _BatchRun:
 
     def events(self) -> Iterator[BatchEvent]:
         llama_cpp.llama_memory_clear(self.memory, False)
-        self.batch = llama_cpp.llama_batch_init(self.engine.n_batch, 0, 1)
         self.t0 = time.perf_counter()
         try:
             status = self._evaluate_prefix()
-            while status == _DECODE_OK and (self.queue or any(self.slots)):
+            while status == DecodeStatus.OK and (self.queue or any(self.slots)):
                 self._fill_slots()
                 if self.engine.abort_requested:
-                    status = _DECODE_ABORTED
+                    status = DecodeStatus.ABORTED
                     break
                 status = self._step()
-                if status == _DECODE_OK:
+                if status == DecodeStatus.OK:
                     yield from self._sample()
                     yield self._progress()
-            yield self._progress(final=True, interrupted=status == _DECODE_ABORTED)
+            yield self._progress(final=True, interrupted=status == DecodeStatus.ABORTED)
         finally:
             self.close()
 
@@ -234,9 +213,7 @@ class _BatchRun:
         for s in self.slots:
             if s is not None:
                 s.sampler.close()
-        if self.batch is not None:
-            llama_cpp.llama_batch_free(self.batch)
-            self.batch = None
+        self.batch.close()
 
 
 def run_batch(engine: Engine, requests: Sequence[BatchRequest], *, share_prefix: bool = True) -> Iterator[BatchEvent]:

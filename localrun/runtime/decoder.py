@@ -1,0 +1,123 @@
+"""One sequence's KV cache on an engine: evaluate tokens, read a row's
+logits, roll back to a position, reuse what the cache already holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import llama_cpp
+
+from localrun.runtime.llama import Batch, DecodeStatus, decode
+from localrun.runtime.sampling import Sampler, logits
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """How many leading items ``a`` and ``b`` share (at most ``limit``)."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+class Decoder:
+    """Sequence 0 of an engine's context: what its KV cache holds, position by
+    position, and the seams a decode loop is built from."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tokens: list[int] = []  # what the KV cache holds, position by position
+        self._one = (llama_cpp.llama_token * 1)()
+        self._one_batch = llama_cpp.llama_batch_get_one(self._one, 1)
+
+    def evaluate(self, tokens: Sequence[int]) -> DecodeStatus:
+        """Decode ``tokens`` at the current position; logits only for the last."""
+        if len(tokens) == 1:
+            self._one[0] = tokens[0]
+            status = decode(self.engine, self._one_batch)
+            if status == DecodeStatus.OK:
+                self.tokens.append(tokens[0])
+            return status
+        step = self.engine.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            arr = (llama_cpp.llama_token * len(chunk))(*chunk)
+            status = decode(self.engine, llama_cpp.llama_batch_get_one(arr, len(chunk)), abortable=True)
+            if status != DecodeStatus.OK:
+                return status
+            self.tokens.extend(chunk)
+        return DecodeStatus.OK
+
+    def evaluate_rows(self, tokens: Sequence[int], *, abortable: bool = True) -> DecodeStatus:
+        """Decode ``tokens`` (at most n_batch) at the current position with
+        logits for every row: what a verify step or a perplexity run needs.
+        Read them with `logits`. ``abortable=False`` for a short batch: the
+        abort check is a Python callback between graph nodes, which costs."""
+        n = len(tokens)
+        if not 0 < n <= self.engine.n_batch:
+            raise ValueError(f"evaluate_rows takes 1 to {self.engine.n_batch} tokens, got {n}")
+        with Batch(n) as batch:
+            for i, token in enumerate(tokens):
+                batch.add(token, len(self.tokens) + i, 0, True)
+            status = batch.decode(self.engine, abortable=abortable)
+        if status == DecodeStatus.OK:
+            self.tokens.extend(tokens)
+        return status
+
+    def logits(self, row: int) -> Any:
+        """The logits of ``row`` of the last batch, as a numpy view (no copy)."""
+        return logits(self.engine, row)
+
+    def sample(self, sampler: Sampler, row: int = -1) -> int:
+        """Sample (and accept) a token from the logits of ``row`` of the last batch."""
+        return sampler.sample(self.engine, row)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def rollback(self, pos: int) -> None:
+        """Forget every cell from ``pos`` on, so decoding continues at ``pos``."""
+        llama_cpp.llama_memory_seq_rm(self.engine.memory, 0, pos, -1)
+        del self.tokens[pos:]
+
+    def reusable(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the KV cache already holds, leaving at
+        least one to evaluate (its logits are what the next sample reads)."""
+        return common_prefix(self.tokens, tokens, len(tokens) - 1)
+
+    def prefill(self, tokens: Sequence[int], checkpoint: Checkpoint | None = None) -> tuple[DecodeStatus, int]:
+        """Make the KV cache hold exactly ``tokens``, evaluating only what
+        differs from what it holds. With a ``checkpoint`` (a stored state of a
+        prefix of ``tokens``), the prefix is restored from it, or evaluated and
+        stored. Returns (the decode status, tokens not evaluated here)."""
+        evaluated = 0
+        if checkpoint is not None and self.reusable(tokens) < checkpoint.length and not checkpoint.restore(self):
+            keep = self.reusable(tokens[: checkpoint.length + 1])
+            self.rollback(keep)
+            status = self.evaluate(tokens[keep : checkpoint.length])
+            evaluated += checkpoint.length - keep
+            if status != DecodeStatus.OK:
+                return status, len(tokens) - evaluated
+            checkpoint.save(self)
+        keep = self.reusable(tokens)
+        self.rollback(keep)
+        return self.evaluate(tokens[keep:]), keep - evaluated
+
+
+class Checkpoint(Protocol):
+    """A stored KV state of a prompt's prefix (see localrun.runtime.promptcache)."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def outcome(self) -> str | None: ...  # "hit" or "miss" once used
+
+    def restore(self, decoder: Decoder) -> bool: ...
+
+    def save(self, decoder: Decoder) -> None: ...

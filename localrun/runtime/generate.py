@@ -1,0 +1,173 @@
+"""Plain decoding, and what every single-sequence decode loop shares.
+
+Per token, Python does one sample (greedy: an argmax over a numpy view of the
+logits; else llama.cpp's chain), one native decode, a cached piece lookup and
+the stop-string check: no logits copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from localrun.events import Event, StopReason
+from localrun.runtime.decoder import Checkpoint, Decoder
+from localrun.runtime.llama import DecodeStatus
+from localrun.runtime.output import TokenOutput
+from localrun.runtime.sampling import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+
+class Generation:
+    """One generation's parts and its end: the decoder, the sampler, the
+    output, how many tokens it may produce, and why it stopped. Use it as a
+    context manager: the native sampler is freed on leaving."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        decoder: Decoder | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
+        engine.check_fits(len(prompt_tokens))
+        self.engine = engine
+        self.prompt_tokens = prompt_tokens
+        self.checkpoint = checkpoint
+        self.decoder = decoder or Decoder(engine)
+        self.sampler = Sampler(sampling, engine.n_vocab)
+        self.out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos)
+        limit = engine.n_ctx - len(prompt_tokens)
+        self.limit = min(limit, max_tokens) if max_tokens is not None else limit
+        self.reason: StopReason = "length"
+
+    def prefill(self) -> DecodeStatus:
+        """Evaluate what the KV cache lacks of the prompt (nothing when no token may follow)."""
+        status = DecodeStatus.OK
+        if self.limit > 0:
+            status, cached = self.decoder.prefill(self.prompt_tokens, self.checkpoint)
+            self.out.prompt_done(cached)
+        return self.note(status)
+
+    def note(self, status: DecodeStatus) -> DecodeStatus:
+        """A failed decode ends the generation: interrupted, or length (the context is full)."""
+        if status == DecodeStatus.ABORTED:
+            self.reason = "interrupted"
+        return status
+
+    @property
+    def ended(self) -> bool:
+        """The output reached its end (end of generation, a stop string) or the token limit."""
+        return self.out.reason is not None or self.out.n_gen >= self.limit
+
+    def finish(self, **extra: Any) -> Iterator[Event]:
+        outcome = self.checkpoint.outcome if self.checkpoint is not None else None
+        yield from self.out.finish(self.reason, prompt_cache=outcome, **extra)
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.close()
+
+
+def generate(
+    engine: Engine,
+    prompt_tokens: Sequence[int],
+    sampling: SamplingParams,
+    *,
+    max_tokens: int | None = None,
+    stop: Sequence[str] = (),
+    ignore_eos: bool = False,
+    decoder: Decoder | None = None,
+    checkpoint: Checkpoint | None = None,
+) -> Iterator[Event]:
+    """Evaluate the prompt, then sample until end of generation, ``max_tokens``,
+    a stop string, a full context, or ``engine.abort_requested``.
+
+    With a ``decoder`` that ran before (a chat, a loaded prompt cache), only the
+    part of the prompt that differs from what its KV cache holds is evaluated;
+    a ``checkpoint`` restores (or stores) a prefix from a prompt cache."""
+    with Generation(
+        engine,
+        prompt_tokens,
+        sampling,
+        max_tokens=max_tokens,
+        stop=stop,
+        ignore_eos=ignore_eos,
+        decoder=decoder,
+        checkpoint=checkpoint,
+    ) as run:
+        status = run.prefill()
+        while status == DecodeStatus.OK and run.out.n_gen < run.limit:
+            if engine.abort_requested:
+                run.reason = "interrupted"
+                break
+            token = run.decoder.sample(run.sampler)
+            event = run.out.push(token)
+            if event is not None:
+                yield event
+            if run.ended:
+                break
+            status = run.note(run.decoder.evaluate((token,)))
+        yield from run.finish()
+
+
+class Decoding(Protocol):
+    """A way to decode: plain (`PLAIN`) or speculative (`localrun.speculative.Speculation`).
+    A caller chooses one and calls its `generate`."""
+
+    @property
+    def label(self) -> str: ...
+
+    def generate(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        decoder: Decoder | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> Iterator[Event]: ...
+
+
+class PlainDecoding:
+    """One token per step: `generate`."""
+
+    label = "plain"
+
+    def generate(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        decoder: Decoder | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> Iterator[Event]:
+        return generate(
+            engine,
+            prompt_tokens,
+            sampling,
+            max_tokens=max_tokens,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            decoder=decoder,
+            checkpoint=checkpoint,
+        )
+
+
+PLAIN: Decoding = PlainDecoding()

@@ -1,0 +1,79 @@
+"""llama.cpp's batch and decode call, in one place: `Batch` fills a
+llama_batch, `decode` runs llama_decode and names its status."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import llama_cpp
+
+from localrun.errors import EngineError
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+
+class DecodeStatus(IntEnum):
+    """What llama_decode returned (llama.h); a negative value is raised as an EngineError."""
+
+    OK = 0
+    NO_SLOT = 1  # no room in the KV cache for the batch
+    ABORTED = 2  # the abort callback stopped it
+
+
+def decode(engine: Engine, batch: Any, *, abortable: bool = False) -> DecodeStatus:
+    """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
+    long batch midway (a Python callback between graph nodes, which costs)."""
+    if abortable:
+        with engine.abortable():
+            status = llama_cpp.llama_decode(engine.ctx, batch)
+    else:
+        status = llama_cpp.llama_decode(engine.ctx, batch)
+    if status < 0 or status > DecodeStatus.ABORTED:
+        raise EngineError(f"llama_decode failed with status {status}")
+    return DecodeStatus(status)
+
+
+class Batch:
+    """A llama_batch of up to ``capacity`` tokens, each in one sequence,
+    refilled in place (`clear`, `add`) and decoded as a whole."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.handle: Any = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        """Append a token at ``pos`` of sequence ``seq_id``; returns its row."""
+        b, i = self.handle, self.n
+        if i >= self.capacity:
+            raise ValueError(f"the batch holds {self.capacity} tokens")
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq_id
+        b.logits[i] = logits
+        self.n += 1
+        return i
+
+    def decode(self, engine: Engine, *, abortable: bool = False) -> DecodeStatus:
+        self.handle.n_tokens = self.n
+        return decode(engine, self.handle, abortable=abortable)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            llama_cpp.llama_batch_free(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,124 @@
+"""From sampled tokens to events: text across token boundaries, stop
+strings, counts, timing and the final Stats."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from localrun.events import DoneEvent, Event, Stats, StopReason, TokenEvent
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was reached)."""
+        if not self.stops:
+            return text, False
+        buf = self.pending + text
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.pending = ""
+            return buf[:cut], True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), 0, -1):
+                if buf.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        self.pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class TokenOutput:
+    """One sequence's way from sampled tokens to events: bytes to text (UTF-8
+    across token boundaries), stop strings, counts, timing and the final Stats.
+    Every loop (plain, speculative, batched) feeds it the tokens it accepts."""
+
+    def __init__(self, engine: Engine, *, n_prompt: int, stop: Sequence[str] = (), ignore_eos: bool = False) -> None:
+        self.engine = engine
+        self.n_prompt = n_prompt
+        self.ignore_eos = ignore_eos
+        self.matcher = StopMatcher(stop)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.n_gen = 0
+        self.n_cached = 0
+        self.reason: StopReason | None = None
+        self.t_start = time.perf_counter()
+        self.t_prompt = 0.0
+        self.t_first = self.t_last = self.t_start
+        self.ttft = 0.0
+        self.text_parts: list[str] = []
+        self.tokens: list[int] = []  # the generated tokens, end of generation excluded
+
+    def prompt_done(self, n_cached: int = 0) -> None:
+        """The prompt is evaluated (``n_cached`` of its tokens were already in the cache)."""
+        self.t_prompt = time.perf_counter() - self.t_start
+        self.n_cached = n_cached
+
+    def push(self, token: int) -> TokenEvent | None:
+        """Account for one accepted token; sets `reason` when it ends the sequence
+        (end of generation or a stop string). Returns the text event, if any."""
+        now = time.perf_counter()
+        if self.n_gen == 0 and self.reason is None:
+            self.t_first = now
+            self.ttft = now - self.t_start
+        self.t_last = now
+        if self.engine.is_eog(token) and not self.ignore_eos:
+            self.reason = "eos"
+            return None
+        self.n_gen += 1
+        self.tokens.append(token)
+        text, hit = self.matcher.feed(self.utf8.decode(self.engine.piece(token)))
+        if hit:
+            self.reason = "stop"
+        if not text:
+            return None
+        self.text_parts.append(text)
+        return TokenEvent(text, self.n_gen, self.ttft, now - self.t_start, self.decode_rate())
+
+    def decode_rate(self) -> float:
+        span = self.t_last - self.t_first
+        return (self.n_gen - 1) / span if self.n_gen > 1 and span > 0 else 0.0
+
+    def finish(self, reason: StopReason, **extra: Any) -> Iterator[Event]:
+        """The held-back tail (unless a stop string cut it) and the DoneEvent.
+        ``reason`` applies unless `push` already ended the sequence."""
+        final: StopReason = self.reason or reason
+        if final != "stop":
+            tail = self.matcher.flush() + self.utf8.decode(b"", final=True)
+            if tail:
+                self.text_parts.append(tail)
+                yield TokenEvent(tail, self.n_gen, self.ttft, self.t_last - self.t_start, 0.0)
+        evaluated = self.n_prompt - self.n_cached
+        yield DoneEvent(
+            Stats(
+                prompt_tokens=self.n_prompt,
+                generated_tokens=self.n_gen,
+                ttft_s=self.ttft,
+                decode_tokens_per_s=self.decode_rate(),
+                elapsed_s=time.perf_counter() - self.t_start,
+                stop_reason=final,
+                prompt_tokens_per_s=evaluated / self.t_prompt if evaluated and self.t_prompt > 0 else 0.0,
+                cached_tokens=self.n_cached,
+                **extra,
+            )
+        )
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)

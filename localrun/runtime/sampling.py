@@ -1,0 +1,89 @@
+"""Sampling parameters and llama.cpp's native sampler chain."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import llama_cpp
+import numpy as np
+
+from localrun.errors import EngineError
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def logits(engine: Engine, row: int) -> Any:
+    """The logits of ``row`` of the engine's last batch, as a numpy view (no copy)."""
+    ptr = llama_cpp.llama_get_logits_ith(engine.ctx, row)
+    address = ctypes.cast(ptr, ctypes.c_void_p).value
+    if not address:
+        raise EngineError(f"llama.cpp has no logits for row {row} of the last batch")
+    row_buffer: Any = (ctypes.c_float * engine.n_vocab).from_address(address)  # a buffer numpy can view
+    return np.frombuffer(row_buffer, dtype=np.float32)
+
+
+class Sampler:
+    """llama.cpp's native sampler chain for one generation. A chain that is a
+    plain argmax (greedy, no penalties) is flagged `argmax`: `sample` then
+    reads the maximum off the logits itself, skipping the chain's copy of the
+    whole vocabulary into a candidates array (see docs/benchmarks.md). Ties
+    go to the lowest id, as in llama.cpp's greedy sampler."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+        self.handle: Any = None
+        self.argmax = params.greedy and params.repeat_penalty == 1.0
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if params.repeat_penalty != 1.0:
+            penalties = llama_cpp.llama_sampler_init_penalties(
+                n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
+            )
+            add(chain, penalties)
+        if params.greedy:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+            seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+            add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        self.handle = chain
+
+    def sample(self, engine: Engine, row: int = -1) -> int:
+        """Sample (and accept) a token from the logits of ``row`` of the engine's last batch."""
+        if self.argmax:
+            return int(logits(engine, row).argmax())
+        return int(llama_cpp.llama_sampler_sample(self.handle, engine.ctx, row))
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self.handle, token)
+
+    def close(self) -> None:
+        if self.handle:
+            llama_cpp.llama_sampler_free(self.handle)
+            self.handle = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,57 @@
+"""Chat templates: rendering a GGUF's Jinja template, and the built-in ones
+for models that carry none (`chat --template NAME`)."""
+
+from __future__ import annotations
+
+import datetime
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from localrun.errors import BadModelError
+
+Message = dict[str, str]
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def render_chat(template: str, messages: list[Message], *, bos_token: str, eos_token: str) -> str:
+    """Render a GGUF chat template (Jinja, as Hugging Face tokenizers run it)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
+        )
+    except TemplateError as exc:
+        raise BadModelError(
+            f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
+        ) from exc
+
+
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+        "{{ m.content }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else 'user' %}"
+        "<start_of_turn>{{ role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    "phi3": (
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+}

@@ -1,0 +1,230 @@
+"""Speculative decoding: drafters propose, the target verifies a batch, the
+controller decides each step whether drafting pays.
+
+The loop keeps one decided token pending (not yet in the target's KV cache).
+A step evaluates [pending, d1..dn] in one batch with logits for every row;
+row i decides the token after position i: d(i+1) is kept if it passes, and
+the first row whose draft fails (or the last row) yields a new pending token.
+Rejected drafts are rolled back from the KV cache. A plain step is the same
+with n = 0, through the single-token path plain decoding uses.
+
+Lossless: with greedy sampling every kept token is the target's argmax for
+its row, so the text is the one plain decoding produces as long as llama.cpp
+computes a batch's rows bit-identically to single steps. It does on the tiny
+test models; on quantized real models its CPU kernels for several rows round
+differently from the one-row kernel, and a near tie (logits a few hundredths
+apart) can go the other way, from where the texts part (scripts/bench_spec.py
+reports where and by how much). With temperature >
+0 a deterministic draft (prompt lookup; a draft model when sampling greedily)
+is checked by sampling the row with the native chain, and a sampled
+draft-model draft by speculative sampling against the draft's own
+distribution (see spec_sampling): the text is distributed exactly as without
+speculation. A seeded run gives plain decoding's text as long as no sampled
+draft-model drafts are used; those draw their own random numbers, and which
+steps use them depends on timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import suppress
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from localrun.errors import LocalrunError
+from localrun.events import DraftStats, Event
+from localrun.runtime.decoder import Checkpoint, Decoder
+from localrun.runtime.engine import Engine
+from localrun.runtime.generate import Generation
+from localrun.runtime.llama import DecodeStatus
+from localrun.runtime.sampling import Sampler, SamplingParams
+from localrun.speculative.control import Plan
+from localrun.speculative.drafters import Draft, Offer
+from localrun.speculative.sampling import check_draft, target_probs
+
+if TYPE_CHECKING:
+    from localrun.speculative import Speculation
+
+
+class _Tally:
+    """Proposed/accepted counts for the events."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = names
+        self.proposed = [0] * len(names)
+        self.accepted = [0] * len(names)
+        self.rounds = 0
+        self.current = "plain"
+
+    def add(self, drafter: int, proposed: int, accepted: int) -> None:
+        self.proposed[drafter] += proposed
+        self.accepted[drafter] += accepted
+        self.rounds += 1
+
+    def snapshot(self, *, final: bool = False) -> DraftStats:
+        if final:
+            used = sorted((i for i, p in enumerate(self.proposed) if p), key=lambda i: -self.proposed[i])
+            name = "+".join(self.names[i] for i in used) or "plain"
+        else:
+            name = self.current
+        return DraftStats(name, sum(self.proposed), sum(self.accepted), self.rounds)
+
+
+def generate_speculative(
+    engine: Engine,
+    prompt_tokens: Sequence[int],
+    sampling: SamplingParams,
+    *,
+    speculation: Speculation,
+    max_tokens: int | None = None,
+    stop: Sequence[str] = (),
+    ignore_eos: bool = False,
+    decoder: Decoder | None = None,
+    checkpoint: Checkpoint | None = None,
+) -> Iterator[Event]:
+    """`runtime.generate.generate` with speculative decoding: the same events,
+    the same text (see the module's note), and a `DraftStats` on each event."""
+    with Generation(
+        engine,
+        prompt_tokens,
+        sampling,
+        max_tokens=max_tokens,
+        stop=stop,
+        ignore_eos=ignore_eos,
+        decoder=decoder,
+        checkpoint=checkpoint,
+    ) as run:
+        step = _Stepper(run, speculation, sampling)
+        decided: list[int] = []
+        if run.prefill() == DecodeStatus.OK and run.limit > 0:
+            decided = step.first()
+        while decided:
+            for token in decided:  # stream what the step decided
+                step.context.append(token)
+                event = run.out.push(token)
+                if event is not None:
+                    yield replace(event, draft=step.tally.snapshot())
+                if run.ended:
+                    break
+            if run.ended:
+                break
+            if engine.abort_requested:
+                run.reason = "interrupted"
+                break
+            decided = step.next()
+        run.decoder.rollback(min(run.decoder.n_past, len(step.context)))  # the cache holds only decided tokens
+        yield from run.finish(draft=step.tally.snapshot(final=True))
+
+
+class _Stepper:
+    """One speculative step at a time: ask the drafters, let the controller
+    choose, then a plain step or a verify step; the controller observes each."""
+
+    def __init__(self, run: Generation, speculation: Speculation, sampling: SamplingParams) -> None:
+        self.run = run
+        self.speculation = speculation
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+        self.tally = _Tally([d.profile.name for d in speculation.drafters])
+        self.context = list(run.prompt_tokens)  # the prompt and every token decided so far
+
+    def first(self) -> list[int]:
+        for drafter in self.speculation.drafters:
+            drafter.begin(self.context)
+        return [self.run.decoder.sample(self.run.sampler)]
+
+    def next(self) -> list[int]:
+        """The tokens the next step decides (none when decoding must stop)."""
+        run, control, context = self.run, self.speculation.controller, self.context
+        room = min(run.limit - run.out.n_gen - 1, run.engine.n_ctx - len(context), run.engine.n_batch - 1)
+        offers = [
+            offer
+            for i, drafter in enumerate(self.speculation.drafters)
+            if i not in self.speculation.disabled and (offer := drafter.offer(context, i)) is not None
+        ]
+        plan = control.choose(offers, room)
+        t0 = time.perf_counter()
+        draft = _make_draft(self.speculation, plan, context, self.sampling, self.rng)
+        if draft is None or not draft.tokens:
+            return self._plain(plan, t0)
+        return self._verify(plan, draft, t0)
+
+    def _plain(self, plan: Plan, t0: float) -> list[int]:
+        run = self.run
+        self.tally.current = "plain"
+        t1 = time.perf_counter()
+        if run.note(run.decoder.evaluate((self.context[-1],))) != DecodeStatus.OK:
+            return []
+        decided = [run.decoder.sample(run.sampler)]
+        t2 = time.perf_counter()
+        self.speculation.controller.observe_plain(t2 - t1)
+        self.speculation.controller.observe_round(plan, t2 - t0, 1)
+        return decided
+
+    def _verify(self, plan: Plan, draft: Draft, t0: float) -> list[int]:
+        run, control, context = self.run, self.speculation.controller, self.context
+        assert plan.offer is not None
+        t1 = time.perf_counter()
+        status = run.decoder.evaluate_rows([context[-1], *draft.tokens], abortable=False)  # short: no callback
+        if run.note(status) != DecodeStatus.OK:
+            run.decoder.rollback(len(context) - 1)
+            return []
+        decided = _verify(run.decoder, run.sampler, self.sampling, draft, self.rng, run.out.tokens)
+        accepted = len(decided) - 1
+        run.decoder.rollback(len(context) + accepted)  # forget the rejected drafts
+        t2 = time.perf_counter()
+        control.observe_verify(len(draft.tokens) + 1, t2 - t1)
+        control.observe_outcome(plan.offer, len(draft.tokens), accepted)
+        control.observe_round(plan, t2 - t0, len(decided))
+        self.tally.current = self.speculation.drafters[plan.offer.drafter].profile.name
+        self.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
+        return decided
+
+
+def _make_draft(
+    speculation: Speculation, plan: Plan, context: list[int], sampling: SamplingParams, rng: np.random.Generator
+) -> Draft | None:
+    offer: Offer | None = plan.offer
+    if offer is None or plan.n < 1:
+        return None
+    try:
+        draft = speculation.drafters[offer.drafter].draft(context, plan.n, sampling, rng)
+    except LocalrunError:  # a draft model that cannot load here (memory): go on without it
+        speculation.disabled.add(offer.drafter)
+        with suppress(LocalrunError):
+            speculation.drafters[offer.drafter].close()
+        return None
+    speculation.controller.observe_draft(offer.drafter, draft)
+    return draft
+
+
+def _verify(
+    decoder: Decoder,
+    sampler: Sampler,
+    sampling: SamplingParams,
+    draft: Draft,
+    rng: np.random.Generator,
+    generated: list[int],
+) -> list[int]:
+    """Check the drafted tokens against the batch's rows: the tokens kept,
+    then the token the first failing row (or the last row) decides."""
+    decided: list[int] = []
+    for row, token in enumerate(draft.tokens):
+        if draft.probs is None or sampling.greedy:
+            chosen = decoder.sample(sampler, row)  # a deterministic draft: kept if the target agrees
+            decided.append(chosen)
+            if chosen != token:
+                return decided
+        else:
+            p = target_probs(decoder.logits(row), sampling, [*generated, *decided])
+            replacement = check_draft(p, token, draft.probs[row], rng)
+            chosen = token if replacement is None else replacement
+            sampler.accept(chosen)  # the native chain's penalty window follows every decided token
+            decided.append(chosen)
+            if replacement is not None:
+                return decided
+    decided.append(decoder.sample(sampler, len(draft.tokens)))
+    return decided
