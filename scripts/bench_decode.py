@@ -11,6 +11,11 @@ Columns, each the median of --reps interleaved runs on the same greedy prompt:
   stock        llama-cpp-python's own path (Llama.generate)
   native       llama.cpp's llama-completion binary, when --native is given; its
                decode rate counts its sampling time too, as localrun's does
+  cli, tree    with --tree DIR: `localrun generate --draft none --json` as a
+               process, from this checkout (cli) and from the checkout in DIR
+               with its own .venv (tree): the same command before and after a
+               change, in one run; prompt tok/s there is prompt tokens over the
+               time to the first token
 It prints decode and prompt-processing tokens/sec and the ratios
 localrun/stock, localrun/native and panel/localrun, each the median of the
 ratios within a round. Absolute figures drift on
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import re
 import statistics
 import subprocess
@@ -127,6 +133,15 @@ def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str
     return 1000 * runs / (eval_ms + sample_ms), 1000 * prompt_n / prompt_ms
 
 
+def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_attn: str) -> Figures:
+    """`localrun generate` of the checkout at ``cwd`` as a process: its own decode rate (the done event)."""
+    cmd = [str(python), "-m", "localrun", "generate", "-m", str(model), "--raw", "-t", "0", "-n", str(n)]
+    cmd += ["--draft", "none", "--ctx", "4096", "--threads", str(threads), "--flash-attn", flash_attn, "--json"]
+    out = subprocess.run([*cmd, PROMPT], capture_output=True, text=True, check=True, cwd=cwd, stdin=subprocess.DEVNULL)
+    done = json.loads(out.stdout.strip().splitlines()[-1])
+    return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
+
+
 def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
     """Ratios taken within each round (runs seconds apart), then the median
     over rounds: slow drift of the machine cancels out."""
@@ -162,7 +177,15 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
         runners["native"] = lambda: bench_native(
             args.native, model, args.tokens, args.threads, flash_attn, sampling_shares
         )
-    runners = {name: run for name, run in runners.items() if name == "localrun" or name in args.columns}
+    if args.tree is not None:
+        here = Path(__file__).resolve().parent.parent
+        runners["cli"] = lambda: bench_cli(Path(sys.executable), here, model, args.tokens, args.threads, flash_attn)
+        runners["tree"] = lambda: bench_cli(
+            args.tree / ".venv" / "bin" / "python", args.tree, model, args.tokens, args.threads, flash_attn
+        )
+    runners = {
+        name: run for name, run in runners.items() if name in ("localrun", "cli", "tree") or name in args.columns
+    }
     bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
     results: dict[str, list[Figures]] = {name: [] for name in runners}
     order = list(runners)
@@ -179,6 +202,8 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:
             print(f"  localrun/{other}: decode {decode}, prompt {prompt}")
     if "panel" in results:
         print(f"  panel/localrun: decode {paired(results, 'panel', 'localrun', 0)}")
+    if "tree" in results:
+        print(f"  cli/tree: decode {paired(results, 'cli', 'tree', 0)}, prompt {paired(results, 'cli', 'tree', 1)}")
     if sampling_shares:
         share = statistics.median(sampling_shares)
         print(f"  native's sampling: {share:.1%} of its decode time (its own 'eval' figure leaves it out)")
@@ -199,6 +224,11 @@ def main() -> None:
         type=lambda v: {c.strip() for c in v.split(",")},
         default="panel,stock,native",
         help="comma-separated subset of panel,stock,native (localrun always runs; native needs --native)",
+    )
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        help="another checkout (with its .venv set up): adds the cli and tree columns, before/after in one run",
     )
     ap.add_argument(
         "--flash-attn", choices=("auto", "on", "off"), default="auto", help="as localrun's option; all columns match it"
