@@ -187,7 +187,10 @@ def test_every_available_row_is_produced(weights: dict[str, Path]) -> None:
             f16, rel=0.05
         )  # per token, whatever the sequences (llama.cpp logs MiB to 2 places)
     assert [s.done for s in steps] == list(range(len(steps)))
-    assert steps[-1].done == steps[-1].total == 2 * 12 + 5  # two rounds of twelve rows, five perplexities
+    runs = [
+        r for r in result.rows if r.measured
+    ]  # each measured row once per round, one perplexity per row that has one
+    assert steps[-1].done == steps[-1].total == full.rounds * len(runs) + sum(r.perplexity is not None for r in runs)
     fa = rows["flash attention on"]  # the other mode than auto's (off on heads of 16)
     assert fa.measured and fa.settings == {"flash_attn": "on"} and fa.perplexity is None
     assert result.advice.interactive in rows
@@ -244,7 +247,6 @@ def test_quick_keeps_one_row_per_technique(weights: dict[str, Path]) -> None:
         "weights q8_0",
     ]
     assert all(r.measured for r in result.rows), [(r.technique, r.note) for r in result.rows]
-    assert bench.Plan.make(True).rounds == 2
 
 
 def test_a_row_the_model_cannot_take_is_marked_unavailable(tiny_model: Path) -> None:

@@ -52,7 +52,7 @@ def test_seeded_sampling_is_repeatable_and_seed_dependent(engine: Engine) -> Non
     first, _ = run(engine, "in the", hot, max_tokens=24)
     assert run(engine, "in the", hot, max_tokens=24)[0] == first
     others = {run(engine, "in the", SamplingParams(1.5, 0, 1.0, 0.0, seed=s), max_tokens=24)[0] for s in (1, 2, 3)}
-    assert others != {first}
+    assert first not in others  # no other seed gives seed 7's text
 
 
 def test_stop_string_cuts_output(engine: Engine) -> None:

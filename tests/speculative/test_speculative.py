@@ -24,6 +24,7 @@ from localrun.speculative.drafters import (
     Draft,
     DraftModelDrafter,
     Offer,
+    Profile,
     PromptLookupDrafter,
     check_draft_compatible,
     match_bucket,
@@ -324,9 +325,7 @@ def test_lookup_offers_the_continuation_of_the_best_agreeing_source() -> None:
 
 def _controller(slope: float, draft_step: float, *, explore: float = 0.02) -> AdaptiveController:
     lookup = PromptLookupDrafter().profile
-    draft = lookup.__class__(
-        name="draft", step_cost=0.4, catch_up_cost=0.05, setup_s=0.0, acceptance=(0.7,), free=False
-    )
+    draft = Profile(name="draft", step_cost=0.4, catch_up_cost=0.05, setup_s=0.0, acceptance=(0.7,), free=False)
     control = AdaptiveController([lookup, draft], explore_share=explore)
     control.observe_plain(0.1)
     for rows in (2, 5, 9, 2, 5, 9):

@@ -74,7 +74,7 @@ def test_text_lookup_drafts_the_source_respaced_as_the_answer_respaces_it() -> N
 def test_text_lookup_waits_for_enough_copied_text() -> None:
     prompt = "code:\ndef f(a,b):\n  x=a+b\n"
     assert drafted(by_char(), prompt, "unrelated words here") is None
-    assert len("deff(a,b):") == SYNC_CHARS
+    assert len("deff(a,b):") == SYNC_CHARS  # the test's premise: the prompt so far is one character short
     assert drafted(by_char(), prompt, "def f(a, b)") is None  # fewer than SYNC_CHARS characters so far
     assert drafted(by_char(), prompt, "def f(a, b):") == "\n  x=a+b"  # nothing learned: the source's spacing
     assert drafted(by_char(), prompt, "def f(a, b):\n  x") == "=a+b"

@@ -119,7 +119,7 @@ def test_pull_takes_the_draft_too(hub: HubState) -> None:
 
 
 def test_dropped_connection_resumes_without_refetching(hub: HubState) -> None:
-    # huggingface-hub writes in 10 MiB chunks: a 24 MB file cut at 15 MB has a
+    # the transfer writes in 1 MiB chunks: a 24 MB file cut at 15 MB has a
     # first chunk on disk, which the resumed request must not fetch again
     data = os.urandom(24_000_000)
     hub.add(REPO, "big.gguf", data)
@@ -180,7 +180,7 @@ def test_mirror_with_wrong_hash_keeps_nothing(
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     res = cli_process("pull", "tiny:q4", "--no-draft")
     assert res.returncode == 7
-    assert "member 'data/part02.bin' matches 0 files" in res.stderr or "sha256 mismatch" in res.stderr
+    assert "member 'data/part02.bin' matches 0 files" in res.stderr
     assert not list((Path(os.environ["LOCALRUN_HOME"]) / "cache" / "mirror").rglob("*.gguf*"))
 
 
@@ -229,7 +229,7 @@ def test_ctrl_c_keeps_a_resumable_partial_file(hub: HubState) -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     root = Path(os.environ["HF_HOME"]) / "hub"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until huggingface-hub has written its first 10 MiB chunk
+    while time.monotonic() < deadline:  # wait until the transfer has written its first 1 MiB chunk
         partial = [p for p in root.rglob("*.incomplete") if p.stat().st_size > 0]
         if partial:
             break
