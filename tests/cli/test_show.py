@@ -47,3 +47,17 @@ def test_show_human_and_errors(tiny_model: Path) -> None:
 )
 def test_parse_size(text: str, n: int) -> None:
     assert parse_size(text) == n
+
+
+def test_show_and_auto_context_agree_on_the_budget(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --budget, `show` and `--ctx auto` size with the same reserve from the available RAM."""
+    from localrun.runtime import sizing
+    from localrun.runtime.engine import Engine, EngineConfig
+
+    shape = describe(read_gguf(tiny_model))
+    available = sizing.RESERVE + shape.memory_needed(300, "f16")  # room for 256 tokens, not 512
+    monkeypatch.setattr(sizing, "available_memory", lambda: available)
+    shown = json.loads(cli("show", str(tiny_model), "--json").stdout)
+    assert shown["budget_bytes"] == available - sizing.RESERVE
+    with Engine(EngineConfig(model_path=tiny_model)) as engine:
+        assert shown["max_context"]["f16"] == engine.n_ctx == 256

@@ -384,3 +384,33 @@ def test_cli_progress_on_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
     assert "tok/s" in screen and "3/3" in screen  # the bar
     assert "batch done: 3/3 prompts" in screen  # the summary
     assert screen.count('"generated_tokens": 8') == 3
+
+
+def test_cli_loads_the_weights_once(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localrun.runtime import engine as engine_module
+
+    loads: list[Path] = []
+    real = engine_module._load_model
+
+    def counting(info: Any, repack: bool) -> Any:
+        loads.append(info.path)
+        return real(info, repack)
+
+    monkeypatch.setattr(engine_module, "_load_model", counting)
+    res = run_cli(tiny_model, "-", "-n", "3", input="one\ntwo\nthree\n")
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 3
+    assert loads == [tiny_model]
+
+
+def test_plan_sizes_sequences_and_caps_them(tiny_model: Path) -> None:
+    from localrun.runtime.batch.plan import BatchSettings, jobs_for, plan_batch
+    from localrun.runtime.engine import Weights
+
+    lines = read_lines(["hello there\n", "x\n"])
+    config = EngineConfig(model_path=tiny_model, memory_budget=10**9)
+    with Weights(tiny_model) as weights:
+        sized = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, config)
+        capped = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, ctx_limit=256), weights, config)
+        fixed = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, seq_ctx=300), weights, config)
+    assert (sized.seq_ctx, capped.seq_ctx, fixed.seq_ctx) == (512, 256, 512)  # steps of 256, at most trained 512
+    assert sized.parallel == capped.parallel == 2 and not sized.failed

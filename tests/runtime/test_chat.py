@@ -230,3 +230,22 @@ def test_chat_speculation_is_lossless_across_turns(tiny_model: Path) -> None:
         done = [e for e in events if e["type"] == "done"]
         assert ("draft" in done[-1]) == (draft == "lookup")
     assert replies["lookup"] == replies["none"]
+
+
+def test_a_failed_save_keeps_the_session(engine: Engine, tmp_path: Path) -> None:
+    """/save into a missing folder is one line on the screen; the conversation stays."""
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.repl import Repl
+
+    session = ChatSession(engine, CHATML, GREEDY, max_tokens=4)
+    run_turn(session, "one")
+    screen = io.StringIO()
+    repl = Repl(session, Console(file=screen, width=200), history=tmp_path / "history")
+    assert repl._command(f"/save {tmp_path / 'missing' / 'talk.json'}") is True  # the session goes on
+    assert "error:" in screen.getvalue() and "No such file or directory" in screen.getvalue()
+    assert [t.user for t in session.turns] == ["one"]
+    assert repl._command(f"/save {tmp_path / 'talk.json'}") is True
+    assert read_conversation(tmp_path / "talk.json")[1][0].user == "one"

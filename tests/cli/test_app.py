@@ -1,0 +1,107 @@
+"""The command line as a whole: version, help, completion, lazy imports, the
+error boundary and the flags that do not go together."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from localrun import __version__
+from localrun.cli._env import Environment, use
+from localrun.cli._errors import bounded
+from tests.helpers import cli
+
+
+def test_version() -> None:
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout == f"localrun {__version__}\n"
+
+
+def test_completion_script_for_each_shell() -> None:
+    for shell in ("bash", "zsh", "fish"):
+        res = cli("--show-completion", shell)
+        assert res.returncode == 0, res.stderr
+        assert "localrun" in res.stdout and "_LOCALRUN_COMPLETE" in res.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["list"], ["generate", "--help"], ["chat", "--help"]])
+def test_help_and_list_do_not_load_llama_cpp(args: list[str]) -> None:
+    code = (
+        "import sys\nfrom localrun.cli import main\n"
+        f"status = main({args!r})\n"
+        "print('LOADED' if 'llama_cpp' in sys.modules else 'NOT LOADED', status, file=sys.stderr)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert res.stderr.strip().splitlines()[-1] == "NOT LOADED 0", res.stderr[-2000:]
+
+
+def run_bounded(exc: BaseException) -> tuple[int, str]:
+    """What the error boundary makes of ``exc`` raised by a command."""
+    import io
+
+    err = io.StringIO()
+    use(Environment(io.StringIO(), io.StringIO(), err))
+    try:
+
+        def command() -> None:
+            raise exc
+
+        bounded(command)()
+    except typer.Exit as done:
+        return done.exit_code, err.getvalue()
+    finally:
+        use(None)
+    raise AssertionError("the boundary let the command end normally")
+
+
+def test_os_and_value_errors_from_user_paths_are_one_line() -> None:
+    code, err = run_bounded(FileNotFoundError(2, "No such file or directory", "/nowhere/x.json"))
+    assert (
+        code == 1
+        and err == "error: /nowhere/x.json: No such file or directory\nhint: check the path and its permissions\n"
+    )
+    code, err = run_bounded(ValueError("not a size: 'lots'"))
+    assert code == 2 and err == "error: not a size: 'lots'\n"
+
+
+def test_debug_shows_the_traceback(tiny_model: Path, tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.gguf")
+    plain = cli("generate", "-m", missing, "hi")
+    debug = cli("--debug", "generate", "-m", missing, "hi")
+    assert plain.returncode == debug.returncode == 3
+    assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--draft", "lookup"], "does not decode speculatively"),
+        (["--prompt-cache"], "does not use the prompt cache"),
+        (["--json"], "always writes JSON lines"),
+    ],
+)
+def test_batch_refuses_flags_it_cannot_honour(tiny_model: Path, tmp_path: Path, args: list[str], needle: str) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    res = cli("generate", "-m", str(tiny_model), "--batch", str(prompts), *args)
+    assert res.returncode == 2 and needle in res.stderr and not res.stdout
+
+
+def test_batch_flags_without_batch_are_refused(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "--parallel", "2", "hi")
+    assert res.returncode == 2 and "apply to --batch only" in res.stderr
+
+
+def test_paths_into_missing_folders_fail_before_the_work(tiny_model: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    resume = cli(
+        "generate", "-m", str(tiny_model), "--batch", str(prompts), "--resume", str(tmp_path / "no" / "o.jsonl")
+    )
+    assert resume.returncode == 2 and "does not exist" in resume.stderr and not resume.stdout
+    chart = cli("bench", "-m", str(tiny_model), "--quick", "--chart", str(tmp_path / "no" / "c.svg"))
+    assert chart.returncode == 2 and "does not exist" in chart.stderr and "Traceback" not in chart.stderr
