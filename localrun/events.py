@@ -1,11 +1,14 @@
-"""What the decode loop yields and the renderers consume."""
+"""What the core reports and the renderers consume: the decode loop's events,
+and the callback type for byte transfers."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 StopReason = Literal["eos", "length", "stop", "interrupted"]
+TransferProgress = Callable[[str, int, int | None], None]  # (what, bytes done, bytes in all if known)
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,6 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not evaluated
     prompt_cache: str | None = None  # "hit" or "miss" when a prompt cache was used
     draft: DraftStats | None = None  # speculative decoding's figures, when it ran
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def summary(self) -> str:
         return (

@@ -1,7 +1,7 @@
 """Where model files come from and where they live.
 
-A model name is a registry alias, a local GGUF path (used in place, never
-copied), `hf://owner/repo/file.gguf`, or `owner/repo:QUANT`. Hub files land in
+A model name (names.py) is a registry alias, a local GGUF path (used in
+place, never copied), `hf://owner/repo/file.gguf`, or `owner/repo:QUANT`. Hub files land in
 the standard Hugging Face cache (hub.py); mirror files in localrun's cache
 (mirror.py). The core reports progress through callbacks
 and never prints.
@@ -20,76 +20,34 @@ from typing import Literal
 
 from localrun import paths
 from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError, UsageError
+from localrun.events import TransferProgress
 from localrun.store import hub
 from localrun.store import mirror as mirror_source
-from localrun.store.registry import ModelEntry, Registry
+from localrun.store.names import Target, parse, pick_quant_file
+from localrun.store.registry import Registry
+
+__all__ = [
+    "Pulled",
+    "Resolved",
+    "Source",
+    "Target",
+    "locate",
+    "matched_draft",
+    "parse",
+    "pick_quant_file",
+    "pull",
+    "remove",
+    "resolve",
+]
 
 Source = Literal["auto", "hub", "mirror"]
-Progress = Callable[[str, int, int | None], None]
 Notice = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a model name points at."""
-
-    label: str
-    entry: ModelEntry | None = None
-    repo: str | None = None
-    file: str | None = None  # None with `quant`: picked from the repo's listing
-    quant: str | None = None
-    path: Path | None = None  # a local file, used in place
-
-    @classmethod
-    def from_entry(cls, entry: ModelEntry) -> Target:
-        return cls(entry.alias, entry=entry, repo=entry.repo, file=entry.file)
 
 
 @dataclass(frozen=True)
 class Pulled:
     path: Path
     source: str  # "local", "cache", "hub", or "mirror (wheel==version ...)"
-
-
-def parse(name: str, registry: Registry) -> Target:
-    if name.startswith("hf://"):
-        parts = name[5:].split("/")
-        if len(parts) < 3 or not parts[-1].endswith(".gguf"):
-            raise UsageError(f"bad model reference {name!r}", hint="use hf://owner/repo/file.gguf")
-        return Target(name, repo="/".join(parts[:2]), file="/".join(parts[2:]))
-    as_path = Path(name).expanduser()
-    if name.endswith(".gguf") or as_path.exists():
-        return Target(name, path=as_path)
-    if "/" in name:
-        repo, _, quant = name.partition(":")
-        if repo.count("/") != 1 or not quant:
-            raise UsageError(
-                f"bad model reference {name!r}",
-                hint="use owner/repo:QUANT (e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M) or a .gguf path",
-            )
-        return Target(name, repo=repo, quant=quant)
-    entry = registry.resolve(name)
-    return Target.from_entry(entry)
-
-
-def pick_quant_file(files: list[str], quant: str) -> str:
-    """The single-file GGUF of a quantization in a repo listing (like llama.cpp's -hf)."""
-    q = quant.lower()
-    ggufs = [f for f in files if f.lower().endswith(".gguf") and "mmproj" not in f.lower()]
-    matches = [f for f in ggufs if re.search(rf"(^|[-_.]){re.escape(q)}([-_.]|$)", Path(f).stem.lower())]
-    unsplit = [f for f in matches if not re.search(r"-\d{5}-of-\d{5}", f)] or matches
-    if not unsplit:
-        have = sorted(
-            {
-                m.group(1).upper()
-                for f in ggufs
-                if (m := re.search(r"[-_.]((?:i?q\d|f16|bf16|f32)[a-z0-9_]*)$", Path(f).stem, re.I))
-            }
-        )
-        raise ModelNotFoundError(
-            f"no {quant} GGUF file in the repo", hint=f"quantizations there: {', '.join(have) or 'none'}"
-        )
-    return sorted(unsplit, key=len)[0]
 
 
 # ------------------------------------------------------------------ store --
@@ -139,7 +97,7 @@ def _lock(key: str) -> Iterator[None]:
 
 
 def pull(
-    target: Target, *, source: Source = "auto", progress: Progress | None = None, notice: Notice | None = None
+    target: Target, *, source: Source = "auto", progress: TransferProgress | None = None, notice: Notice | None = None
 ) -> Pulled:
     """Make the target's file present: the hub first, then the mirrors when the
     hub cannot be reached (not on a 404); ``source`` forces one."""

@@ -15,13 +15,11 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError
-
-Progress = Callable[[str, int, int | None], None]
+from localrun.events import TransferProgress
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
@@ -83,7 +81,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _transfer(
-    url: str, headers: dict[str, str], part: Path, size: int | None, label: str, progress: Progress | None
+    url: str, headers: dict[str, str], part: Path, size: int | None, label: str, progress: TransferProgress | None
 ) -> None:
     """GET ``url`` into ``part``, continuing from its current length."""
     from huggingface_hub import get_session
@@ -108,7 +106,7 @@ def _transfer(
                     progress(label, done, size)
 
 
-def _fetch_blob(repo: str, file: str, label: str, progress: Progress | None) -> None:
+def _fetch_blob(repo: str, file: str, label: str, progress: TransferProgress | None) -> None:
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.utils._headers import build_hf_headers
@@ -147,7 +145,7 @@ def _fetch_blob(repo: str, file: str, label: str, progress: Progress | None) -> 
     part.replace(blob)
 
 
-def download(repo: str, file: str, label: str, progress: Progress | None = None) -> Path:
+def download(repo: str, file: str, label: str, progress: TransferProgress | None = None) -> Path:
     """The file in the Hugging Face cache, downloading (and resuming) it as needed."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (

