@@ -8,8 +8,8 @@ so a slow spell of a noisy machine lands on all rows alike; each row's figure
 is the median of its rounds, and the spread between rounds is shown.
 
 To add a technique, write a function ``def rows(bench: Bench) -> list[RowSpec]``
-and `register` it; a technique this build cannot run returns
-`unavailable(...)` rows, which the table shows as such.
+and put it in `TECHNIQUES`; rows a model cannot take are `unavailable(...)`,
+which the table shows as such.
 
 The core never prints: it reports `Progress` to a callback.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -338,11 +337,8 @@ class Bench:
 Technique = Callable[[Bench], list[RowSpec]]
 
 
-def unavailable(techniques: Sequence[str], module: str | None = None, reason: str | None = None) -> list[RowSpec]:
-    """Slots for rows this build cannot measure."""
-    if reason is None:
-        present = module is not None and importlib.util.find_spec(module) is not None
-        reason = "not wired into bench yet" if present else "not available in this build"
+def unavailable(techniques: Sequence[str], *, reason: str) -> list[RowSpec]:
+    """Slots for rows that cannot be measured here, with the reason."""
     return [RowSpec(t, None, note=reason) for t in techniques]
 
 
@@ -456,16 +452,6 @@ TECHNIQUES: list[Technique] = [
     batching_rows,
     weights_rows,
 ]
-
-
-def register(technique: Technique, *, replace: Technique | None = None) -> None:
-    """Add a technique to the ladder (after the others), or put it in the
-    place of an existing one (e.g. a build that has `localrun.batch`
-    replaces `batching_rows`)."""
-    if replace is not None and replace in TECHNIQUES:
-        TECHNIQUES[TECHNIQUES.index(replace)] = technique
-    elif technique not in TECHNIQUES:
-        TECHNIQUES.append(technique)
 
 
 # ----------------------------------------------------------------- runner --

@@ -41,10 +41,6 @@ def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:
 def compose(instruction: str | None, material: str | None) -> str:
     """The prompt from an argument and piped stdin: the material first, then the
     instruction about it (so runs over the same material share a prefix)."""
-    return _join(material, instruction)
-
-
-def _join(material: str | None, instruction: str | None) -> str:
     parts = [material.rstrip("\n")] if material and material.strip() else []
     if instruction and instruction.strip():
         parts.append(instruction)

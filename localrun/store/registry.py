@@ -67,7 +67,6 @@ class ModelEntry:
 class Registry:
     entries: dict[str, ModelEntry]
     default: str
-    sources: tuple[Path, ...]
 
     def resolve(self, name: str) -> ModelEntry:
         """`family:tag`, or a bare family name for its default tag."""
@@ -224,4 +223,4 @@ def load(extra: Path | None = None) -> Registry:
             raise _fail(origin, entry.alias, f"draft {entry.draft!r} is not a known alias")
     if default is None or default not in entries:
         raise _fail(files[-1], None, f"default model {default!r} is not a known alias")
-    return Registry(entries=entries, default=default, sources=tuple(files))
+    return Registry(entries=entries, default=default)
