@@ -12,7 +12,8 @@ from localrun.cli._env import current
 def pull_with_progress(target: store.Target, source: store.Source = "auto") -> store.Pulled:
     from localrun.ui.stream import PullProgress
 
-    with PullProgress(current().stderr, target.label) as progress:
+    env = current()
+    with PullProgress(env.stderr, target.label, terminal=env.stderr_isatty) as progress:
         pulled = store.pull(target, source=source, progress=progress.update, notice=progress.notice)
         progress.finish(pulled.path, pulled.source)
     return pulled

@@ -3,13 +3,14 @@ write one JSON object per line."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
+from localrun.cli._output import out
 from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, SequenceDone
@@ -21,7 +22,7 @@ from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_record, resul
 
 def _read_source(source: str) -> list[BatchLine]:
     if source == "-":
-        return read_lines(sys.stdin)
+        return read_lines(current().stdin)
     path = Path(source)
     if not path.is_file():
         raise UsageError(f"--batch {source}: no such file", hint="give a file of prompts, or - for stdin")
@@ -42,7 +43,7 @@ def _output(resume: Path | None) -> Iterator[IO[str]]:
     """stdout, or with --resume the output file, opened for appending (after a
     newline if the last run was cut off mid-line)."""
     if resume is None:
-        yield sys.stdout
+        yield current().stdout
         return
     cut = False
     if resume.exists() and resume.stat().st_size:
@@ -76,6 +77,7 @@ def run(
     check_settings(settings)
     if resume is not None:
         check_resume(resume)
+    env = current()
     lines = _read_source(source)
     done_ids = finished_ids(resume) if resume is not None else set()
     jobs = jobs_for([line for line in lines if line.id not in done_ids])
@@ -85,9 +87,10 @@ def run(
         plan = plan_batch(jobs, settings, weights, config)
         runnable, failed = plan.runnable, plan.failed
         final: BatchProgress | None = None
-        with _output(resume) as out, BatchProgressBar(sys.stderr, len(runnable)) as bar:
-            to_terminal = resume is None and out.isatty() and sys.stderr.isatty()
-            writer = JsonlWriter(bar.print_line if to_terminal else _writer(out), ordered=not unordered)
+        progress = BatchProgressBar(env.stderr, len(runnable), terminal=env.stderr_isatty)
+        with _output(resume) as sink, progress as bar:
+            to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
+            writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
             for job in failed:
                 writer.add(job.position, error_record(job.line.id, job.error or ""))
             if runnable:
@@ -105,10 +108,10 @@ def run(
                             writer.flush_finished()
                 if final is None:
                     raise LocalrunError("the batch ended without a summary")
-    if final is not None and (show_stats or final.interrupted or sys.stderr.isatty()):
-        sys.stderr.write(summary(final, len(failed)) + "\n")
+    if final is not None and (show_stats or final.interrupted or env.stderr_isatty):
+        out().note(summary(final, len(failed)))
     elif failed:
-        sys.stderr.write(f"warning: {len(failed)} of {len(jobs)} lines failed; see their error records\n")
+        out().warn(f"{len(failed)} of {len(jobs)} lines failed; see their error records")
     if final is not None and final.interrupted:
         return ExitCode.INTERRUPTED
     return ExitCode.BATCH_FAILED if failed else ExitCode.OK

@@ -88,7 +88,7 @@ def bench_command(
         flash_attn=settings.flash_attn,
         verbose=verbose or None,
     )
-    with benchview.BenchProgress(env.stderr) as progress:
+    with benchview.BenchProgress(env.stderr, terminal=env.stderr_isatty) as progress:
         result = core.run(core.Bench(found.path, plan, compare=compare, draft=draft_path), progress=progress.update)
     if as_json:
         out().json(result.as_dict())

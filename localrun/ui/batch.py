@@ -87,15 +87,16 @@ def summary(p: BatchProgress, failed: int) -> str:
 
 
 class BatchProgressBar:
-    """Progress on a terminal; does nothing when ``err`` is not one."""
+    """Progress on a terminal; does nothing when ``err`` is not one
+    (``terminal``: whether it is, when the caller knows; else asked)."""
 
-    def __init__(self, err: IO[str], total: int, *, refresh_s: float = 0.5) -> None:
+    def __init__(self, err: IO[str], total: int, *, refresh_s: float = 0.5, terminal: bool | None = None) -> None:
         self.err = err
         self.refresh_s = refresh_s
         self.next_refresh = 0.0
         self.progress: Progress | None = None
         self.task: TaskID | None = None
-        if err.isatty():
+        if err.isatty() if terminal is None else terminal:
             self.progress = Progress(
                 TextColumn("prompts"),
                 BarColumn(),

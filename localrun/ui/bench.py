@@ -120,12 +120,12 @@ def chart(result: bench.BenchResult) -> str:
 class BenchProgress:
     """A progress bar on stderr when it is a terminal; otherwise a line per step."""
 
-    def __init__(self, err: IO[str]) -> None:
+    def __init__(self, err: IO[str], *, terminal: bool | None = None) -> None:
         self.err = err
         self._t0 = time.perf_counter()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
-        if err.isatty():
+        if err.isatty() if terminal is None else terminal:
             self._progress = Progress(
                 TextColumn("bench"),
                 BarColumn(),

@@ -227,10 +227,10 @@ class PullProgress:
     """Download progress on stderr: a Rich bar (bytes, speed, ETA) on a
     terminal; otherwise one line per file when it is done."""
 
-    def __init__(self, err: IO[str], label: str) -> None:
+    def __init__(self, err: IO[str], label: str, *, terminal: bool | None = None) -> None:
         self.err = err
         self.label = label
-        self.tty = err.isatty()
+        self.tty = err.isatty() if terminal is None else terminal
         self._t0 = time.perf_counter()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
