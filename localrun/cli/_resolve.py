@@ -10,7 +10,7 @@ from localrun.cli._env import current
 
 
 def pull_with_progress(target: store.Target, source: store.Source = "auto") -> store.Pulled:
-    from localrun.ui.stream import PullProgress
+    from localrun.ui.progress import PullProgress
 
     env = current()
     with PullProgress(env.stderr, target.label, terminal=env.stderr_isatty) as progress:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -27,26 +28,30 @@ def quantize_command(
     verbose: opt.Verbose = False,
 ) -> None:
     """Quantize a GGUF model with llama.cpp's quantizer; prints the output path."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from localrun.runtime.quantize import quantize
+    from localrun.ui.progress import bar
 
     opt.check_positive(threads=threads)
     env = current()
-    bar = Progress(
+    progress = bar(
+        env.stderr,
         SpinnerColumn(),
         TextColumn(f"quantizing to {qtype}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("tensors"),
         TimeElapsedColumn(),
-        console=Console(file=env.stderr),
-        transient=True,
-        disable=not env.stderr_isatty or verbose,
+        terminal=bool(env.stderr_isatty) and not verbose,  # llama.cpp's log takes the screen with --verbose
     )
-    with bar:
-        task = bar.add_task("quantize", total=None)
+    with progress or contextlib.nullcontext():
+        task = progress.add_task("quantize", total=None) if progress is not None else None
+
+        def tensors(n: int, total: int) -> None:
+            if progress is not None and task is not None:
+                progress.update(task, completed=n, total=total)
+
         done = quantize(
             source,
             output,
@@ -54,7 +59,7 @@ def quantize_command(
             force=force,
             allow_requantize=allow_requantize,
             threads=threads,
-            progress=lambda n, total: bar.update(task, completed=n, total=total),
+            progress=tensors,
             verbose=verbose,
         )
     out().note(

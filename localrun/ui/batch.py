@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn
 
 from localrun.events import BatchProgress, SequenceDone
 from localrun.runtime.batch.input import LineId
+from localrun.ui.progress import bar
 
 Record = dict[str, Any]
 
@@ -94,20 +94,19 @@ class BatchProgressBar:
         self.err = err
         self.refresh_s = refresh_s
         self.next_refresh = 0.0
-        self.progress: Progress | None = None
         self.task: TaskID | None = None
-        if err.isatty() if terminal is None else terminal:
-            self.progress = Progress(
-                TextColumn("prompts"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"),
-                TextColumn("{task.fields[eta]}"),
-                console=Console(file=err),
-                auto_refresh=False,  # a refresh thread would preempt llama.cpp's compute threads
-                transient=True,
-                redirect_stdout=False,
-            )
+        self.progress = bar(
+            err,
+            TextColumn("prompts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[eta]}"),
+            terminal=terminal,
+            auto_refresh=False,  # a refresh thread would preempt llama.cpp's compute threads
+            redirect_stdout=False,
+        )
+        if self.progress is not None:
             self.task = self.progress.add_task("batch", total=total, rate="- tok/s", eta="eta -")
 
     def __enter__(self) -> BatchProgressBar:

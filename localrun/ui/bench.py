@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from typing import IO
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from localrun import bench
 from localrun.bench.stats import Row
+from localrun.ui.progress import bar
 from localrun.ui.svgchart import Bar, bar_chart
 from localrun.units import human_bytes
 
@@ -123,18 +123,16 @@ class BenchProgress:
     def __init__(self, err: IO[str], *, terminal: bool | None = None) -> None:
         self.err = err
         self._t0 = time.perf_counter()
-        self._progress: Progress | None = None
         self._task: TaskID | None = None
-        if err.isatty() if terminal is None else terminal:
-            self._progress = Progress(
-                TextColumn("bench"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-                console=Console(file=err),
-                transient=True,
-            )
+        self._progress = bar(
+            err,
+            TextColumn("bench"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            terminal=terminal,
+        )
 
     def __enter__(self) -> BenchProgress:
         if self._progress is not None:

@@ -12,26 +12,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import IO, Protocol
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.panel import Panel
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.text import Text
 
 from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
-from localrun.units import human_bytes
 
 
 class Renderer(Protocol):
@@ -221,56 +210,3 @@ class LiveRenderer:
             Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )
         return final
-
-
-class PullProgress:
-    """Download progress on stderr: a Rich bar (bytes, speed, ETA) on a
-    terminal; otherwise one line per file when it is done."""
-
-    def __init__(self, err: IO[str], label: str, *, terminal: bool | None = None) -> None:
-        self.err = err
-        self.label = label
-        self.tty = err.isatty() if terminal is None else terminal
-        self._t0 = time.perf_counter()
-        self._progress: Progress | None = None
-        self._task: TaskID | None = None
-
-    def __enter__(self) -> PullProgress:
-        if self.tty:
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=Console(file=self.err),
-                transient=True,
-            )
-            self._progress.start()
-            self._task = self._progress.add_task(self.label, total=None)
-        return self
-
-    def update(self, description: str, done: int, total: int | None) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=done, total=total)
-
-    def notice(self, message: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(message)
-        else:
-            self.err.write(message + "\n")
-            self.err.flush()
-
-    def finish(self, path: Path, source: str) -> None:
-        self.close()
-        size = path.stat().st_size if path.is_file() else 0
-        self.err.write(f"{self.label}: {human_bytes(size)} from {source} in {time.perf_counter() - self._t0:.1f}s\n")
-        self.err.flush()
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
