@@ -8,7 +8,7 @@ the stop-string check: no logits copies.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from localrun.events import Event, StopReason
 from localrun.runtime.decoder import Checkpoint, Decoder
@@ -18,6 +18,16 @@ from localrun.runtime.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The options of every decode loop (see `Generation`)."""
+
+    max_tokens: int | None
+    stop: Sequence[str]
+    ignore_eos: bool
+    decoder: Decoder | None
+    checkpoint: Checkpoint | None
 
 
 class Generation:
@@ -79,15 +89,7 @@ class Generation:
 
 
 def generate(
-    engine: Engine,
-    prompt_tokens: Sequence[int],
-    sampling: SamplingParams,
-    *,
-    max_tokens: int | None = None,
-    stop: Sequence[str] = (),
-    ignore_eos: bool = False,
-    decoder: Decoder | None = None,
-    checkpoint: Checkpoint | None = None,
+    engine: Engine, prompt_tokens: Sequence[int], sampling: SamplingParams, **options: Unpack[GenerateOptions]
 ) -> Iterator[Event]:
     """Evaluate the prompt, then sample until end of generation, ``max_tokens``,
     a stop string, a full context, or ``engine.abort_requested``.
@@ -95,16 +97,7 @@ def generate(
     With a ``decoder`` that ran before (a chat, a loaded prompt cache), only the
     part of the prompt that differs from what its KV cache holds is evaluated;
     a ``checkpoint`` restores (or stores) a prefix from a prompt cache."""
-    with Generation(
-        engine,
-        prompt_tokens,
-        sampling,
-        max_tokens=max_tokens,
-        stop=stop,
-        ignore_eos=ignore_eos,
-        decoder=decoder,
-        checkpoint=checkpoint,
-    ) as run:
+    with Generation(engine, prompt_tokens, sampling, **options) as run:
         status = run.prefill()
         while status == DecodeStatus.OK and run.out.n_gen < run.limit:
             if engine.abort_requested:
@@ -128,16 +121,7 @@ class Decoding(Protocol):
     def label(self) -> str: ...
 
     def generate(
-        self,
-        engine: Engine,
-        prompt_tokens: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        max_tokens: int | None = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        decoder: Decoder | None = None,
-        checkpoint: Checkpoint | None = None,
+        self, engine: Engine, prompt_tokens: Sequence[int], sampling: SamplingParams, **options: Unpack[GenerateOptions]
     ) -> Iterator[Event]: ...
 
 
@@ -147,27 +131,9 @@ class PlainDecoding:
     label = "plain"
 
     def generate(
-        self,
-        engine: Engine,
-        prompt_tokens: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        max_tokens: int | None = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        decoder: Decoder | None = None,
-        checkpoint: Checkpoint | None = None,
+        self, engine: Engine, prompt_tokens: Sequence[int], sampling: SamplingParams, **options: Unpack[GenerateOptions]
     ) -> Iterator[Event]:
-        return generate(
-            engine,
-            prompt_tokens,
-            sampling,
-            max_tokens=max_tokens,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            decoder=decoder,
-            checkpoint=checkpoint,
-        )
+        return generate(engine, prompt_tokens, sampling, **options)
 
 
 PLAIN: Decoding = PlainDecoding()

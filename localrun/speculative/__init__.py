@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Unpack
 
 from localrun.events import Event
-from localrun.runtime.decoder import Checkpoint, Decoder
 from localrun.runtime.engine import Engine
+from localrun.runtime.generate import GenerateOptions
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative.control import AdaptiveController, Controller
 from localrun.speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
@@ -36,29 +37,10 @@ class Speculation:
         return "+".join(d.profile.name for d in self.drafters)
 
     def generate(
-        self,
-        engine: Engine,
-        prompt_tokens: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        max_tokens: int | None = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        decoder: Decoder | None = None,
-        checkpoint: Checkpoint | None = None,
+        self, engine: Engine, prompt_tokens: Sequence[int], sampling: SamplingParams, **options: Unpack[GenerateOptions]
     ) -> Iterator[Event]:
         """Like `runtime.generate.generate`, with speculation."""
-        return generate_speculative(
-            engine,
-            prompt_tokens,
-            sampling,
-            speculation=self,
-            max_tokens=max_tokens,
-            stop=stop,
-            ignore_eos=ignore_eos,
-            decoder=decoder,
-            checkpoint=checkpoint,
-        )
+        return generate_speculative(engine, prompt_tokens, sampling, speculation=self, **options)
 
     def close(self) -> None:
         for drafter in self.drafters:

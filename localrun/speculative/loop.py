@@ -30,15 +30,15 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import numpy as np
 
 from localrun.errors import LocalrunError
 from localrun.events import DraftStats, Event
-from localrun.runtime.decoder import Checkpoint, Decoder
+from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
-from localrun.runtime.generate import Generation
+from localrun.runtime.generate import GenerateOptions, Generation
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import Sampler, SamplingParams
 from localrun.speculative.control import Plan
@@ -79,24 +79,11 @@ def generate_speculative(
     sampling: SamplingParams,
     *,
     speculation: Speculation,
-    max_tokens: int | None = None,
-    stop: Sequence[str] = (),
-    ignore_eos: bool = False,
-    decoder: Decoder | None = None,
-    checkpoint: Checkpoint | None = None,
+    **options: Unpack[GenerateOptions],
 ) -> Iterator[Event]:
     """`runtime.generate.generate` with speculative decoding: the same events,
     the same text (see the module's note), and a `DraftStats` on each event."""
-    with Generation(
-        engine,
-        prompt_tokens,
-        sampling,
-        max_tokens=max_tokens,
-        stop=stop,
-        ignore_eos=ignore_eos,
-        decoder=decoder,
-        checkpoint=checkpoint,
-    ) as run:
+    with Generation(engine, prompt_tokens, sampling, **options) as run:
         step = _Stepper(run, speculation, sampling)
         decided: list[int] = []
         if run.prefill() == DecodeStatus.OK and run.limit > 0:
