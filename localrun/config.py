@@ -146,7 +146,7 @@ def save_defaults(values: Mapping[str, Any], path: Path | None = None) -> Path:
     parse(raw, path)  # refuse to build on a broken file
     merged = {**raw.get("defaults", {}), **values}
     parse({"defaults": merged}, path)
-    lines = ["# localrun user defaults: see `localrun bench --save-defaults` and the README", "[defaults]"]
+    lines = ["# localrun user defaults (localrun bench --save-defaults); keys: docs/config.md", "[defaults]"]
     lines += [f"{key} = {_toml_value(merged[key])}" for key in KEYS if key in merged]
     path.parent.mkdir(parents=True, exist_ok=True)
     paths.atomic_write(path, "\n".join(lines) + "\n")

@@ -373,7 +373,7 @@ def attention_rows(bench: Bench) -> list[RowSpec]:
 def kv_cache_rows(bench: Bench) -> list[RowSpec]:
     pairs = [("q8_0", "q8_0"), ("q4_0", "q4_0")]
     if not bench.plan.quick:
-        pairs.append(("q8_0", "q4_0"))  # the smallest cache that keeps Qwen2.5's quality (README)
+        pairs.append(("q8_0", "q4_0"))  # the smallest cache that keeps Qwen2.5's quality (docs/benchmarks.md)
     return [
         plain_row(f"kv-cache {k}" if k == v else f"kv-cache {k}/{v}", {"kv_k": k, "kv_v": v}, type_k=k, type_v=v)
         for k, v in pairs

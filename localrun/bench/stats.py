@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # A setting whose perplexity rises more than this over the baseline is not
-# recommended, however fast it is (a q4_0 K cache ruins Qwen2.5, see README).
+# recommended, however fast it is (a q4_0 K cache ruins Qwen2.5: docs/benchmarks.md).
 QUALITY_LIMIT = 0.02
 
 

@@ -17,9 +17,9 @@ from localrun.gguf.reader import GGUFInfo
 
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 CONTEXT_STEP = 256
-# llama.cpp's CPU flash-attention kernel decodes slower than the unfused
-# path at heads of this size or less, the more so the fuller the context
-# (README, "Flash attention on the CPU"); above it the kernel is the faster.
+# `--flash-attn auto` runs an f16 cache unfused on heads of this size or less,
+# where llama.cpp's CPU flash-attention kernel decoded slower than the unfused
+# path (docs/benchmarks.md, "Flash attention on the CPU": one CPU's figures).
 FUSED_ATTENTION_SLOW_HEAD = 64
 N_UBATCH = 512
 
@@ -72,7 +72,7 @@ class ModelInfo:
         """What each token of context costs: its KV cache, plus, without flash
         attention, a ubatch's f32 attention scores over it in the compute
         buffer, each head's and the mask's (llama.cpp sizes that buffer for a
-        full context; measured 0.7-0.95 of this on the models in the README).
+        full context; see docs/benchmarks.md for how close this estimate came).
         ``flash_attn`` None: what auto resolves to."""
         type_v = type_v or type_k
         mode = flash_attn or self.auto_flash_attn(type_v)

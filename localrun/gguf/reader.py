@@ -4,9 +4,8 @@ llama.cpp aborts the process on some malformed files, so every model is checked
 here first: magic, version, every key/value, every tensor's type, shape and
 byte range against the file size. The format constants come from the `gguf`
 package. `gguf.GGUFReader` itself is not used on the load path: it builds a
-numpy view per vocabulary string and took 21 s of CPU on a 150k-token model;
-this reader skips arrays by their lengths and reads the header in a fraction of
-a second.
+numpy view per vocabulary string, which is slow on a large vocabulary; this
+reader skips arrays by their lengths.
 """
 
 from __future__ import annotations

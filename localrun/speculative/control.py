@@ -12,14 +12,13 @@ with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
 token is kept with probability a, given the ones before it were), draft(n)
 the drafter's measured cost for n tokens (plus any catch-up or loading), and
 verify(n) the target's measured cost for a batch of n rows. Costs per size
-are not smooth (llama.cpp's CPU kernels take rows in groups: on the 2-core
-machine here 4 rows cost less than 3, and 16 less than 12), so each size
-keeps its own average; a size not tried yet is estimated from a line fitted
-to all verify batches (a fixed cost plus a cost per row), a little
-optimistically, so that it gets tried. Until something is measured it
-assumes the drafter's `Profile` (a draft model's step costs its size ratio to
-the target; lookup is free) and an extra verify row costing a third of a
-plain step.
+are not smooth (llama.cpp's CPU kernels take rows in groups, so more rows can
+cost less), so each size keeps its own average; a size not tried yet is
+estimated from a line fitted to all verify batches (a fixed cost plus a cost
+per row), a little optimistically, so that it gets tried. Until something is
+measured it assumes the drafter's `Profile` (a draft model's step costs its
+size ratio to the target; lookup is free) and an extra verify row costing
+`PRIOR_VERIFY_SLOPE` of a plain step.
 
 It keeps probing cheaply so it can change its mind when the text changes: a
 way that is not the best is tried again with a short draft after a number of

@@ -131,11 +131,11 @@ class LiveRenderer:
 
     The panel is redrawn at most `refresh_per_second` times, from the loop's
     own thread between two tokens, and shows only the tail that fits the
-    screen, so a redraw costs the same (about 2 ms) however long the reply.
-    A background refresh thread was measured slower: on a machine whose cores
-    all run llama.cpp's compute threads, preempting one of them stalls the
-    others at their barrier. When the reply ends, the whole text is printed
-    once in a final panel.
+    screen, so a redraw costs the same however long the reply. There is no
+    background refresh thread: on a machine whose cores all run llama.cpp's
+    compute threads, preempting one of them stalls the others at their
+    barrier. When the reply ends, the whole text is printed once in a final
+    panel.
     """
 
     def __init__(
