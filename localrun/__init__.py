@@ -1,8 +1,3 @@
 """localrun: fast local text generation with llama.cpp."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("localrun")
-except PackageNotFoundError:  # run from a checkout that is not installed
-    __version__ = "0+unknown"
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gguf import LlamaFileType
-
-from localrun.gguf.reader import GGUFInfo
+if TYPE_CHECKING:
+    from localrun.gguf.reader import GGUFInfo
 
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 CONTEXT_STEP = 256
@@ -98,6 +97,8 @@ class ModelInfo:
 
 
 def describe(info: GGUFInfo) -> ModelInfo:
+    from gguf import LlamaFileType  # the gguf package (and numpy) only when a file is described
+
     heads = _as_int(info.arch_value("attention.head_count"), 0)
     kv_heads = _as_int(info.arch_value("attention.head_count_kv"), heads)
     embd = _as_int(info.arch_value("embedding_length"), 0)

@@ -27,7 +27,8 @@ _ATTEMPTS = 5
 
 
 def unreachable(exc: BaseException) -> bool:
-    """DNS or connection failure (or offline mode), as opposed to an HTTP answer."""
+    """DNS or connection failure (or offline mode), as opposed to an HTTP answer.
+    Matched by class name: the client raises its HTTP library's classes (httpx2 in huggingface-hub 2.x)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled"})
 
@@ -109,7 +110,7 @@ def _transfer(
 def _fetch_blob(repo: str, file: str, label: str, progress: TransferProgress | None) -> None:
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import repo_folder_name
-    from huggingface_hub.utils._headers import build_hf_headers
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # public, not in __all__
 
     url = hf_hub_url(repo, file)
     meta = get_hf_file_metadata(url)
