@@ -194,7 +194,7 @@ def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int)
 # ------------------------------------------------------------------ main --
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915  a script's main
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="model name or GGUF path")
     ap.add_argument("--threads", type=int, default=2, help="threads for every contender")

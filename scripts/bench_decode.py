@@ -148,7 +148,7 @@ def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
     return ratio_summary((x[col] for x in results[a]), (y[col] for y in results[b]))
 
 
-def bench_model(model: Path, args: argparse.Namespace) -> None:
+def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901  a script's columns
     engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn))
     flash_attn = engine.flash_attn  # what auto resolved to: every column runs with it
     tokens = engine.tokenize(PROMPT)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.bench.stats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
-from localrun.errors import LocalrunError, UsageError
+from localrun.errors import LocalrunError
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.gguf.reader import read_gguf
@@ -486,49 +486,14 @@ def run(
 ) -> BenchResult:
     """Measure every row in interleaved rounds, then perplexity once per row."""
     specs = [spec for technique in (techniques or TECHNIQUES) for spec in technique(bench)]
-    live = [s for s in specs if s.measure is not None]
-    total = bench.plan.rounds * len(live) + sum(1 for s in live if s.quality is not None)
-    done = 0
-
-    def step(label: str) -> None:
-        nonlocal done
-        if progress is not None:
-            progress(Progress(done, total, label))
-        done += 1
-
-    rounds: dict[str, list[Round]] = {s.technique: [] for s in live}
-    failed: dict[str, str] = {}
-    quality: dict[str, Perplexity] = {}
     try:
-        for r in range(bench.plan.rounds):
-            for spec in live:
-                if spec.technique in failed or spec.measure is None:
-                    continue
-                step(f"round {r + 1}/{bench.plan.rounds} · {spec.technique}")
-                try:
-                    rounds[spec.technique].append(spec.measure(bench))
-                except LocalrunError as exc:  # e.g. a head size a quantized KV cache cannot take
-                    if spec.technique == "baseline":
-                        raise
-                    failed[spec.technique] = exc.message
-        for spec in live:
-            if spec.quality is not None and spec.technique not in failed:
-                step(f"perplexity · {spec.technique}")
-                quality[spec.technique] = spec.quality(bench)
+        measured = _measure(bench, [s for s in specs if s.measure is not None], progress)
     finally:
         bench.close()
-    if progress is not None:
-        progress(Progress(total, total, "done"))
-
-    rows: list[Row] = []
-    for spec in specs:
-        if spec.measure is None or spec.technique in failed:
-            rows.append(Row(spec.technique, available=False, note=failed.get(spec.technique, spec.note)))
-        else:
-            rows.append(_summarize(spec, rounds[spec.technique], quality.get(spec.technique)))
+    rows = [_row(spec, measured) for spec in specs]
     baseline = next((r for r in rows if r.technique == "baseline" and r.measured), None)
     if baseline is None:
-        raise UsageError("the ladder has no baseline row", hint="a technique list must start with baseline_rows")
+        raise RuntimeError("the ladder has no baseline row: a technique list must start with baseline_rows")
     relate_to_baseline(rows, baseline)
     return BenchResult(
         model=bench.model,
@@ -539,3 +504,47 @@ def run(
         rows=rows,
         advice=advise(rows, baseline),
     )
+
+
+@dataclass
+class _Measured:
+    rounds: dict[str, list[Round]]
+    quality: dict[str, Perplexity]
+    failed: dict[str, str]  # technique -> why it could not be measured
+
+
+def _measure(bench: Bench, live: list[RowSpec], progress: Callable[[Progress], None] | None) -> _Measured:  # noqa: C901  rounds interleaved over rows, then perplexities
+    total = bench.plan.rounds * len(live) + sum(1 for s in live if s.quality is not None)
+    done = 0
+
+    def step(label: str) -> None:
+        nonlocal done
+        if progress is not None:
+            progress(Progress(done, total, label))
+        done += 1
+
+    got = _Measured({s.technique: [] for s in live}, {}, {})
+    for r in range(bench.plan.rounds):
+        for spec in live:
+            if spec.technique in got.failed or spec.measure is None:
+                continue
+            step(f"round {r + 1}/{bench.plan.rounds} · {spec.technique}")
+            try:
+                got.rounds[spec.technique].append(spec.measure(bench))
+            except LocalrunError as exc:  # e.g. a head size a quantized KV cache cannot take
+                if spec.technique == "baseline":
+                    raise
+                got.failed[spec.technique] = exc.message
+    for spec in live:
+        if spec.quality is not None and spec.technique not in got.failed:
+            step(f"perplexity · {spec.technique}")
+            got.quality[spec.technique] = spec.quality(bench)
+    if progress is not None:
+        progress(Progress(total, total, "done"))
+    return got
+
+
+def _row(spec: RowSpec, measured: _Measured) -> Row:
+    if spec.measure is None or spec.technique in measured.failed:
+        return Row(spec.technique, available=False, note=measured.failed.get(spec.technique, spec.note))
+    return _summarize(spec, measured.rounds[spec.technique], measured.quality.get(spec.technique))

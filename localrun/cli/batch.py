@@ -15,7 +15,7 @@ from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, SequenceDone
 from localrun.runtime.batch.input import BatchLine, finished_ids, read_lines
-from localrun.runtime.batch.plan import BatchSettings, check_settings, jobs_for, plan_batch, running
+from localrun.runtime.batch.plan import BatchPlan, BatchSettings, check_settings, jobs_for, plan_batch, running
 from localrun.runtime.engine import EngineConfig, Weights
 from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_record, result_record, summary
 
@@ -85,33 +85,45 @@ def run(
         return ExitCode.OK
     with Weights(config.model_path, repack=config.repack, verbose=config.verbose) as weights:
         plan = plan_batch(jobs, settings, weights, config)
-        runnable, failed = plan.runnable, plan.failed
-        final: BatchProgress | None = None
-        progress = BatchProgressBar(env.stderr, len(runnable), terminal=env.stderr_isatty)
+        progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
         with _output(resume) as sink, progress as bar:
             to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
             writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
-            for job in failed:
+            for job in plan.failed:
                 writer.add(job.position, error_record(job.line.id, job.error or ""))
-            if runnable:
-                lines_by_position = {job.position: job.line for job in runnable}
-                with running(plan, settings, weights, config) as (engine, events), ctrl_c_stops(engine):
-                    try:
-                        for ev in events:
-                            if isinstance(ev, SequenceDone):
-                                writer.add(ev.index, result_record(lines_by_position[ev.index].id, ev))
-                            else:
-                                bar.update(ev)
-                                final = ev
-                    finally:
-                        if final is None or not final.final or final.interrupted:
-                            writer.flush_finished()
-                if final is None:
-                    raise LocalrunError("the batch ended without a summary")
+            final = _run_plan(plan, settings, weights, config, writer, bar) if plan.runnable else None
+    failed = len(plan.failed)
     if final is not None and (show_stats or final.interrupted or env.stderr_isatty):
-        out().note(summary(final, len(failed)))
+        out().note(summary(final, failed))
     elif failed:
-        out().warn(f"{len(failed)} of {len(jobs)} lines failed; see their error records")
+        out().warn(f"{failed} of {len(jobs)} lines failed; see their error records")
     if final is not None and final.interrupted:
         return ExitCode.INTERRUPTED
     return ExitCode.BATCH_FAILED if failed else ExitCode.OK
+
+
+def _run_plan(
+    plan: BatchPlan,
+    settings: BatchSettings,
+    weights: Weights,
+    config: EngineConfig,
+    writer: JsonlWriter,
+    bar: BatchProgressBar,
+) -> BatchProgress:
+    """Run the plan's runnable lines, writing each result as it comes; the last progress."""
+    lines = {job.position: job.line for job in plan.runnable}
+    final: BatchProgress | None = None
+    with running(plan, settings, weights, config) as (engine, events), ctrl_c_stops(engine):
+        try:
+            for ev in events:
+                if isinstance(ev, SequenceDone):
+                    writer.add(ev.index, result_record(lines[ev.index].id, ev))
+                else:
+                    bar.update(ev)
+                    final = ev
+        finally:
+            if final is None or not final.final or final.interrupted:
+                writer.flush_finished()
+    if final is None:
+        raise LocalrunError("the batch ended without a summary")
+    return final

