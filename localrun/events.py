@@ -33,14 +33,6 @@ class DraftStats:
     def as_dict(self) -> dict[str, Any]:
         return {"drafter": self.drafter, "proposed": self.proposed, "accepted": self.accepted}
 
-    def summary(self) -> str:
-        if not self.proposed:
-            return "no drafts (plain decoding paid best)"
-        return (
-            f"draft {self.drafter}: {self.acceptance:.0%} of {self.proposed} accepted, "
-            f"{self.mean_accepted:.1f} per step"
-        )
-
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -66,16 +58,6 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not evaluated
     prompt_cache: str | None = None  # "hit" or "miss" when a prompt cache was used
     draft: DraftStats | None = None  # speculative decoding's figures, when it ran
-
-    def summary(self) -> str:
-        return (
-            f"{self.generated_tokens} tokens, {self.decode_tokens_per_s:.1f} tok/s, "
-            f"prompt {self.prompt_tokens} tokens at {self.prompt_tokens_per_s:.1f} tok/s"
-            f"{f' ({self.cached_tokens} cached)' if self.cached_tokens else ''}"
-            f"{f', prompt cache {self.prompt_cache}' if self.prompt_cache else ''}, "
-            f"ttft {self.ttft_s:.2f}s, {self.elapsed_s:.2f}s total, stop: {self.stop_reason}"
-            f"{f', {self.draft.summary()}' if self.draft else ''}"
-        )
 
 
 @dataclass(frozen=True)

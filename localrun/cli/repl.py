@@ -20,6 +20,7 @@ from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
 from localrun.runtime.chat import ChatSession
 from localrun.ui.stream import LiveRenderer
+from localrun.ui.text import session_line, stats_line
 
 MULTILINE = '"""'
 
@@ -121,7 +122,7 @@ class Repl:
                 self._turn(text)
         finally:
             self._save_history()
-        current().stderr.write(f"session: {self.session.totals.summary()}\n")
+        current().stderr.write(f"session: {session_line(self.session.totals)}\n")
         return ExitCode.OK
 
     def _command(self, text: str) -> bool:
@@ -166,8 +167,8 @@ class Repl:
 
     def _stats(self, _: str) -> bool:
         last: Stats | None = next((t.stats for t in reversed(self.session.turns) if t.stats), None)
-        self.console.print(f"last turn: {last.summary() if last else 'none yet'}", soft_wrap=True)
-        self.console.print(f"session:   {self.session.totals.summary()}", soft_wrap=True)
+        self.console.print(f"last turn: {stats_line(last) if last else 'none yet'}", soft_wrap=True)
+        self.console.print(f"session:   {session_line(self.session.totals)}", soft_wrap=True)
         return True
 
     def _clear(self, _: str) -> bool:

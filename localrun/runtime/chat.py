@@ -56,12 +56,10 @@ class SessionTotals:
         if stats.decode_tokens_per_s:
             self.decode_seconds += max(stats.generated_tokens - 1, 0) / stats.decode_tokens_per_s
 
-    def summary(self) -> str:
-        rate = (self.generated_tokens - self.turns) / self.decode_seconds if self.decode_seconds else 0.0
-        return (
-            f"{self.turns} turns, {self.generated_tokens} tokens generated at {rate:.1f} tok/s, "
-            f"prompt tokens evaluated {self.evaluated_tokens}, reused from the cache {self.cached_tokens}"
-        )
+    @property
+    def decode_rate(self) -> float:
+        """Tokens per second over every turn's decoding (each turn's first token is its prompt's)."""
+        return (self.generated_tokens - self.turns) / self.decode_seconds if self.decode_seconds else 0.0
 
 
 @dataclass

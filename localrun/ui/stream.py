@@ -21,6 +21,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
+from localrun.ui.text import stats_line
 
 
 class Renderer(Protocol):
@@ -52,7 +53,7 @@ class PlainRenderer:
             self.out.flush()
         final = _final(stats)
         if self.show_stats or final.stop_reason == "interrupted":
-            self.err.write(final.summary() + "\n")
+            self.err.write(stats_line(final) + "\n")
             self.err.flush()
         return final
 

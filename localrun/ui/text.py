@@ -1,0 +1,36 @@
+"""One-line summaries of a generation, its drafting and a chat session."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localrun.events import DraftStats, Stats
+    from localrun.runtime.chat import SessionTotals
+
+
+def draft_line(draft: DraftStats) -> str:
+    if not draft.proposed:
+        return "no drafts (plain decoding paid best)"
+    return (
+        f"draft {draft.drafter}: {draft.acceptance:.0%} of {draft.proposed} accepted, "
+        f"{draft.mean_accepted:.1f} per step"
+    )
+
+
+def stats_line(stats: Stats) -> str:
+    return (
+        f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s, "
+        f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tokens_per_s:.1f} tok/s"
+        f"{f' ({stats.cached_tokens} cached)' if stats.cached_tokens else ''}"
+        f"{f', prompt cache {stats.prompt_cache}' if stats.prompt_cache else ''}, "
+        f"ttft {stats.ttft_s:.2f}s, {stats.elapsed_s:.2f}s total, stop: {stats.stop_reason}"
+        f"{f', {draft_line(stats.draft)}' if stats.draft else ''}"
+    )
+
+
+def session_line(totals: SessionTotals) -> str:
+    return (
+        f"{totals.turns} turns, {totals.generated_tokens} tokens generated at {totals.decode_rate:.1f} tok/s, "
+        f"prompt tokens evaluated {totals.evaluated_tokens}, reused from the cache {totals.cached_tokens}"
+    )
