@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import llama_cpp
 
@@ -20,6 +20,7 @@ from localrun.errors import BadModelError, ContextOverflowError, EngineError, Us
 from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import llama_log
+from localrun.runtime.llama import Native
 from localrun.runtime.sizing import check_kv_config, choose_context
 from localrun.system import default_threads
 
@@ -42,24 +43,7 @@ def _load_model(info: GGUFInfo, repack: bool) -> Any:
     return model
 
 
-class _Native:
-    """Something holding llama.cpp memory: freed by `close`, on leaving a
-    `with` block, or when collected."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-
-class Weights(_Native):
+class Weights(Native):
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
     def __init__(self, path: Path, *, repack: bool = True, verbose: bool = False) -> None:
@@ -106,7 +90,7 @@ FLASH_ATTN = {
 }
 
 
-class Engine(_Native):
+class Engine(Native):
     """A model and one context. Close it (or use it as a context manager).
     With ``weights``, the context is made on an already loaded model, which
     the engine does not free: several engines in turn (e.g. the rows of a

@@ -1,10 +1,10 @@
-"""llama.cpp's batch and decode call, in one place: `Batch` fills a
+"""llama.cpp handles and calls in one place: `Native` frees a handle, `Batch` fills a
 llama_batch, `decode` runs llama_decode and names its status."""
 
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import llama_cpp
 
@@ -35,13 +35,31 @@ def decode(engine: Engine, batch: Any, *, abortable: bool = False) -> DecodeStat
     return DecodeStatus(status)
 
 
-class Batch:
+class Native:
+    """Something holding llama.cpp memory: freed by `close`, on leaving a
+    `with` block, or when collected."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Batch(Native):
     """A llama_batch of up to ``capacity`` tokens, each in one sequence,
     refilled in place (`clear`, `add`) and decoded as a whole."""
 
     def __init__(self, capacity: int) -> None:
+        self.handle: Any = None
         self.capacity = capacity
-        self.handle: Any = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self.handle = llama_cpp.llama_batch_init(capacity, 0, 1)
         self.n = 0
 
     def clear(self) -> None:
@@ -68,12 +86,3 @@ class Batch:
         if self.handle is not None:
             llama_cpp.llama_batch_free(self.handle)
             self.handle = None
-
-    def __enter__(self) -> Batch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
