@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localrun import store
 from localrun.cli._env import current
 from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
@@ -86,16 +87,17 @@ class Resolved:
 def resolve_engine(
     model: str | None, options: Options, *, offline: bool = False, verbose: bool = False, with_draft: bool = True
 ) -> Resolved:
-    """Resolve (pull on first use, with the matched draft if ``with_draft``)
-    the model and settle its settings; the model is not loaded."""
+    """Settle the run's settings, then resolve the model (pulled on first use,
+    with its matched draft when ``with_draft`` and speculation is auto); the
+    model is not loaded."""
     from localrun.gguf.reader import read_gguf
     from localrun.runtime.engine import EngineConfig
 
     check_positive(threads=options.threads)
     env = current()
-    found = resolve_model(model, offline=offline, with_draft=with_draft)
-    entry = found.target.entry
-    settings = resolve(options, entry.defaults if entry else None, env.config)
+    entry = store.parse(model or env.registry.default, env.registry).entry
+    settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
+    found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
     info = read_gguf(found.path)
     config = EngineConfig(
         model_path=info.path,
