@@ -212,8 +212,17 @@ def test_generate_pulls_on_first_use(hub: HubState) -> None:
     res = cli_process("generate", "-n", "5", "hello")  # the user registry's default is tiny:q4
     assert res.returncode == 0, res.stderr
     assert "not downloaded yet: pulling it" in res.stderr and res.stdout.strip()
+    assert "tiny:draft" in res.stderr  # auto speculation: the matched draft comes too
     again = cli_process("generate", "-n", "5", "--offline", "hello")
     assert again.returncode == 0 and "pulling" not in again.stderr
+
+
+def test_first_use_without_speculation_pulls_no_draft(hub: HubState) -> None:
+    bad = cli_process("generate", "--ctx", "lots", "hello")  # refused before the model is pulled
+    assert bad.returncode == 2 and "not a number" in bad.stderr and "pulling" not in bad.stderr
+    res = cli_process("generate", "-n", "5", "--draft", "none", "hello")
+    assert res.returncode == 0, res.stderr
+    assert "tiny:q4" in res.stderr and "tiny:draft" not in res.stderr
 
 
 def test_local_path_is_used_in_place(tiny_model: Path) -> None:
