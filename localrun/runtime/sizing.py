@@ -20,8 +20,19 @@ if TYPE_CHECKING:
 DEFAULT_CTX = 4096  # a context when nothing is known about memory, and what a line without max tokens may use
 DEFAULT_MAX_PARALLEL = 16  # --batch: sequences decoded together at most, unless --parallel says otherwise
 RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
+MIN_CTX = 16  # a context smaller than this is refused
 
 _QUANT_BLOCK = 32
+
+
+def check_context(n_ctx: int) -> None:
+    if n_ctx < MIN_CTX:
+        raise UsageError(f"context size {n_ctx} is too small", hint="use --ctx 512 or more")
+
+
+def _round_up(n: int) -> int:
+    """``n`` rounded up to llama.cpp's context step of 256."""
+    return -(-n // CONTEXT_STEP) * CONTEXT_STEP
 
 
 def memory_budget(configured: int | None = None) -> int:
@@ -49,8 +60,7 @@ def choose_context(shape: ModelInfo, config: EngineConfig, flash_attn: str) -> i
                 hint="free some memory, or pass --ctx N to try anyway",
             )
         return fits
-    if config.n_ctx < 16:
-        raise UsageError(f"context size {config.n_ctx} is too small", hint="use --ctx 512 or more")
+    check_context(config.n_ctx)
     need = shape.memory_needed(config.n_ctx, config.type_k, config.type_v, flash_attn)
     if need > budget:
         kv_bytes = config.n_ctx * shape.kv_bytes_per_token(config.type_k, config.type_v)
@@ -92,7 +102,7 @@ def check_kv_config(config: EngineConfig, shape: ModelInfo) -> str:
 def slot_context(need: int, limit: int) -> int:
     """The context one sequence gets: ``need`` tokens rounded up to llama.cpp's
     step of 256, at most ``limit`` (the trained context)."""
-    return max(CONTEXT_STEP, min(-(-need // CONTEXT_STEP) * CONTEXT_STEP, limit))
+    return max(CONTEXT_STEP, min(_round_up(need), limit))
 
 
 def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int) -> int:
@@ -114,5 +124,5 @@ def sequence_context(needs: list[int], fixed: int | None, limit: int) -> int:
     step, or enough for the largest of ``needs`` (prompt plus max tokens),
     at most ``limit`` (the trained context)."""
     if fixed is not None:
-        return -(-fixed // CONTEXT_STEP) * CONTEXT_STEP
+        return _round_up(fixed)
     return slot_context(max(needs, default=1), limit)

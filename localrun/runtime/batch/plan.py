@@ -22,6 +22,7 @@ from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import (
     DEFAULT_CTX,
+    check_context,
     default_parallel,
     memory_budget,
     parallel_that_fits,
@@ -29,7 +30,6 @@ from localrun.runtime.sizing import (
 )
 
 _LINE_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
-MIN_CTX = 16
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def check_settings(settings: BatchSettings) -> None:
     """Refuse impossible settings before anything is read or loaded."""
     if settings.parallel is not None and settings.parallel < 1:
         raise UsageError("--parallel must be at least 1")
-    if settings.seq_ctx is not None and settings.seq_ctx < MIN_CTX:
-        raise UsageError(f"context size {settings.seq_ctx} is too small", hint="use --ctx 512 or more")
+    if settings.seq_ctx is not None:
+        check_context(settings.seq_ctx)
 
 
 def jobs_for(lines: Sequence[BatchLine]) -> list[Job]:
