@@ -11,7 +11,7 @@ Columns, each the median of --reps interleaved runs on the same greedy prompt:
   stock        llama-cpp-python's own path (Llama.generate)
   native       llama.cpp's llama-completion binary, when --native is given; its
                decode rate counts its sampling time too, as localrun's does
-  cli, tree    with --tree DIR: `localrun generate --draft none --json` as a
+  cli, tree    with --tree DIR: `localrun generate --json`, plain decoding, as a
                process, from this checkout (cli) and from the checkout in DIR
                with its own .venv (tree): the same command before and after a
                change, in one run; prompt tok/s there is prompt tokens over the
@@ -31,10 +31,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -134,10 +136,19 @@ def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str
 
 
 def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_attn: str) -> Figures:
-    """`localrun generate` of the checkout at ``cwd`` as a process: its own decode rate (the done event)."""
+    """`localrun generate` of the checkout at ``cwd`` as a process, plain decoding
+    (config.toml's `draft = "none"`, which every version reads): its own decode
+    rate (the done event), and prompt tokens over the time to the first token."""
     cmd = [str(python), "-m", "localrun", "generate", "-m", str(model), "--raw", "-t", "0", "-n", str(n)]
-    cmd += ["--draft", "none", "--ctx", "4096", "--threads", str(threads), "--flash-attn", flash_attn, "--json"]
-    out = subprocess.run([*cmd, PROMPT], capture_output=True, text=True, check=True, cwd=cwd, stdin=subprocess.DEVNULL)
+    cmd += ["--ctx", "4096", "--threads", str(threads), "--flash-attn", flash_attn, "--json", PROMPT]
+    with tempfile.TemporaryDirectory() as home:
+        config = Path(home) / "config" / "config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text('[defaults]\ndraft = "none"\n')
+        env = {**os.environ, "LOCALRUN_HOME": home}
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, check=True, cwd=cwd, env=env, stdin=subprocess.DEVNULL
+        )
     done = json.loads(out.stdout.strip().splitlines()[-1])
     return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
 

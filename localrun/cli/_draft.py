@@ -1,10 +1,17 @@
-"""`--draft`: the option, shared by the commands that generate, and the one
-way it becomes a `Speculation` (or none)."""
+"""Speculative decoding on the command line: `--spec`, `--draft` and
+`--draft-model`, shared by the commands that generate, and the one way they
+become a `Speculation` (or none).
+
+    --spec auto|lookup|none   how to speculate (default: config.toml's `draft`, else auto)
+    --draft                   also with the model's matched draft model, pulled if need be
+    --draft-model NAME        with this draft model only (an alias or a GGUF path)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -13,36 +20,60 @@ from localrun import store
 from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.cli._resolve import resolve_model
-from localrun.errors import LocalrunError
+from localrun.errors import LocalrunError, UsageError
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
     from localrun.speculative import Speculation
 
-Draft = Annotated[
+SPEC_MODES = ("auto", "lookup", "none")
+
+Spec = Annotated[
     str | None,
     typer.Option(
-        "--draft",
-        help="Speculative decoding: auto (the model's matched draft model and prompt lookup, each used only "
-        "while it pays), lookup, none, or a draft model's alias or GGUF path. Default: config.toml's, else auto.",
+        "--spec",
+        help="Speculative decoding: auto (prompt lookup, and the matched draft model when it is here, each used "
+        "only while it pays), lookup, or none. Default: config.toml's draft, else auto.",
         show_default=False,
+    ),
+]
+Draft = Annotated[
+    bool,
+    typer.Option("--draft", help="Speculate with the model's matched draft model too, pulled if need be."),
+]
+DraftModel = Annotated[
+    str | None,
+    typer.Option(
+        "--draft-model", help="Speculate with this draft model only: an alias or a GGUF path.", show_default=False
     ),
 ]
 
 
+def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str | None:
+    """The speculation the three options ask for, as config.toml's `draft`
+    says it (auto, lookup, none, or a draft model); None when none was given."""
+    if spec is not None and spec not in SPEC_MODES:
+        raise UsageError(f"unknown --spec {spec!r}", hint="use --spec auto, lookup or none")
+    if draft_model is not None and (draft or spec is not None):
+        raise UsageError("--draft-model names the one drafter", hint="drop --draft and --spec")
+    if draft and spec in ("lookup", "none"):
+        raise UsageError(f"--draft speculates with a draft model; --spec {spec} does not", hint="drop one of them")
+    return draft_model or spec or ("auto" if draft else None)
+
+
 @contextmanager
 def open_draft(
-    choice: str, engine: Engine, target: store.Target, *, offline: bool = False
+    choice: str, engine: Engine, target: store.Target, *, offline: bool = False, pull_matched: bool = False
 ) -> Iterator[Speculation | None]:
-    """The speculation for the resolved ``--draft`` choice on ``engine`` (the
-    model ``target`` names), closed at the end. `auto` uses the matched draft
-    only when it is already on disk (see `store.matched_draft`); an alias or
-    path is pulled if need be."""
+    """The speculation for the resolved choice on ``engine`` (the model
+    ``target`` names), closed at the end. `auto` uses the matched draft when
+    it is on disk, or pulls it first with ``pull_matched`` (`--draft`); a draft
+    model named by alias or path is pulled if need be."""
     from localrun.speculative import open_speculation
 
     path = None
     if choice == "auto":
-        path = store.matched_draft(target, current().registry)
+        path = _matched(target, offline=offline, pull=pull_matched)
     elif choice not in ("none", "lookup"):
         path = resolve_model(choice, offline=offline).path
     try:
@@ -57,3 +88,15 @@ def open_draft(
     finally:
         if speculation is not None:
             speculation.close()
+
+
+def _matched(target: store.Target, *, offline: bool, pull: bool) -> Path | None:
+    registry = current().registry
+    found = store.matched_draft(target, registry)
+    if found is not None or not pull:
+        return found
+    draft = store.draft_target(target, registry)
+    if draft is None:
+        out().warn(f"{target.label} has no matched draft model in the registry; prompt lookup only")
+        return None
+    return resolve_model(draft.label, offline=offline).path

@@ -44,10 +44,10 @@ def bench_command(
     ] = None,
     offline: opt.Offline = False,
     verbose: opt.Verbose = False,
-    draft: Annotated[
+    draft_model: Annotated[
         str | None,
         typer.Option(
-            "--draft",
+            "--draft-model",
             help="Draft model for the speculative rows (default: the model's matched draft).",
             show_default=False,
         ),
@@ -77,7 +77,9 @@ def bench_command(
         Options(threads=threads, memory_budget=budget_bytes), entry.defaults if entry else None, env.config
     )
     draft_path = (
-        resolve_model(draft, offline=offline).path if draft else store.matched_draft(found.target, env.registry)
+        resolve_model(draft_model, offline=offline).path
+        if draft_model
+        else store.matched_draft(found.target, env.registry)
     )
     plan = core.Plan.make(
         quick,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from localrun.cli import _options as opt
-from localrun.cli._draft import Draft, open_draft
+from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
@@ -61,7 +61,9 @@ def chat(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = None,
-    draft: Draft = None,
+    spec: Spec = None,
+    draft: Draft = False,
+    draft_model: DraftModel = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
     verbose: opt.Verbose = False,
@@ -77,13 +79,22 @@ def chat(
     saved = read_conversation(load) if load else None
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     options = Options(
-        ctx=ctx, kv=kv, kv_k=kv_k, kv_v=kv_v, flash_attn=flash_attn, threads=threads, system=system, draft=draft
+        ctx=ctx,
+        kv=kv,
+        kv_k=kv_k,
+        kv_v=kv_v,
+        flash_attn=flash_attn,
+        threads=threads,
+        system=system,
+        draft=draft_choice(spec, draft, draft_model),
     )
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose)
     env = current()
     with (
         opt.load(resolved) as engine,
-        open_draft(resolved.settings.draft, engine, resolved.target, offline=offline) as speculation,
+        open_draft(
+            resolved.settings.draft, engine, resolved.target, offline=offline, pull_matched=draft
+        ) as speculation,
     ):
         session = ChatSession(
             engine,

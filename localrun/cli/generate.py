@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from localrun.cli import _options as opt
-from localrun.cli._draft import Draft, open_draft
+from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
@@ -46,10 +46,10 @@ def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
     return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
 
 
-def _refuse_with_batch(draft: str | None, prompt_cache: bool | None, as_json: bool) -> None:
+def _refuse_with_batch(speculation: str | None, prompt_cache: bool | None, as_json: bool) -> None:
     """Flags `--batch` cannot honour: an error, never silently ignored."""
-    if draft is not None and draft != "none":
-        raise UsageError("--batch does not decode speculatively", hint="drop --draft (or use --draft none)")
+    if speculation is not None and speculation != "none":
+        raise UsageError("--batch does not decode speculatively", hint="drop --spec, --draft and --draft-model")
     if prompt_cache:
         raise UsageError(
             "--batch does not use the prompt cache", hint="drop --prompt-cache: a shared prefix is evaluated once"
@@ -79,7 +79,9 @@ def generate(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = None,
-    draft: Draft = None,
+    spec: Spec = None,
+    draft: Draft = False,
+    draft_model: DraftModel = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     prompt_cache: Annotated[
         bool | None,
@@ -108,6 +110,7 @@ def generate(
     """Generate text from a prompt, streamed as it is produced."""
     opt.check_positive(max_tokens=max_tokens)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    speculation = draft_choice(spec, draft, draft_model)
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -116,14 +119,14 @@ def generate(
         flash_attn=flash_attn,
         threads=threads,
         system=system,
-        draft=draft,
+        draft=speculation,
         parallel=parallel,
     )
     if batch is not None:  # many prompts: localrun/cli/batch.py
         from localrun.cli import batch as batch_cli
         from localrun.runtime.batch.plan import BatchSettings
 
-        _refuse_with_batch(draft, prompt_cache, as_json)
+        _refuse_with_batch(speculation, prompt_cache, as_json)
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
         settings = BatchSettings(
             instruction=prompt,
@@ -152,9 +155,9 @@ def generate(
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
         renderer = pick_renderer(as_json, stats, engine.info.name)
-        draft_choice = resolved.settings.draft
-        with ctrl_c_stops(engine), open_draft(draft_choice, engine, resolved.target, offline=offline) as speculation:
-            decoding: Decoding = speculation or PLAIN
+        drafting = open_draft(resolved.settings.draft, engine, resolved.target, offline=offline, pull_matched=draft)
+        with ctrl_c_stops(engine), drafting as speculative:
+            decoding: Decoding = speculative or PLAIN
             events = decoding.generate(
                 engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
             )

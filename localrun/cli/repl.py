@@ -45,7 +45,7 @@ class Repl:
             "/clear": Command("/clear", "start a new conversation", self._clear),
             "/system": Command("/system [TEXT]", "show or set the system prompt (new conversation)", self._system),
             "/retry": Command("/retry", "generate the last reply again", self._retry),
-            "/draft": Command("/draft on|off|auto", "speculative decoding on (auto) or off", self._draft),
+            "/draft": Command("/draft on|off", "speculative decoding on or off", self._draft),
             "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
             "/load": Command("/load FILE", "load a saved conversation", self._load),
             "/exit": Command("/exit", "end the session (also Ctrl-D)", lambda _: False),
@@ -190,12 +190,16 @@ class Repl:
         return True
 
     def _draft(self, arg: str) -> bool:
-        if arg not in ("on", "off", "auto"):
+        if not arg:
             state = "on" if self.session.use_draft and self.session.speculation else "off"
-            self.console.print(f"speculative decoding is {state}; /draft on|off|auto")
+            self.console.print(f"speculative decoding is {state}; /draft on|off")
             return True
-        if arg != "off" and self.session.speculation is None:
-            raise UsageError("no drafter was opened", hint="start chat with --draft auto, lookup or a draft model")
+        if arg not in ("on", "off"):
+            raise UsageError(f"/draft takes on or off, not {arg!r}")
+        if arg == "on" and self.session.speculation is None:
+            raise UsageError(
+                "no drafter was opened", hint="start chat with --spec auto or lookup, --draft or --draft-model"
+            )
         self.session.use_draft = arg != "off"
         label = self.session.speculation.label if self.session.speculation else ""
         self.console.print(f"speculative decoding {'on (' + label + ')' if self.session.use_draft else 'off'}")

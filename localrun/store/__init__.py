@@ -31,6 +31,7 @@ __all__ = [
     "Resolved",
     "Source",
     "Target",
+    "draft_target",
     "locate",
     "matched_draft",
     "parse",
@@ -67,19 +68,25 @@ def locate(target: Target) -> Path | None:
     return None
 
 
-def matched_draft(target: Target, registry: Registry) -> Path | None:
-    """The registry's draft model for ``target``, when it is on disk. A model
-    given by path is recognised by its file name; its draft is then looked for
-    in the store, or next to it under the draft's file name."""
+def draft_target(target: Target, registry: Registry) -> Target | None:
+    """The registry's matched draft model for ``target``, if it has one. A
+    model given by path is recognised by its file name."""
     entry = target.entry
     if entry is None and target.path is not None:
         entry = registry.by_file(target.path.name)
     draft = registry.draft_of(entry) if entry is not None else None
-    if draft is None:
+    return Target.from_entry(draft) if draft is not None else None
+
+
+def matched_draft(target: Target, registry: Registry) -> Path | None:
+    """The matched draft model's file, when it is on disk: in the store, or
+    (for a model given by path) next to it under the draft's file name."""
+    draft = draft_target(target, registry)
+    if draft is None or draft.entry is None:
         return None
-    found = locate(Target.from_entry(draft))
-    if found is None and target.path is not None and (target.path.parent / draft.file).is_file():
-        found = target.path.parent / draft.file
+    found = locate(draft)
+    if found is None and target.path is not None and (target.path.parent / draft.entry.file).is_file():
+        found = target.path.parent / draft.entry.file
     return found
 
 

@@ -3,6 +3,7 @@ error boundary and the flags that do not go together."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +80,8 @@ def test_debug_shows_the_traceback(tiny_model: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--draft", "lookup"], "does not decode speculatively"),
+        (["--spec", "lookup"], "does not decode speculatively"),
+        (["--draft"], "does not decode speculatively"),
         (["--prompt-cache"], "does not use the prompt cache"),
         (["--json"], "always writes JSON lines"),
     ],
@@ -105,3 +107,27 @@ def test_paths_into_missing_folders_fail_before_the_work(tiny_model: Path, tmp_p
     assert resume.returncode == 2 and "does not exist" in resume.stderr and not resume.stdout
     chart = cli("bench", "-m", str(tiny_model), "--quick", "--chart", str(tmp_path / "no" / "c.svg"))
     assert chart.returncode == 2 and "does not exist" in chart.stderr and "Traceback" not in chart.stderr
+
+
+def test_draft_is_a_flag_and_does_not_take_the_prompt(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "-n", "4", "-t", "0", "--json", "--draft", "Say hi")
+    assert res.returncode == 0, res.stderr
+    assert "has no matched draft model" in res.stderr  # a model with none: prompt lookup, said once
+    plain = cli("generate", "-m", str(tiny_model), "-n", "4", "-t", "0", "--json", "--spec", "none", "Say hi")
+    assert (
+        json.loads(res.stdout.splitlines()[-1])["prompt_tokens"]
+        == json.loads(plain.stdout.splitlines()[-1])["prompt_tokens"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--spec", "sometimes"], "unknown --spec"),
+        (["--draft", "--spec", "none"], "--draft speculates with a draft model"),
+        (["--draft-model", "x.gguf", "--spec", "lookup"], "--draft-model names the one drafter"),
+    ],
+)
+def test_speculation_options_that_do_not_go_together(tiny_model: Path, args: list[str], needle: str) -> None:
+    res = cli("generate", "-m", str(tiny_model), *args, "hi")
+    assert res.returncode == 2 and needle in res.stderr

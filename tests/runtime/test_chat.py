@@ -223,7 +223,7 @@ def test_chat_speculation_is_lossless_across_turns(tiny_model: Path) -> None:
     turns = "repeat after me: the cat sat on the mat\nand once more: the cat sat on the mat\n"
     replies = {}
     for draft in ("none", "lookup"):
-        res = cli("chat", "-m", str(tiny_model), "-n", "24", "-t", "0", "--json", "--draft", draft, input=turns)
+        res = cli("chat", "-m", str(tiny_model), "-n", "24", "-t", "0", "--json", "--spec", draft, input=turns)
         assert res.returncode == 0, res.stderr
         events = [json.loads(line) for line in res.stdout.splitlines()]
         replies[draft] = ["".join(e["text"] for e in events if e["type"] == "token" and e["turn"] == n) for n in (1, 2)]
@@ -249,3 +249,17 @@ def test_a_failed_save_keeps_the_session(engine: Engine, tmp_path: Path) -> None
     assert [t.user for t in session.turns] == ["one"]
     assert repl._command(f"/save {tmp_path / 'talk.json'}") is True
     assert read_conversation(tmp_path / "talk.json")[1][0].user == "one"
+
+
+def test_draft_command_takes_on_or_off(engine: Engine, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.repl import Repl
+
+    screen = io.StringIO()
+    repl = Repl(ChatSession(engine, CHATML, GREEDY), Console(file=screen, width=200), history=tmp_path / "h")
+    assert repl._command("/draft bogus") is True
+    assert "/draft takes on or off, not 'bogus'" in screen.getvalue()
+    assert repl._command("/draft on") is True and "no drafter was opened" in screen.getvalue()

@@ -274,7 +274,7 @@ def test_incompatible_draft_is_refused_naming_the_difference(models: dict[str, P
     )
     with pytest.raises(IncompatibleDraftError, match="vocabulary sizes differ"):
         check_draft_compatible(target, read_gguf(big))
-    res = cli("generate", "-m", str(models["target"]), "-n", "4", "--draft", str(models["foreign"]), "hi")
+    res = cli("generate", "-m", str(models["target"]), "-n", "4", "--draft-model", str(models["foreign"]), "hi")
     assert res.returncode == 2
     assert "cannot draft for" in res.stderr and "differs" in res.stderr and "Traceback" not in res.stderr
 
@@ -409,12 +409,12 @@ def test_fixed_controller_always_drafts_when_offered() -> None:
 
 def test_json_done_event_reports_the_drafts(models: dict[str, Path]) -> None:
     args = ("generate", "-m", str(models["bigram"]), "-n", "120", "--temperature", "0", "--json")
-    res = cli(*args, "--draft", "lookup", "the cat sat")
+    res = cli(*args, "--spec", "lookup", "the cat sat")
     assert res.returncode == 0, res.stderr
     events = [json.loads(line) for line in res.stdout.splitlines()]
     draft = events[-1]["draft"]
     assert draft["drafter"] == "lookup" and 0 < draft["accepted"] <= draft["proposed"]
-    none = [json.loads(line) for line in cli(*args, "--draft", "none", "the cat sat").stdout.splitlines()]
+    none = [json.loads(line) for line in cli(*args, "--spec", "none", "the cat sat").stdout.splitlines()]
     assert "draft" not in none[-1]
     assert "".join(e.get("text", "") for e in none) == "".join(e.get("text", "") for e in events)
 
@@ -422,7 +422,7 @@ def test_json_done_event_reports_the_drafts(models: dict[str, Path]) -> None:
 @pytest.mark.pty
 def test_panel_footer_shows_acceptance(models: dict[str, Path]) -> None:
     status, screen = on_terminal(
-        "generate", "-m", str(models["bigram"]), "-n", "150", "-t", "0", "--draft", "lookup", "the cat sat"
+        "generate", "-m", str(models["bigram"]), "-n", "150", "-t", "0", "--spec", "lookup", "the cat sat"
     )
     assert status == 0
     assert "lookup" in screen and "accepted" in screen and "/step" in screen

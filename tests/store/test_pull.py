@@ -220,9 +220,12 @@ def test_generate_pulls_on_first_use(hub: HubState) -> None:
 def test_first_use_without_speculation_pulls_no_draft(hub: HubState) -> None:
     bad = cli_process("generate", "--ctx", "lots", "hello")  # refused before the model is pulled
     assert bad.returncode == 2 and "not a number" in bad.stderr and "pulling" not in bad.stderr
-    res = cli_process("generate", "-n", "5", "--draft", "none", "hello")
+    res = cli_process("generate", "-n", "5", "--spec", "none", "hello")
     assert res.returncode == 0, res.stderr
     assert "tiny:q4" in res.stderr and "tiny:draft" not in res.stderr
+    drafted = cli_process("generate", "-n", "5", "--draft", "hello")  # --draft pulls the matched draft first
+    assert drafted.returncode == 0, drafted.stderr
+    assert "tiny:draft is not downloaded yet: pulling it" in drafted.stderr and drafted.stdout.strip()
 
 
 def test_local_path_is_used_in_place(tiny_model: Path) -> None:
