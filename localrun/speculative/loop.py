@@ -50,26 +50,23 @@ if TYPE_CHECKING:
 
 
 class _Tally:
-    """Proposed/accepted counts for the events."""
+    """Proposed/accepted counts for the events, named after the drafters that
+    drafted (the most tokens first); "plain" while none has."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = names
         self.proposed = [0] * len(names)
         self.accepted = [0] * len(names)
         self.rounds = 0
-        self.current = "plain"
 
     def add(self, drafter: int, proposed: int, accepted: int) -> None:
         self.proposed[drafter] += proposed
         self.accepted[drafter] += accepted
         self.rounds += 1
 
-    def snapshot(self, *, final: bool = False) -> DraftStats:
-        if final:
-            used = sorted((i for i, p in enumerate(self.proposed) if p), key=lambda i: -self.proposed[i])
-            name = "+".join(self.names[i] for i in used) or "plain"
-        else:
-            name = self.current
+    def snapshot(self) -> DraftStats:
+        used = sorted((i for i, p in enumerate(self.proposed) if p), key=lambda i: -self.proposed[i])
+        name = "+".join(self.names[i] for i in used) or "plain"
         return DraftStats(name, sum(self.proposed), sum(self.accepted), self.rounds)
 
 
@@ -103,7 +100,7 @@ def generate_speculative(
                 break
             decided = step.next()
         run.decoder.rollback(min(run.decoder.n_past, len(step.context)))  # the cache holds only decided tokens
-        yield from run.finish(draft=step.tally.snapshot(final=True))
+        yield from run.finish(draft=step.tally.snapshot())
 
 
 class _Stepper:
@@ -141,7 +138,6 @@ class _Stepper:
 
     def _plain(self, plan: Plan, t0: float) -> list[int]:
         run = self.run
-        self.tally.current = "plain"
         t1 = time.perf_counter()
         if run.note(run.decoder.evaluate((self.context[-1],))) != DecodeStatus.OK:
             return []
@@ -166,7 +162,6 @@ class _Stepper:
         control.observe_verify(len(draft.tokens) + 1, t2 - t1)
         control.observe_outcome(plan.offer, len(draft.tokens), accepted)
         control.observe_round(plan, t2 - t0, len(decided))
-        self.tally.current = self.speculation.drafters[plan.offer.drafter].profile.name
         self.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
         return decided
 

@@ -38,12 +38,19 @@ def _perplexity(row: Row) -> str:
     return f"{row.perplexity_change:+.1%}"
 
 
-_EXTRA_LABELS = {"total_tokens_per_s": "tok/s with prompt evaluation", "mean_accepted": "mean accepted"}
+def _extra(key: str, value: float) -> str:
+    if key == "acceptance":
+        return f"{value:.0%} of drafted tokens kept"
+    if key == "mean_accepted":
+        return f"{value:.1f} per step"
+    if key == "total_tokens_per_s":
+        return f"{value:.3g} tok/s with prompt evaluation"
+    return f"{key} {value:.3g}"
 
 
 def _note(row: Row) -> str:
     parts = [row.note] if row.note else []
-    parts += [f"{_EXTRA_LABELS.get(k, k)} {v:.3g}" for k, v in row.extra.items()]
+    parts += [_extra(k, v) for k, v in row.extra.items()]
     return ", ".join(parts)
 
 

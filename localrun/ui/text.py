@@ -9,11 +9,15 @@ if TYPE_CHECKING:
     from localrun.runtime.chat import SessionTotals
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def draft_line(draft: DraftStats) -> str:
     if not draft.proposed:
         return "no drafts (plain decoding paid best)"
     return (
-        f"draft {draft.drafter}: {draft.acceptance:.0%} of {draft.proposed} accepted, "
+        f"draft {draft.drafter}: {draft.acceptance:.0%} of {_count(draft.proposed, 'drafted token')} kept, "
         f"{draft.mean_accepted:.1f} per step"
     )
 
@@ -31,6 +35,7 @@ def stats_line(stats: Stats) -> str:
 
 def session_line(totals: SessionTotals) -> str:
     return (
-        f"{totals.turns} turns, {totals.generated_tokens} tokens generated at {totals.decode_rate:.1f} tok/s, "
+        f"{_count(totals.turns, 'turn')}, {totals.generated_tokens} tokens generated "
+        f"at {totals.decode_rate:.1f} tok/s, "
         f"prompt tokens evaluated {totals.evaluated_tokens}, reused from the cache {totals.cached_tokens}"
     )

@@ -183,3 +183,18 @@ def test_closed_pipe_ends_quietly(long_model: Path) -> None:
     proc.stderr.close()
     assert proc.wait(timeout=60) == 0
     assert b"Traceback" not in err and b"Error" not in err
+
+
+def test_summaries_read_as_sentences() -> None:
+    from localrun.bench.stats import Row
+    from localrun.events import DraftStats
+    from localrun.runtime.chat import SessionTotals
+    from localrun.ui.bench import _note
+    from localrun.ui.text import draft_line, session_line
+
+    assert draft_line(DraftStats("lookup", proposed=1, accepted=0, rounds=1)) == (
+        "draft lookup: 0% of 1 drafted token kept, 0.0 per step"
+    )
+    assert session_line(SessionTotals(turns=1)).startswith("1 turn, ")
+    row = Row("speculative auto", note="lookup", extra={"acceptance": 1.0, "mean_accepted": 2.0})
+    assert _note(row) == "lookup, 100% of drafted tokens kept, 2.0 per step"

@@ -213,7 +213,7 @@ def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child.expect("stop: interrupted")
     child.expect(">>> ")
     child.sendintr()  # at the prompt: end the session
-    child.expect("session: 1 turns")
+    child.expect("session: 1 turn, ")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0

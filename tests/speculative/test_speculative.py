@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from localrun.errors import IncompatibleDraftError
-from localrun.events import DraftStats
+from localrun.events import DraftStats, TokenEvent
 from localrun.gguf.reader import read_gguf, read_strings
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
@@ -417,6 +417,18 @@ def test_json_done_event_reports_the_drafts(models: dict[str, Path]) -> None:
     none = [json.loads(line) for line in cli(*args, "--spec", "none", "the cat sat").stdout.splitlines()]
     assert "draft" not in none[-1]
     assert "".join(e.get("text", "") for e in none) == "".join(e.get("text", "") for e in events)
+
+
+def test_running_figures_name_the_drafter_that_drafted(bigram: Engine) -> None:
+    """Every token event's draft figures are those of the drafters that drafted
+    so far; plain decoding is never named as a drafter with an acceptance."""
+    prompt = bigram.tokenize("the cat sat")
+    with Speculation([PromptLookupDrafter()]) as spec:
+        events = list(spec.generate(bigram, prompt, GREEDY, max_tokens=120))
+    drafts = [ev.draft for ev in events if isinstance(ev, TokenEvent) and ev.draft is not None]
+    assert any(d.proposed for d in drafts)
+    for d in drafts:
+        assert (d.drafter == "plain") == (d.proposed == 0), d
 
 
 @pytest.mark.pty
