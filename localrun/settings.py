@@ -16,6 +16,7 @@ from localrun.errors import UsageError
 
 Source = Literal["option", "model", "config", "default"]
 AUTO_CTX = "auto"
+MIN_CTX = 16  # a context smaller than this is refused
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,21 @@ class RunSettings:
     sources: Mapping[str, Source] = field(default_factory=dict)
 
 
+def check_context(n_ctx: int) -> int:
+    if n_ctx < MIN_CTX:
+        raise UsageError(f"context size {n_ctx} is too small", hint=f"use --ctx {MIN_CTX} or more")
+    return n_ctx
+
+
 def parse_ctx(value: str) -> int | None:
-    """`--ctx`: a number of tokens, or None for auto."""
+    """`--ctx`: a number of tokens (at least MIN_CTX), or None for auto."""
     if value == AUTO_CTX:
         return None
     try:
-        return int(value)
+        n_ctx = int(value)
     except ValueError:
         raise UsageError(f"--ctx {value!r} is not a number", hint="use --ctx auto or --ctx 8192") from None
+    return check_context(n_ctx)
 
 
 def _first(*candidates: tuple[Source, Any]) -> tuple[Any, Source]:

@@ -59,11 +59,30 @@ Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own l
 def sampling_params(
     temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int | None
 ) -> SamplingParams:
+    """The sampling options, each checked against its range before any model loads."""
     from localrun.runtime.sampling import SamplingParams
+
+    checks = [
+        (temperature >= 0, "--temperature must be 0 (greedy) or more"),
+        (top_k >= 0, "--top-k must be 0 (off) or more"),
+        (0 < top_p <= 1, "--top-p must be more than 0 and at most 1"),
+        (0 <= min_p <= 1, "--min-p must be from 0 to 1"),
+        (repeat_penalty > 0, "--repeat-penalty must be more than 0 (1 is off)"),
+        (seed is None or 0 <= seed < 2**32, "--seed must be from 0 to 4294967295"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
 
     return SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
     )
+
+
+def check_stops(stops: list[str] | None) -> tuple[str, ...]:
+    if stops and any(not s for s in stops):
+        raise UsageError("--stop '' matches nothing", hint="give the text to stop at")
+    return tuple(stops or ())
 
 
 def check_positive(**values: int | None) -> None:

@@ -108,8 +108,9 @@ def generate(
     ] = None,
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
-    opt.check_positive(max_tokens=max_tokens)
+    opt.check_positive(max_tokens=max_tokens, parallel=parallel)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
     options = Options(
         ctx=ctx,
@@ -134,7 +135,7 @@ def generate(
             raw=raw,
             sampling=sampling,
             max_tokens=max_tokens,
-            stop=tuple(stop or ()),
+            stop=stops,
             # --ctx sets each sequence's context; the model's default context caps it
             seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
             ctx_limit=resolved.settings.n_ctx,
@@ -159,7 +160,7 @@ def generate(
         with ctrl_c_stops(engine), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             events = decoding.generate(
-                engine, built.tokens, sampling, max_tokens=max_tokens, stop=stop or (), checkpoint=checkpoint
+                engine, built.tokens, sampling, max_tokens=max_tokens, stop=stops, checkpoint=checkpoint
             )
             final = renderer.render(events)
         for warning in checkpoint.warnings if checkpoint else ():

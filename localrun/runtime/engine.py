@@ -145,7 +145,8 @@ class Engine(Native):
             )
         self.flash_attn = flash_attn  # the mode asked of llama.cpp: on or off, or auto where it decides
         self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = llama_log.logged_buffers()
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        # llama.cpp pads a context to its step; an explicit size is what the run may use
+        self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), config.n_ctx or n_ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
@@ -239,6 +240,8 @@ class Engine(Native):
             return
         if n_prompt >= self.n_ctx_train:
             hint = f"shorten the input: this model was trained on {self.n_ctx_train} tokens"
+        elif self.config.n_ctx is not None:  # a size the user gave: a larger one is the remedy
+            hint = f"--ctx {n_prompt + 512} (or --ctx auto, the longest that fits in memory)"
         elif self.config.type_k == "f16" or self.config.type_v == "f16":
             hint = f"--ctx {n_prompt + 512} if memory allows, or --kv q8_0 to fit about twice the context"
         else:

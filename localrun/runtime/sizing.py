@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from localrun.config import FLASH_ATTN_MODES
 from localrun.errors import UsageError
 from localrun.gguf.info import CONTEXT_STEP, KV_BYTES_PER_ELEMENT, ModelInfo
+from localrun.settings import check_context
 from localrun.system import available_memory
 
 if TYPE_CHECKING:
@@ -20,14 +21,8 @@ if TYPE_CHECKING:
 DEFAULT_CTX = 4096  # a context when nothing is known about memory, and what a line without max tokens may use
 DEFAULT_MAX_PARALLEL = 16  # --batch: sequences decoded together at most, unless --parallel says otherwise
 RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
-MIN_CTX = 16  # a context smaller than this is refused
 
 _QUANT_BLOCK = 32
-
-
-def check_context(n_ctx: int) -> None:
-    if n_ctx < MIN_CTX:
-        raise UsageError(f"context size {n_ctx} is too small", hint="use --ctx 512 or more")
 
 
 def _round_up(n: int) -> int:

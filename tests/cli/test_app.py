@@ -131,3 +131,33 @@ def test_draft_is_a_flag_and_does_not_take_the_prompt(tiny_model: Path) -> None:
 def test_speculation_options_that_do_not_go_together(tiny_model: Path, args: list[str], needle: str) -> None:
     res = cli("generate", "-m", str(tiny_model), *args, "hi")
     assert res.returncode == 2 and needle in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--top-p", "2"], "--top-p must be more than 0 and at most 1"),
+        (["--top-p", "0"], "--top-p must be more than 0 and at most 1"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
+        (["--top-k", "-3"], "--top-k must be 0 (off) or more"),
+        (["--min-p", "1.5"], "--min-p must be from 0 to 1"),
+        (["--repeat-penalty", "0"], "--repeat-penalty must be more than 0"),
+        (["--seed", "-1"], "--seed must be from 0 to 4294967295"),
+        (["--stop", ""], "--stop '' matches nothing"),
+        (["--parallel", "0", "--batch", "-"], "--parallel must be at least 1"),
+        (["--ctx", "15"], "use --ctx 16 or more"),
+    ],
+)
+def test_values_out_of_range_are_refused_before_a_model_loads(tmp_path: Path, args: list[str], needle: str) -> None:
+    res = cli("generate", "-m", str(tmp_path / "absent.gguf"), *args, "hi")  # a missing model would be exit 3
+    assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
+
+
+def test_an_explicit_context_is_used_as_given(long_model: Path) -> None:
+    res = cli("generate", "-m", str(long_model), "--ctx", "64", "-n", "500", "-t", "0", "--json", "hi")
+    assert res.returncode == 0, res.stderr
+    done = json.loads(res.stdout.splitlines()[-1])
+    assert done["prompt_tokens"] + done["generated_tokens"] == 64 and done["stop_reason"] == "length"
+    over = cli("generate", "-m", str(long_model), "--ctx", "16", "-n", "5", "a prompt longer than sixteen tokens " * 3)
+    assert over.returncode == 5 and "the context holds 16" in over.stderr
+    assert "--ctx" in over.stderr and "--kv" not in over.stderr

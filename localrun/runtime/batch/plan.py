@@ -22,12 +22,12 @@ from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import (
     DEFAULT_CTX,
-    check_context,
     default_parallel,
     memory_budget,
     parallel_that_fits,
     sequence_context,
 )
+from localrun.settings import check_context
 
 _LINE_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 
