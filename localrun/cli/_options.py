@@ -131,6 +131,17 @@ def resolve_engine(
     return Resolved(config, info, found.target, settings)
 
 
+def title(resolved: Resolved) -> str:
+    """What the panel calls the model: the name the user gave (an alias, or a
+    file's name) and the quantization read from the file, not the file's own
+    `general.name`, which can mislead."""
+    from localrun.gguf.info import describe
+
+    target = resolved.target
+    name = target.path.name if target.path is not None else target.label
+    return f"{name} ({describe(resolved.info).quantization})"
+
+
 def load(resolved: Resolved) -> Engine:
     from localrun.runtime.engine import Engine
 

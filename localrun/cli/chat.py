@@ -109,7 +109,7 @@ def chat(
             session.turns = saved[1]
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json
         if interactive:
-            return Repl(session, Console(file=env.stdout, highlight=False)).run()
+            return Repl(session, Console(file=env.stdout, highlight=False), title=opt.title(resolved)).run()
         return run_piped(session, as_json, stats)
 
 

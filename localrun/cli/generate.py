@@ -155,7 +155,7 @@ def generate(
     with opt.load(resolved) as engine:
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
-        renderer = pick_renderer(as_json, stats, engine.info.name)
+        renderer = pick_renderer(as_json, stats, opt.title(resolved))
         drafting = open_draft(resolved.settings.draft, engine, resolved.target, offline=offline, pull_matched=draft)
         with ctrl_c_stops(engine), drafting as speculative:
             decoding: Decoding = speculative or PLAIN

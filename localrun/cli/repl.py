@@ -35,8 +35,9 @@ class Command:
 class Repl:
     """The interactive loop: read a message or a command, stream the reply."""
 
-    def __init__(self, session: ChatSession, console: Console, history: Path | None = None) -> None:
+    def __init__(self, session: ChatSession, console: Console, history: Path | None = None, *, title: str = "") -> None:
         self.session = session
+        self.title = title or session.engine.info.name
         self.console = console
         self.history = history or paths.data_dir() / "chat_history"
         self.commands: dict[str, Command] = {
@@ -95,7 +96,7 @@ class Repl:
 
     def run(self) -> ExitCode:
         self._setup_readline()
-        name = self.session.engine.info.name
+        name = self.title
         self.console.print(
             f"[bold]{name}[/bold] · context {self.session.engine.n_ctx} tokens · "
             f"/help for commands, {MULTILINE} for multi-line messages, Ctrl-D to quit",
@@ -151,7 +152,7 @@ class Repl:
                 f"dropped the {plan.dropped} oldest turn(s) to fit the context of {self.session.engine.n_ctx} tokens",
                 style="yellow",
             )
-        renderer = LiveRenderer(self.console, title=self.session.engine.info.name, markdown=True)
+        renderer = LiveRenderer(self.console, title=self.title, markdown=True)
         with ctrl_c_stops(self.session.engine):
             final = renderer.render(self.session.reply(plan))
         if final.stop_reason == "interrupted":

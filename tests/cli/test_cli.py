@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from localrun.events import DraftStats
+from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
 from localrun.ui.stream import footer
 from tests.helpers import Result, cli, on_terminal
 
@@ -159,7 +161,8 @@ def test_ctrl_c_keeps_text_and_exits_130(long_model: Path) -> None:
 def test_terminal_shows_live_panel(tiny_model: Path) -> None:
     status, screen = on_terminal("generate", "-m", str(tiny_model), "-n", "40", "hello")
     assert status == 0
-    assert "tiny-test-llama" in screen  # panel title
+    quant = describe(read_gguf(tiny_model)).quantization
+    assert f"tiny.gguf ({quant})" in screen and "tiny-test-llama" not in screen  # the name given, not general.name
     assert "40 tokens" in screen and "tok/s" in screen and "stop: length" in screen
     assert "╭" in screen  # the panel's border
 
