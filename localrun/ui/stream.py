@@ -103,27 +103,31 @@ def footer(
     *,
     width: int | None = None,
 ) -> Text:
-    """The figures line; within ``width`` columns the speculation figures
-    shorten, then go, so the counts, speed and stop reason always show."""
-    parts = [
-        f"{generated} tokens",
-        f"{rate:.1f} tok/s" if rate else "- tok/s",
-        f"ttft {ttft:.2f}s" if generated else "ttft -",
-        f"{elapsed:.1f}s",
-    ]
+    """The figures line. Within ``width`` columns whole fields go, least
+    important first (the speculation figures, shortened and then dropped,
+    then time to first token, elapsed time, speed), so what remains reads;
+    the token count and the stop reason stay."""
+    fields: dict[str, str] = {
+        "tokens": f"{generated} tokens",
+        "rate": f"{rate:.1f} tok/s" if rate else "- tok/s",
+        "ttft": f"ttft {ttft:.2f}s" if generated else "ttft -",
+        "elapsed": f"{elapsed:.1f}s",
+    }
     if reason:
-        parts.append(f"stop: {reason}")
-    options = [""]
+        fields["stop"] = f"stop: {reason}"
     if draft is not None and draft.proposed:
-        options = [
-            f"{draft.drafter} {draft.acceptance:.0%} accepted, {draft.mean_accepted:.1f}/step",
-            f"{draft.drafter} {draft.acceptance:.0%}",
-            "",
-        ]
-    for extra in options:
-        line = "  ·  ".join([*parts, extra] if extra else parts)
-        if width is None or len(line) <= width:
-            break
+        fields["draft"] = f"{draft.drafter} {draft.acceptance:.0%} accepted, {draft.mean_accepted:.1f}/step"
+    shorter = f"{draft.drafter} {draft.acceptance:.0%}" if draft is not None else ""
+    steps = ["draft-short", "draft", "ttft", "elapsed", "rate"]
+    line = "  ·  ".join(fields.values())
+    while width is not None and len(line) > width and steps:
+        step = steps.pop(0)
+        if step == "draft-short":
+            if "draft" in fields:
+                fields["draft"] = shorter
+        else:
+            fields.pop(step, None)
+        line = "  ·  ".join(fields.values())
     return Text(line, style="dim")
 
 

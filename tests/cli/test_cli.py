@@ -201,3 +201,13 @@ def test_summaries_read_as_sentences() -> None:
     assert session_line(SessionTotals(turns=1)).startswith("1 turn, ")
     row = Row("speculative auto", note="lookup", extra={"acceptance": 1.0, "mean_accepted": 2.0})
     assert _note(row) == "lookup, 100% of drafted tokens kept, 2.0 per step"
+
+
+def test_footer_drops_whole_fields_when_narrow() -> None:
+    draft = DraftStats("lookup", proposed=40, accepted=30, rounds=12)
+    for width in (60, 45, 30):
+        line = footer(120, 11.5, 0.8, 4.2, "length", draft, width=width).plain
+        assert len(line) <= width and line.startswith("120 tokens") and line.endswith("stop: length"), line
+        wide = footer(120, 11.5, 0.8, 4.2, "length", draft).plain.split("  ·  ")
+        assert set(line.split("  ·  ")) <= {*wide, "lookup 75%"}  # whole fields only, none cut mid-word
+    assert footer(120, 11.5, 0.8, 4.2, "length", draft, width=30).plain == "120 tokens  ·  stop: length"
