@@ -263,3 +263,11 @@ def test_draft_command_takes_on_or_off(engine: Engine, tmp_path: Path) -> None:
     assert repl._command("/draft bogus") is True
     assert "/draft takes on or off, not 'bogus'" in screen.getvalue()
     assert repl._command("/draft on") is True and "no drafter was opened" in screen.getvalue()
+
+
+def test_piped_jsonl_stops_at_a_line_that_is_not_json(tiny_model: Path) -> None:
+    turns = '{"role":"user","content":"Hi"}\nnot json\n{"role":"user","content":"x"}\n'
+    res = cli("chat", "-m", str(tiny_model), "-n", "4", "-t", "0", "--json", input=turns)
+    assert res.returncode == 2 and "line 2" in res.stderr and "not valid JSON" in res.stderr
+    done = [json.loads(line) for line in res.stdout.splitlines() if '"done"' in line]
+    assert len(done) == 1  # the turn before it was answered, none after
