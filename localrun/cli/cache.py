@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from localrun.cli._env import current
-from localrun.cli._errors import ExitCode, bounded
+from localrun.cli._errors import bounded
 from localrun.cli._output import out
 from localrun.errors import UsageError
 from localrun.units import human_bytes
@@ -32,19 +32,19 @@ def info() -> None:
 @bounded
 def clear(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
-) -> ExitCode | None:
+) -> None:
     """Remove every prompt cache entry (asks first on a terminal; --yes otherwise)."""
     from localrun.runtime.promptcache import default_cache
 
     cache = default_cache()
     if not cache.entries():
         out().result("the prompt cache is empty")
-        return None
+        return
     if not yes:
         if not current().stdin_isatty:
             raise UsageError("refusing to clear the prompt cache without --yes (stdin is not a terminal)")
         if not typer.confirm(f"clear {cache.directory}?", err=True):
-            return ExitCode.ERROR  # declined
+            out().note("kept the prompt cache")
+            return
     files, size = cache.clear()
     out().result(f"removed {files} entries, {human_bytes(size)}")
-    return None

@@ -9,7 +9,6 @@ import typer
 
 from localrun import store
 from localrun.cli._env import current
-from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
 from localrun.cli._resolve import pull_with_progress
 from localrun.errors import UsageError
@@ -103,8 +102,8 @@ def list_models(
 def rm(
     name: Annotated[str, typer.Argument(help="The alias to delete.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
-) -> ExitCode | None:
-    """Delete a model's downloaded files."""
+) -> None:
+    """Delete a model's downloaded files (asks first on a terminal)."""
     reg = current().registry
     target = store.parse(name, reg)
     if target.path is not None:
@@ -114,15 +113,15 @@ def rm(
         out().warn(f"{target.label} is the draft model of {', '.join(users)}")
     if store.locate(target) is None:
         out().note(f"{target.label} is not downloaded")
-        return None
+        return
     if not yes:
         if not current().stdin_isatty:
             raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
         if not typer.confirm(f"delete {target.label}?", err=True):
-            return ExitCode.ERROR  # declined
+            out().note(f"kept {target.label}")
+            return
     freed = store.remove(target)
     out().note(f"deleted {target.label}, {human_bytes(freed)} freed")
-    return None
 
 
 def show(

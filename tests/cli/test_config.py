@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -167,3 +168,17 @@ def test_chat_takes_the_config_too(wide_model: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     found = KV_LINE.search(res.stderr)
     assert found and found.groups() == ("q8_0", "f16")
+
+
+def test_declining_a_confirmation_keeps_the_files_and_exits_0(wide_model: Path) -> None:
+    from localrun.runtime.promptcache import SUFFIX
+
+    alias = registered(wide_model, "")
+    kept = cli("rm", alias, input="n\n", stdin_tty=True)
+    assert kept.returncode == 0 and f"kept {alias}" in kept.stderr
+    assert json.loads(cli("list", "--json").stdout)["models"][-1]["present"] is True
+    entry = paths.cache_dir() / "prompts" / f"entry{SUFFIX}"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"x")
+    cleared = cli("cache", "clear", input="n\n", stdin_tty=True)
+    assert cleared.returncode == 0 and "kept the prompt cache" in cleared.stderr and entry.exists()
