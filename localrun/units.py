@@ -31,14 +31,9 @@ def parse_size(text: str) -> int:
 
 
 def human_bytes(n: float) -> str:
-    """A file or download size in decimal units: '1.1 GB'."""
-    for unit in ("B", "KB", "MB"):
-        if n < 1000:
+    """A size in binary units, the way every localrun message says sizes: '1.1 GiB'."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
-def gib(n: float) -> str:
-    """A memory amount in binary units, as the sizing messages give it: '1.50 GiB'."""
-    return f"{n / 2**30:.2f} GiB"
+        n /= 1024
+    return f"{n:.1f} GiB"

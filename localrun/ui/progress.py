@@ -47,7 +47,7 @@ class PullProgress:
             self.err,
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(),
+            DownloadColumn(binary_units=True),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
             terminal=self.tty,

@@ -61,3 +61,12 @@ def test_show_and_auto_context_agree_on_the_budget(tiny_model: Path, monkeypatch
     assert shown["budget_bytes"] == available - sizing.RESERVE
     with Engine(EngineConfig(model_path=tiny_model)) as engine:
         assert shown["max_context"]["f16"] == engine.n_ctx == 256
+
+
+def test_sizes_are_said_in_binary_units(tiny_model: Path) -> None:
+    from localrun.units import human_bytes
+
+    assert (human_bytes(512), human_bytes(1536), human_bytes(2**30)) == ("512 B", "1.5 KiB", "1.0 GiB")
+    shown = cli("show", str(tiny_model), "--budget", "1GiB").stdout
+    assert "context in 1.0 GiB" in shown
+    assert "4.0 GiB" in cli("cache", "info").stdout  # the default cap, as the README says it
