@@ -19,6 +19,7 @@ app = typer.Typer(
     help="Fast local text generation with llama.cpp.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: flags without a type after them, descriptions at full width
 )
 app.command("generate")(bounded(generate.generate))
 app.command("chat")(bounded(chat.chat))

@@ -12,7 +12,9 @@ from localrun.cli._output import out
 from localrun.errors import UsageError
 from localrun.units import human_bytes
 
-app = typer.Typer(help="The prompt cache (KV state of long prompt prefixes, on disk).", no_args_is_help=True)
+app = typer.Typer(
+    help="The prompt cache (KV state of long prompt prefixes, on disk).", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 @app.command("info")

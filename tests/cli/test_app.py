@@ -161,3 +161,9 @@ def test_an_explicit_context_is_used_as_given(long_model: Path) -> None:
     over = cli("generate", "-m", str(long_model), "--ctx", "16", "-n", "5", "a prompt longer than sixteen tokens " * 3)
     assert over.returncode == 5 and "the context holds 16" in over.stderr
     assert "--ctx" in over.stderr and "--kv" not in over.stderr
+
+
+def test_help_shows_flags_without_a_type() -> None:
+    res = cli("generate", "--help")
+    assert res.returncode == 0 and "--draft" in res.stdout and "--top-p <float>" in res.stdout
+    assert "<bool>" not in res.stdout
