@@ -31,6 +31,14 @@ class Output:
     def warn(self, text: str) -> None:
         self.env.stderr.write(f"warning: {text}\n")
 
+    def table(self, *renderables: object) -> None:
+        """Rich renderables on stdout, each line without the padding Rich leaves at its end."""
+        console = self.console()
+        with console.capture() as captured:
+            for renderable in renderables:
+                console.print(renderable)
+        self.env.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
     def console(self, *, stderr: bool = False) -> Console:
         """A Rich console on stdout (or stderr): the terminal's width, or PIPE_WIDTH into a pipe."""
         from rich.console import Console

@@ -95,9 +95,9 @@ def bench_command(
     if as_json:
         out().json(result.as_dict())
     else:
-        console = out().console()
-        console.print(benchview.table(result))
-        console.print(f"advice: {result.advice.text}", highlight=False)
+        from rich.text import Text
+
+        out().table(benchview.table(result), Text(f"advice: {result.advice.text}"))
     if chart is not None:
         chart.write_text(benchview.chart(result), encoding="utf-8")
         out().note(f"chart: {chart}")

@@ -94,9 +94,7 @@ def list_models(
             r.draft or "-",
             r.source + (f" +{r.mirrors} mirror" if r.mirrors else ""),
         )
-    console = out().console()
-    console.print(table)
-    console.print(f"total on disk: {human_bytes(total)}")
+    out().table(table, f"total on disk: {human_bytes(total)}")
 
 
 def rm(

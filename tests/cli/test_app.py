@@ -167,3 +167,9 @@ def test_help_shows_flags_without_a_type() -> None:
     res = cli("generate", "--help")
     assert res.returncode == 0 and "--draft" in res.stdout and "--top-p <float>" in res.stdout
     assert "<bool>" not in res.stdout
+
+
+def test_tables_into_a_pipe_have_no_trailing_spaces() -> None:
+    res = cli("list")
+    assert res.returncode == 0 and "MODEL" in res.stdout
+    assert all(line == line.rstrip() for line in res.stdout.splitlines())
