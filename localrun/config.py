@@ -83,10 +83,10 @@ def _text(path: Path, key: str, value: Any) -> str:
     return value
 
 
-_KV = tuple(KV_BYTES_PER_ELEMENT)
+KV_TYPES = tuple(KV_BYTES_PER_ELEMENT)
 _PARSERS: dict[str, Callable[[Path, str, Any], Any]] = {
-    "kv_k": lambda p, k, v: _choice(p, k, v, _KV),
-    "kv_v": lambda p, k, v: _choice(p, k, v, _KV),
+    "kv_k": lambda p, k, v: _choice(p, k, v, KV_TYPES),
+    "kv_v": lambda p, k, v: _choice(p, k, v, KV_TYPES),
     "flash_attn": lambda p, k, v: _choice(p, k, v, FLASH_ATTN_MODES),
     "threads": _positive_int,
     "draft": _text,

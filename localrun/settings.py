@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from localrun.config import UserConfig
+from localrun.config import FLASH_ATTN_MODES, KV_TYPES, UserConfig
 from localrun.errors import UsageError
 
 Source = Literal["option", "model", "config", "default"]
@@ -68,6 +68,14 @@ def parse_ctx(value: str) -> int | None:
     return check_context(n_ctx)
 
 
+def _check_options(options: Options) -> None:
+    for flag, value in (("--kv", options.kv), ("--kv-k", options.kv_k), ("--kv-v", options.kv_v)):
+        if value is not None and value not in KV_TYPES:
+            raise UsageError(f"unknown KV cache type {value!r} for {flag}", hint=f"use {', '.join(KV_TYPES)}")
+    if options.flash_attn is not None and options.flash_attn not in FLASH_ATTN_MODES:
+        raise UsageError(f"unknown --flash-attn value {options.flash_attn!r}", hint="use auto, on or off")
+
+
 def _first(*candidates: tuple[Source, Any]) -> tuple[Any, Source]:
     for source, value in candidates:
         if value is not None:
@@ -79,7 +87,8 @@ def resolve(
     options: Options, model_defaults: Mapping[str, Any] | None = None, user: UserConfig | None = None
 ) -> RunSettings:
     """Apply the precedence: option, then the model's registry defaults, then
-    config.toml, then the built-in default."""
+    config.toml, then the built-in default. Option values are checked first."""
+    _check_options(options)
     model = model_defaults or {}
     user = user or UserConfig()
     picked: dict[str, tuple[Any, Source]] = {

@@ -49,3 +49,12 @@ def test_parse_ctx() -> None:
     assert parse_ctx("auto") is None and parse_ctx("4096") == 4096
     with pytest.raises(UsageError, match="not a number"):
         parse_ctx("lots")
+
+
+def test_option_values_are_checked_and_named() -> None:
+    with pytest.raises(UsageError, match=r"unknown KV cache type 'q5_0' for --kv$"):
+        resolve(Options(kv="q5_0"))
+    with pytest.raises(UsageError, match="for --kv-v"):
+        resolve(Options(kv_v="f32"))
+    with pytest.raises(UsageError, match="unknown --flash-attn value 'maybe'"):
+        resolve(Options(flash_attn="maybe"))
