@@ -155,14 +155,19 @@ class LiveRenderer:
         self._t0 = time.perf_counter()
 
     def _tail(self) -> str:
+        """The end of the text that fits the screen, counted in the rows Rich
+        wraps it into (whole words, wide characters), so the live panel is
+        never taller than the terminal."""
         width = max(self.console.width - 4, 10)
         rows_left = max(self.console.height - 6, 3)
-        lines = "".join(self._chunks).split("\n")
         keep: list[str] = []
-        for line in reversed(lines):
-            rows_left -= max(1, -(-len(line) // width))
-            if rows_left < 0:
+        for line in reversed("".join(self._chunks).split("\n")):
+            wrapped = Text(line).wrap(self.console, width)
+            if len(wrapped) > rows_left:  # only its last rows fit
+                if rows_left > 0:
+                    keep.append("\n".join(row.plain for row in wrapped[len(wrapped) - rows_left :]))
                 break
+            rows_left -= max(1, len(wrapped))
             keep.append(line)
         return "\n".join(reversed(keep))
 
@@ -187,7 +192,13 @@ class LiveRenderer:
         self._t0 = time.perf_counter()
         interval = 1.0 / self.refresh_per_second
         next_refresh = self._t0 + interval
-        live = Live(get_renderable=self._panel, console=self.console, auto_refresh=False, transient=True)
+        live = Live(
+            get_renderable=self._panel,
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+            vertical_overflow="crop",  # never taller than the screen: a scrolled live region leaves stray borders
+        )
         with live:
             for ev in events:
                 if isinstance(ev, TokenEvent):

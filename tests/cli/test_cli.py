@@ -211,3 +211,21 @@ def test_footer_drops_whole_fields_when_narrow() -> None:
         wide = footer(120, 11.5, 0.8, 4.2, "length", draft).plain.split("  ·  ")
         assert set(line.split("  ·  ")) <= {*wide, "lookup 75%"}  # whole fields only, none cut mid-word
     assert footer(120, 11.5, 0.8, 4.2, "length", draft, width=30).plain == "120 tokens  ·  stop: length"
+
+
+def test_live_panel_stays_within_the_screen() -> None:
+    """Wrapped words and wide characters count as the rows Rich gives them, so
+    the streaming panel never grows taller than the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from localrun.ui.stream import LiveRenderer
+
+    console = Console(file=io.StringIO(), width=40, height=12, force_terminal=True)
+    renderer = LiveRenderer(console, title="t")
+    for text in ("漢字" * 100, "ab " * 130, "x\n" + "漢字" * 100 + "\nend"):
+        renderer._chunks = [text]
+        rows = console.render_lines(renderer._panel(), console.options)
+        assert len(rows) <= console.height, text[:20]
+        assert text.rstrip()[-2:] in "".join(seg.text for row in rows for seg in row)  # the end is what shows
