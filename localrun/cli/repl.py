@@ -161,9 +161,11 @@ class Repl:
     # -- commands --
 
     def _help(self, _: str) -> bool:
-        for command in self.commands.values():
-            self.console.print(f"  {command.usage:<16} {command.help}")
-        self.console.print(f"  {MULTILINE:<16} start and end a multi-line message")
+        rows = [(command.usage, command.help) for command in self.commands.values()]
+        rows.append((MULTILINE, "start and end a multi-line message"))
+        wide = max(len(usage) for usage, _ in rows)
+        for usage, text in rows:  # markup off: "[TEXT]" is part of a usage, not a style
+            self.console.print(f"  {usage:<{wide}}  {text}", markup=False, highlight=False)
         return True
 
     def _stats(self, _: str) -> bool:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,3 +272,19 @@ def test_piped_jsonl_stops_at_a_line_that_is_not_json(tiny_model: Path) -> None:
     assert res.returncode == 2 and "line 2" in res.stderr and "not valid JSON" in res.stderr
     done = [json.loads(line) for line in res.stdout.splitlines() if '"done"' in line]
     assert len(done) == 1  # the turn before it was answered, none after
+
+
+def test_help_lists_every_command_aligned(engine: Engine, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.repl import Repl
+
+    screen = io.StringIO()
+    repl = Repl(ChatSession(engine, CHATML, GREEDY), Console(file=screen, width=200), history=tmp_path / "h")
+    repl._command("/help")
+    lines = screen.getvalue().splitlines()
+    assert "/system [TEXT]" in screen.getvalue()
+    starts = {re.match(r"  \S+(?: \S+)*\s{2,}", line).end() for line in lines}  # type: ignore[union-attr]
+    assert len(starts) == 1, lines
