@@ -165,4 +165,8 @@ def generate(
             final = renderer.render(events)
         for warning in checkpoint.warnings if checkpoint else ():
             out().warn(warning)
+        if final.stop_reason == "length" and (max_tokens is None or final.generated_tokens < max_tokens):
+            out().note(f"note: the context of {engine.n_ctx} tokens is full; --ctx N gives a longer one")
+    if draft_model is not None and final.draft is not None and not final.draft.proposed:
+        out().note(f"note: {draft_model} drafted nothing: plain decoding measured faster at every step")
     return ExitCode.INTERRUPTED if final.stop_reason == "interrupted" else ExitCode.OK

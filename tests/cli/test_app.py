@@ -173,3 +173,10 @@ def test_tables_into_a_pipe_have_no_trailing_spaces() -> None:
     res = cli("list")
     assert res.returncode == 0 and "MODEL" in res.stdout
     assert all(line == line.rstrip() for line in res.stdout.splitlines())
+
+
+def test_a_full_context_says_so(long_model: Path) -> None:
+    full = cli("generate", "-m", str(long_model), "--ctx", "64", "-n", "500", "-t", "0", "hi")
+    assert full.returncode == 0 and "the context of 64 tokens is full" in full.stderr
+    limited = cli("generate", "-m", str(long_model), "--ctx", "64", "-n", "5", "-t", "0", "hi")
+    assert limited.returncode == 0 and "is full" not in limited.stderr
