@@ -438,3 +438,15 @@ def test_panel_footer_shows_acceptance(models: dict[str, Path]) -> None:
     )
     assert status == 0
     assert "lookup" in screen and "accepted" in screen and "/step" in screen
+
+
+def test_a_named_draft_model_that_drafted_nothing_is_said(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the controller keeps to plain decoding, the user who named a draft model hears why it did nothing."""
+    from localrun import speculative
+
+    monkeypatch.setattr(speculative, "AdaptiveController", lambda profiles: FixedController(len(profiles), 1))
+    res = cli("generate", "-m", str(models["target"]), "-n", "8", "--draft-model", str(models["other"]), "hi")
+    assert res.returncode == 0, res.stderr
+    assert "other.gguf drafted nothing" in res.stderr
