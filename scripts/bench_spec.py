@@ -63,7 +63,7 @@ from localrun.runtime.prompt import chat_template, prompt_tokens, render_message
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters
 from localrun.speculative.control import FixedController
-from localrun.speculative.drafters import DraftModelDrafter
+from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.system import default_threads
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import median_ratio

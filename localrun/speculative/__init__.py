@@ -14,8 +14,10 @@ from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions
 from localrun.runtime.sampling import SamplingParams
+from localrun.speculative.base import Drafter
 from localrun.speculative.control import AdaptiveController, Controller
-from localrun.speculative.drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
+from localrun.speculative.draftmodel import DraftModelDrafter
+from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.loop import generate_speculative
 from localrun.speculative.textlookup import TextLookupDrafter
 

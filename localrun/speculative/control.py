@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localrun.speculative.drafters import Draft, Offer, Profile
+from localrun.speculative.base import Draft, Offer, Profile
 
 PRIOR_VERIFY_SLOPE = 0.33  # an extra verify row, as a fraction of a plain step, until measured
 PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth

@@ -41,8 +41,8 @@ from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions, Generation
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import Sampler, SamplingParams
+from localrun.speculative.base import Draft, Offer
 from localrun.speculative.control import Plan
-from localrun.speculative.drafters import Draft, Offer
 from localrun.speculative.sampling import check_draft, target_probs
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import numpy as np
 
 from localrun.runtime.engine import Engine
 from localrun.runtime.sampling import SamplingParams
-from localrun.speculative.drafters import LOOKUP_MAX, Draft, Offer, Profile
+from localrun.speculative.base import LOOKUP_MAX, Draft, Offer, Profile
 
 BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there
 SYNC_CHARS = 10  # non-space characters that must match the source to take up copying it

@@ -17,18 +17,10 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, open_speculation
+from localrun.speculative.base import MODEL_MAX, Draft, Offer, Profile
 from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
-from localrun.speculative.drafters import (
-    MODEL_MAX,
-    RESUME_BUCKET,
-    Draft,
-    DraftModelDrafter,
-    Offer,
-    Profile,
-    PromptLookupDrafter,
-    check_draft_compatible,
-    match_bucket,
-)
+from localrun.speculative.draftmodel import DraftModelDrafter, check_draft_compatible
+from localrun.speculative.lookup import RESUME_BUCKET, PromptLookupDrafter, match_bucket
 from localrun.speculative.sampling import check_draft, target_probs
 from tests.helpers import cli, collect, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model

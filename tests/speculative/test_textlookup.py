@@ -11,7 +11,7 @@ from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.control import FixedController
-from localrun.speculative.drafters import PromptLookupDrafter
+from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
 from tests.helpers import collect
 from tests.tinymodel import write_tiny_model
