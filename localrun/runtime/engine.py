@@ -16,7 +16,7 @@ from typing import Any
 
 import llama_cpp
 
-from localrun.errors import BadModelError, ContextOverflowError, EngineError, UsageError
+from localrun.errors import BadModelError, ContextOverflowError, EngineError
 from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import llama_log
@@ -90,6 +90,23 @@ FLASH_ATTN = {
 }
 
 
+def _context_params(config: EngineConfig, flash_attn: str, n_ctx: int) -> Any:
+    threads = config.n_threads or default_threads()
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.type_k = KV_TYPES[config.type_k]
+    cparams.type_v = KV_TYPES[config.type_v]
+    cparams.flash_attn_type = FLASH_ATTN[flash_attn]
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = min(config.n_batch, n_ctx)
+    cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.n_seq_max = config.n_seq_max
+    cparams.kv_unified = config.kv_unified
+    cparams.no_perf = True
+    return cparams
+
+
 class Engine(Native):
     """A model and one context. Close it (or use it as a context manager).
     With ``weights``, the context is made on an already loaded model, which
@@ -105,6 +122,9 @@ class Engine(Native):
         if weights is not None and not weights.serves(config):
             raise ValueError(f"weights of {weights.path} given for an engine of {config.model_path}")
         self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
+        shape = describe(self.info)
+        flash_attn = check_kv_config(config, shape)  # settled from the file's header, before any load
+        n_ctx = choose_context(shape, config, flash_attn)
         llama_log.set_verbose(config.verbose)
         llama_log.init_backend()
 
@@ -112,27 +132,7 @@ class Engine(Native):
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
-
-        shape = describe(self.info)
-        try:
-            flash_attn = check_kv_config(config, shape)
-            n_ctx = choose_context(shape, config, flash_attn)
-        except UsageError:
-            self.close()
-            raise
-        threads = config.n_threads or default_threads()
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.type_k = KV_TYPES[config.type_k]
-        cparams.type_v = KV_TYPES[config.type_v]
-        cparams.flash_attn_type = FLASH_ATTN[flash_attn]
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = min(config.n_batch, n_ctx)
-        cparams.n_ubatch = min(config.n_ubatch, cparams.n_batch)
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.n_seq_max = config.n_seq_max
-        cparams.kv_unified = config.kv_unified
-        cparams.no_perf = True
+        cparams = _context_params(config, flash_attn, n_ctx)
         llama_log.logged_buffers()  # forget what the model load logged
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:

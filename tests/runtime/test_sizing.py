@@ -125,3 +125,16 @@ def test_unfused_attention_scores_are_counted_in_the_memory_estimate(wide_long_m
     predicted = n_ctx * (info.context_bytes_per_token("f16") - info.kv_bytes_per_token("f16"))
     grown = buffers["auto"] - buffers["on"]
     assert predicted > 0 and predicted / 4 <= grown <= predicted
+
+
+def test_a_context_that_does_not_fit_is_refused_before_the_load(
+    wide_long_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localrun.runtime import engine as engine_module
+
+    loads: list[object] = []
+    monkeypatch.setattr(engine_module, "_load_model", lambda info, repack: loads.append(info))
+    shape = describe(read_gguf(wide_long_model))
+    with pytest.raises(UsageError, match="--ctx 8192 needs"):
+        Engine(EngineConfig(model_path=wide_long_model, n_ctx=8192, memory_budget=shape.weights_bytes))
+    assert loads == []
