@@ -19,8 +19,8 @@ Columns, run in interleaved rounds (the order rotates) on one target engine:
   plain    localrun's plain loop (decode.generate)
   draft    the draft model, a fixed draft length (--draft-n), every step
   lookup   prompt lookup (by tokens, and by text with its spacing set aside)
-           under the adaptive controller: what `--draft lookup` does
-  auto     what `--draft auto` does: lookup and the draft model, adaptive
+           under the adaptive controller: what `--spec lookup` does
+  auto     what `--spec auto` does: lookup and the draft model, adaptive
 With --native PATH/TO/llama-speculative-simple, llama.cpp's own speculative
 decoding on the same templated prompt, greedy, its defaults otherwise:
   ll-draft --spec-type draft-simple with the draft model (draft length 3)

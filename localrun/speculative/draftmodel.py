@@ -34,7 +34,7 @@ def check_draft_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
     def fail(what: str) -> IncompatibleDraftError:
         return IncompatibleDraftError(
             f"{draft.path.name} cannot draft for {target.path.name}: {what}",
-            hint="use a draft model from the same family (same tokenizer), or --draft lookup",
+            hint="use a draft model from the same family (same tokenizer), or --spec lookup",
         )
 
     t, d = target.metadata, draft.metadata

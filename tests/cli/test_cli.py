@@ -49,7 +49,7 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "elapsed_s",
         "stop_reason",
         "cached_tokens",
-        "draft",  # speculative decoding (--draft auto, the default): drafter, proposed, accepted
+        "draft",  # speculative decoding (--spec auto, the default): drafter, proposed, accepted
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
     assert done["cached_tokens"] == 0
