@@ -33,18 +33,17 @@ class Output:
 
     def table(self, *renderables: object) -> None:
         """Rich renderables on stdout, each line without the padding Rich leaves at its end."""
-        console = self.console()
+        console = self._console()
         with console.capture() as captured:
             for renderable in renderables:
                 console.print(renderable)
         self.env.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
-    def console(self, *, stderr: bool = False) -> Console:
-        """A Rich console on stdout (or stderr): the terminal's width, or PIPE_WIDTH into a pipe."""
+    def _console(self) -> Console:
+        """A Rich console on stdout: the terminal's width, or PIPE_WIDTH into a pipe."""
         from rich.console import Console
 
-        stream, tty = (self.env.stderr, self.env.stderr_isatty) if stderr else (self.env.stdout, self.env.stdout_isatty)
-        return Console(file=stream, width=None if tty else PIPE_WIDTH)
+        return Console(file=self.env.stdout, width=None if self.env.stdout_isatty else PIPE_WIDTH)
 
 
 def out() -> Output:
