@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +31,18 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+@functools.cache
+def _row_type(n_vocab: int) -> Any:
+    return ctypes.c_float * n_vocab
+
+
 def logits(engine: Engine, row: int) -> Any:
     """The logits of ``row`` of the engine's last batch, as a numpy view (no copy)."""
     ptr = llama_cpp.llama_get_logits_ith(engine.ctx, row)
     address = ctypes.cast(ptr, ctypes.c_void_p).value
     if not address:
         raise EngineError(f"llama.cpp has no logits for row {row} of the last batch")
-    row_buffer: Any = (ctypes.c_float * engine.n_vocab).from_address(address)  # a buffer numpy can view
+    row_buffer: Any = _row_type(engine.n_vocab).from_address(address)  # a buffer numpy can view
     return np.frombuffer(row_buffer, dtype=np.float32)
 
 
