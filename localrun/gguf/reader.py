@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,18 +183,25 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         raise BadModelError(f"cannot read {p}: {exc.strerror}") from exc
 
 
-def read_strings(path: str | Path, array: ArrayInfo, start: int = 0, stop: int | None = None) -> list[bytes]:
-    """Elements ``start`` to ``stop`` of a string array that `read_gguf` found
-    in ``path`` (say, the vocabulary's token texts), as raw bytes."""
-    if array.item_type != GGUFValueType.STRING:
-        raise ValueError("not an array of strings")
-    stop = array.length if stop is None else min(stop, array.length)
+@contextmanager
+def _at_element(path: str | Path, array: ArrayInfo, start: int) -> Iterator[tuple[mmap.mmap, _Cursor]]:
+    """The file mapped, and a cursor on element ``start`` of a string array in it."""
     p = Path(path).expanduser()
     with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         cur = _Cursor(buf, p)
         cur.pos = array.start
         for _ in range(start):
             cur.skip_string()
+        yield buf, cur
+
+
+def read_strings(path: str | Path, array: ArrayInfo, start: int = 0, stop: int | None = None) -> list[bytes]:
+    """Elements ``start`` to ``stop`` of a string array that `read_gguf` found
+    in ``path`` (say, the vocabulary's token texts), as raw bytes."""
+    if array.item_type != GGUFValueType.STRING:
+        raise ValueError("not an array of strings")
+    stop = array.length if stop is None else min(stop, array.length)
+    with _at_element(path, array, start) as (buf, cur):
         out = []
         for _ in range(max(stop - start, 0)):
             n = cur.unpack("<Q")
@@ -206,12 +215,7 @@ def string_span(path: str | Path, array: ArrayInfo, start: int, stop: int | None
     """The encoded bytes of elements ``start`` to ``stop`` of a string array:
     two arrays hold equal elements in that range exactly when these bytes are equal."""
     stop = array.length if stop is None else min(stop, array.length)
-    p = Path(path).expanduser()
-    with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        cur = _Cursor(buf, p)
-        cur.pos = array.start
-        for _ in range(start):
-            cur.skip_string()
+    with _at_element(path, array, start) as (buf, cur):
         begin = cur.pos
         if stop == array.length:
             cur.pos = array.end
