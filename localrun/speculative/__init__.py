@@ -25,13 +25,24 @@ from localrun.speculative.textlookup import TextLookupDrafter
 class Speculation:
     """Drafters and the controller that arbitrates between them and plain
     decoding. Lives as long as the target engine: a chat keeps one across
-    turns, so measurements and the draft's cache carry over."""
+    turns, so measurements and the draft's cache carry over.
 
-    def __init__(self, drafters: Sequence[Drafter], controller: Controller | None = None) -> None:
+    ``verify_curve``: the cost of a verify batch of r rows over one row's
+    (r = 1..), as `localrun tune` measured it on this machine, for the
+    `AdaptiveController` made when no ``controller`` is given."""
+
+    def __init__(
+        self,
+        drafters: Sequence[Drafter],
+        controller: Controller | None = None,
+        verify_curve: Sequence[float] | None = None,
+    ) -> None:
         if not drafters:
             raise ValueError("speculation needs at least one drafter")
         self.drafters = list(drafters)
-        self.controller = controller or AdaptiveController([d.profile for d in self.drafters])
+        self.controller = controller or AdaptiveController(
+            [d.profile for d in self.drafters], verify_curve=verify_curve
+        )
         self.disabled: set[int] = set()  # drafters that failed to load
 
     @property
@@ -60,11 +71,15 @@ def lookup_drafters(engine: Engine) -> list[Drafter]:
     return [PromptLookupDrafter(), TextLookupDrafter.for_engine(engine)]
 
 
-def open_speculation(engine: Engine, choice: str, draft_path: Path | None = None) -> Speculation | None:
+def open_speculation(
+    engine: Engine, choice: str, draft_path: Path | None = None, verify_curve: Sequence[float] | None = None
+) -> Speculation | None:
     """The speculation `--draft CHOICE` asks for. ``choice``: none (None is
     returned), lookup (`lookup_drafters`), auto (prompt lookup, plus ``draft_path`` if given: the
     model's matched draft, loaded only if the controller wants it), or anything
-    else with ``draft_path`` naming that draft model (loaded now)."""
+    else with ``draft_path`` naming that draft model (loaded now).
+    ``verify_curve``: the verify-cost curve `localrun tune` measured for this
+    model on this machine, if any (see `Speculation`)."""
     if choice == "none":
         return None
     drafters: list[Drafter] = []
@@ -72,4 +87,4 @@ def open_speculation(engine: Engine, choice: str, draft_path: Path | None = None
         drafters += lookup_drafters(engine)
     if choice != "lookup" and draft_path is not None:
         drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto"))
-    return Speculation(drafters) if drafters else None
+    return Speculation(drafters, verify_curve=verify_curve) if drafters else None

@@ -11,14 +11,37 @@ the highest expected tokens per second:
 with ``a`` the acceptance of the drafter in the offer's bucket (each drafted
 token is kept with probability a, given the ones before it were), draft(n)
 the drafter's measured cost for n tokens (plus any catch-up or loading), and
-verify(n) the target's measured cost for a batch of n rows. Costs per size
-are not smooth (llama.cpp's CPU kernels take rows in groups, so more rows can
-cost less), so each size keeps its own average; a size not tried yet is
-estimated from a line fitted to all verify batches (a fixed cost plus a cost
-per row), a little optimistically, so that it gets tried. Until something is
-measured it assumes the drafter's `Profile` (a draft model's step costs its
-size ratio to the target; lookup is free) and an extra verify row costing
-`PRIOR_VERIFY_SLOPE` of a plain step.
+verify(n) the target's measured cost for a batch of n rows.
+
+The cost of a verify batch need not grow smoothly with its rows: kernels can
+take rows in groups, so a batch can cost as much as a larger one, and where
+that happens differs from machine to machine. Each size measured keeps its
+own average. A size not measured yet
+is estimated from, in this order:
+
+- the verify curve, if one is given (``verify_curve``: what `localrun tune`
+  measured on this machine, the cost of r rows over the cost of one, for
+  r = 1..len): a plain step times the curve's point, times a factor learned
+  live from the sizes measured (how much dearer or cheaper than the curve
+  they came out; 1 until measured). Past its last point the curve grows at
+  its own mean cost per extra row, so it never turns cheaper past what was
+  measured;
+- else a line fitted to all verify batches (a fixed cost plus a cost per
+  row), a little optimistically, so that the size gets tried. Until a batch
+  is measured the line is a plain step plus `PRIOR_VERIFY_SLOPE` of a plain
+  step per extra row, a guess and not a measurement: an extra row costs
+  between nothing (reading the weights dominates the step) and a whole step
+  (computing dominates), and the guess is the middle.
+
+A draft length whose step (drafting plus verifying) takes about as long as a
+longer one's, within `TIE`, is never chosen: the longer one yields more
+tokens for the same time (`lengths`; the longer one must itself be kept, so
+ties do not chain into the longest draft when every row costs a little).
+With a curve this rules out, before anything is measured, the batch sizes
+that cost as much as a larger one; live measurements move the estimates, and
+the rule follows them. Until a drafter is measured, the controller assumes
+its `Profile` (a draft model's step costs its size ratio to the target;
+lookup is free).
 
 It keeps probing cheaply so it can change its mind when the text changes: a
 way that is not the best is tried again with a short draft after a number of
@@ -26,24 +49,33 @@ steps that doubles each time it is probed (up to `MAX_GAP`), and only while
 the estimated time lost to probing stays within `explore_share` of the time
 spent decoding. Acceptance counts fade with use and with idle steps, so a
 probe after a change of text weighs more than the old evidence.
+
+The constants below are choices of how fast to learn and how much to trust
+a guess, not costs measured on some machine: costs are measured here, as it
+runs, or come from the curve `localrun tune` measured here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from localrun.speculative.base import Draft, Offer, Profile
 
-PRIOR_VERIFY_SLOPE = 0.33  # an extra verify row, as a fraction of a plain step, until measured
+# an extra verify row, as a fraction of a plain step, until measured and without a curve: the middle of
+# what it can cost (nothing when reading the weights dominates, a whole step when computing does); a guess
+PRIOR_VERIFY_SLOPE = 0.5
+TIE = 0.03  # a step within this share of a longer draft's step time is no quicker: the longer draft is taken
+CURVE_WEIGHT = 2.0  # how many measured batches the verify curve's level is worth
 PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth
 ACCEPT_MEMORY = 0.9  # per use: older acceptance counts fade, so the estimate follows the text
 IDLE_FADE = 16  # ... and fade once more per this many steps the way was not used
 MAX_ACCEPTANCE = 0.98
 COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
 SPIKE = 3.0  # a cost measurement counts as at most this many times the current estimate
-UNTRIED_SIZE = 0.8  # a verify batch size not measured yet: this share of the extra cost the fit says
+UNTRIED_SIZE = 0.8  # without a curve, a verify batch size not measured yet: this share of the extra cost the fit says
 MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
 MAX_GAP = 128
 PROBE_MAX = 2  # the longest draft of a probe
@@ -121,6 +153,31 @@ class _LineFit:
         return (self.y - slope * self.x) / self.w, slope
 
 
+class _Ratio:
+    """measured / predicted, over fading observations, pulled toward 1 (the
+    prediction right) as if `CURVE_WEIGHT` observations had said so."""
+
+    MEMORY = 0.97  # per observation
+
+    def __init__(self) -> None:
+        self.w = self.sum = 0.0
+
+    def add(self, ratio: float) -> None:
+        self.w, self.sum = self.w * self.MEMORY + 1, self.sum * self.MEMORY + ratio
+
+    @property
+    def value(self) -> float:
+        return (self.sum + CURVE_WEIGHT) / (self.w + CURVE_WEIGHT)
+
+
+def _checked_curve(curve: Sequence[float]) -> tuple[float, ...]:
+    """The curve relative to its first point (one row costs 1)."""
+    points = tuple(float(x) for x in curve)
+    if len(points) < 2 or not all(math.isfinite(x) and x > 0 for x in points):
+        raise ValueError(f"a verify curve needs two or more positive costs, not {list(curve)!r}")
+    return tuple(x / points[0] for x in points)
+
+
 def expected_tokens(a: float, n: int) -> float:
     """1 + a + ... + a^n: tokens a verify step yields with n drafted tokens."""
     return float(n + 1) if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
@@ -128,12 +185,23 @@ def expected_tokens(a: float, n: int) -> float:
 
 @dataclass
 class AdaptiveController:
+    """The way with the highest expected tokens per second, from live
+    measurements (see the module's docstring).
+
+    ``verify_curve``: the cost of a verify batch of r rows over the cost of
+    one row, for r = 1..len (`localrun tune`'s measurement on this machine);
+    it is the prior of a batch size until that size is measured here. None:
+    the prior is a line (`PRIOR_VERIFY_SLOPE`), learned live."""
+
     profiles: Sequence[Profile]
     explore_share: float = 0.01
+    verify_curve: Sequence[float] | None = None
     plain: _Average = field(default_factory=_Average)
     verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
 
     def __post_init__(self) -> None:
+        self.curve = None if self.verify_curve is None else _checked_curve(self.verify_curve)
+        self.curve_level = _Ratio()  # measured verify batches over what the curve says
         n = len(self.profiles)
         self.step = [_Average() for _ in range(n)]  # seconds per drafted token
         self.catch_up = [_Average() for _ in range(n)]  # seconds per catch-up token
@@ -165,7 +233,27 @@ class AdaptiveController:
         measured = self.sizes.get(rows)
         if measured is not None and measured.value is not None:
             return measured.value
+        if self.curve is not None:
+            return self._curve_cost(rows)
         return c1 + (self._line_cost(rows) - c1) * UNTRIED_SIZE
+
+    def curve_point(self, rows: int) -> float:
+        """The curve's cost of ``rows`` rows, in plain steps; past its last
+        point it grows at the curve's mean cost per extra row."""
+        curve = self.curve
+        assert curve is not None
+        if rows <= len(curve):
+            return curve[max(rows, 1) - 1]
+        per_row = max((curve[-1] - 1.0) / (len(curve) - 1), 0.0)
+        return curve[-1] + per_row * (rows - len(curve))
+
+    def _curve_cost(self, rows: int) -> float:
+        c1 = self.plain_cost()
+        return max(c1 * self.curve_point(rows) * self.curve_level.value, c1)
+
+    def _expected_verify(self, rows: int) -> float:
+        """What a batch of ``rows`` rows should cost, before its own measurements."""
+        return self._curve_cost(rows) if self.curve is not None else self._line_cost(rows)
 
     def _line_cost(self, rows: int) -> float:
         c1 = self.plain_cost()
@@ -175,24 +263,43 @@ class AdaptiveController:
         self._line = (a, slope)
         return max(a + max(slope, 0.0) * rows, c1)
 
+    def setup_cost(self, drafter: int) -> float:
+        """The drafter's one-time cost still to pay (loading), seconds."""
+        return 0.0 if self.ready[drafter] else self.profiles[drafter].setup_s
+
     def draft_cost(self, offer: Offer, n: int) -> float:
         d = offer.drafter
         profile = self.profiles[d]
         c1 = self.plain_cost()
         step = self.step[d].get(profile.step_cost * c1)
         catch_up = self.catch_up[d].get(profile.catch_up_cost * c1)
-        setup = 0.0 if self.ready[d] else profile.setup_s
-        return setup + max(offer.catch_up - 2, 0) * catch_up + n * step
+        return self.setup_cost(d) + max(offer.catch_up - 2, 0) * catch_up + n * step
+
+    def lengths(self, offer: Offer, room: int) -> list[tuple[int, float]]:
+        """The draft lengths worth choosing, with their step's time (drafting
+        and verifying, seconds, without the one-time setup): up to the room
+        left and the offer's longest, less every length whose step takes as
+        long as a longer one's, within `TIE` (a batch size that costs as much
+        as a larger one)."""
+        setup = self.setup_cost(offer.drafter)
+        limit = min(offer.max_len, room)
+        times = [self.draft_cost(offer, n) - setup + self.verify_cost(n + 1) for n in range(1, limit + 1)]
+        kept: list[tuple[int, float]] = []
+        quickest_longer = math.inf  # of the lengths kept: ties do not chain, so none costs more than TIE
+        for n in range(limit, 0, -1):
+            t = times[n - 1]
+            if quickest_longer > t * (1.0 + TIE):
+                kept.append((n, t))
+                quickest_longer = t
+        return kept[::-1]
 
     def best_length(self, offer: Offer, room: int) -> tuple[float, int]:
         """(expected tokens/s, draft length) of the offer's best length."""
         a = self.acceptance(offer.drafter, offer.bucket)
+        setup = self.setup_cost(offer.drafter)
         best_rate, best_n = 0.0, 0
-        e, power = 1.0, 1.0
-        for n in range(1, min(offer.max_len, room) + 1):
-            power *= a
-            e += power
-            rate = e / (self.draft_cost(offer, n) + self.verify_cost(n + 1))
+        for n, t in self.lengths(offer, room):
+            rate = expected_tokens(a, n) / (setup + t)
             if rate > best_rate:  # not one peak: some batch sizes run faster kernels than smaller ones
                 best_rate, best_n = rate, n
         return best_rate, best_n
@@ -217,7 +324,9 @@ class AdaptiveController:
             key = (offer.drafter, offer.bucket)
             if self.rounds - self.last_used.get(key, -MAX_GAP) < self.gap.get(key, MIN_GAP) or not best_n:
                 continue
-            n = min(best_n, PROBE_MAX)
+            allowed = [n for n, _ in self.lengths(offer, room)]
+            short = [n for n in allowed if n <= min(best_n, PROBE_MAX)]
+            n = short[-1] if short else allowed[0]  # short, unless a longer step is as quick
             cost = self.draft_cost(offer, n) + self.verify_cost(n + 1)
             regret = max(cost - expected_tokens(self.acceptance(*key), n) / best_rate, 0.0)
             if self.explored + regret <= self.explore_share * self.elapsed:
@@ -238,8 +347,10 @@ class AdaptiveController:
 
     def observe_verify(self, rows: int, seconds: float) -> None:
         if rows > 1:
-            if not self.verify.empty:  # a step stalled by other work on the machine counts less
-                seconds = min(seconds, SPIKE * self._line_cost(rows))
+            if self.curve is not None or not self.verify.empty:  # a step stalled by other work counts less
+                seconds = min(seconds, SPIKE * self._expected_verify(rows))
+            if self.curve is not None and self.plain.value is not None:
+                self.curve_level.add(seconds / (self.plain.value * self.curve_point(rows)))
             self.verify.add(rows, seconds)
             self._line = None
             self.sizes.setdefault(rows, _Average()).add(seconds)

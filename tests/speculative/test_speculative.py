@@ -277,7 +277,17 @@ def test_none_means_no_speculation(engine: Engine, models: dict[str, Path]) -> N
     assert auto is not None
     drafter = auto.drafters[-1]
     assert isinstance(drafter, DraftModelDrafter) and not drafter.loaded  # auto loads it only when wanted
+    assert isinstance(auto.controller, AdaptiveController) and auto.controller.curve is None
     auto.close()
+
+
+def test_the_verify_curve_reaches_the_controller(engine: Engine) -> None:
+    opened = open_speculation(engine, "lookup", verify_curve=[1.0, 1.5, 1.5])
+    assert opened is not None
+    with opened as spec:
+        assert isinstance(spec.controller, AdaptiveController) and spec.controller.curve == (1.0, 1.5, 1.5)
+    fixed = FixedController(0, 2)
+    assert Speculation([PromptLookupDrafter()], fixed, verify_curve=[1.0, 2.0]).controller is fixed
 
 
 # -- prompt lookup --
@@ -339,7 +349,7 @@ def _teach(control: AdaptiveController, offer: Offer, acceptance: float, rounds:
 
 def test_controller_picks_the_fastest_way_from_measurements() -> None:
     lookup, model = Offer(0, 6, 32), Offer(1, 0, 8, catch_up=1)
-    control = _controller(slope=0.33, draft_step=0.43)  # this machine: a costly draft, costly verify rows
+    control = _controller(slope=0.33, draft_step=0.43)  # a costly draft, costly verify rows (a CPU)
     _teach(control, model, 0.6)
     assert control.choose([model], 32).offer is None  # 60% accepted loses to plain decoding
     _teach(control, model, 0.84)
@@ -438,7 +448,7 @@ def test_a_named_draft_model_that_drafted_nothing_is_said(
     """When the controller keeps to plain decoding, the user who named a draft model hears why it did nothing."""
     from localrun import speculative
 
-    monkeypatch.setattr(speculative, "AdaptiveController", lambda profiles: FixedController(len(profiles), 1))
+    monkeypatch.setattr(speculative, "AdaptiveController", lambda profiles, **_: FixedController(len(profiles), 1))
     res = cli("generate", "-m", str(models["target"]), "-n", "8", "--draft-model", str(models["other"]), "hi")
     assert res.returncode == 0, res.stderr
     assert "other.gguf drafted nothing" in res.stderr

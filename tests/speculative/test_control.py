@@ -1,0 +1,118 @@
+"""The adaptive controller with a verify-cost curve (what `localrun tune`
+measures): fixed costs fed in, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from localrun.speculative.base import Offer, Profile
+from localrun.speculative.control import AdaptiveController
+from localrun.speculative.lookup import PromptLookupDrafter
+
+PLAIN_S = 0.1  # a plain step, seconds
+# the cost of r = 1..16 rows in plain steps: 8 rows cost about as much as 16 (kernels taking rows in groups)
+BUMPY = (1.0, 1.6, 2.1, 2.7, 3.4, 4.2, 5.0, 5.9, 6.0, 6.1, 6.1, 6.2, 6.2, 6.3, 6.3, 6.3)
+STEEP = tuple(1.0 + 0.8 * (r - 1) for r in range(1, 17))  # every extra row costs most of a plain step
+LOOKUP = Offer(0, 0, 32)
+
+
+def _lookup(curve: Sequence[float] | None, accepted: int = 19) -> AdaptiveController:
+    """A controller over prompt lookup (free drafts) after a measured plain
+    step, taught an acceptance of accepted / (accepted + 1): 19 is 0.95."""
+    control = AdaptiveController([PromptLookupDrafter().profile], verify_curve=curve)
+    control.observe_plain(PLAIN_S)
+    for _ in range(40):
+        control.observe_outcome(LOOKUP, 32, accepted)
+    return control
+
+
+def _slower_than_a_larger(curve: Sequence[float], rows: int, limit: int) -> bool:
+    """Whether a batch of ``rows`` costs more than (or as much as) a larger one
+    of at most ``limit`` rows, within the curve."""
+    return any(curve[r - 1] <= curve[rows - 1] for r in range(rows + 1, min(limit, len(curve)) + 1))
+
+
+def test_curve_is_the_prior_of_each_batch_size() -> None:
+    control = _lookup(BUMPY)
+    assert control.verify_cost(1) == PLAIN_S
+    assert control.verify_cost(8) == pytest.approx(5.9 * PLAIN_S)
+    assert control.verify_cost(16) == pytest.approx(6.3 * PLAIN_S)
+    per_row = (6.3 - 1.0) / 15  # past its end the curve grows at its mean cost per extra row
+    assert control.verify_cost(20) == pytest.approx((6.3 + 4 * per_row) * PLAIN_S)
+    assert AdaptiveController([], verify_curve=[2.0, 3.0]).curve == (1.0, 1.5)  # relative to one row
+    for bad in ([1.0], [1.0, 0.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="verify curve"):
+            AdaptiveController([], verify_curve=bad)
+
+
+def test_a_batch_that_costs_as_much_as_a_larger_one_is_never_chosen() -> None:
+    for accepted in (1, 2, 4, 9, 19, 49):  # acceptance 0.5 .. 0.98
+        control = _lookup(BUMPY, accepted)
+        considered = {n for n, _ in control.lengths(LOOKUP, 32)}
+        assert considered.isdisjoint({8, 9, 11, 12, 13, 14})  # 9, 10, 12..15 rows: a larger batch costs as much
+        for room in (32, 20, 16, 15, 12, 10, 8, 7, 5, 3, 1):
+            n = control.choose([LOOKUP], room).n
+            assert n <= room
+            assert n != 7  # 8 rows: nearly the cost of 16
+            assert not n or not _slower_than_a_larger(BUMPY, n + 1, room + 1), (accepted, room, n)
+    assert _lookup(BUMPY, 19).choose([LOOKUP], 32).n == 15  # copying: the cheap large batch, 16 rows
+
+
+def test_steep_curve_keeps_drafts_short_or_plain() -> None:
+    assert _lookup(STEEP, 4).choose([LOOKUP], 32).n == 0  # 80% accepted does not pay for a row
+    for accepted in (9, 19):  # 90%, 95%
+        assert 1 <= _lookup(STEEP, accepted).choose([LOOKUP], 32).n <= 2
+    assert _lookup(BUMPY, 9).choose([LOOKUP], 32).n <= 2  # at 90% the cheap large batch does not pay either
+
+
+def test_ties_do_not_chain_into_the_longest_draft() -> None:
+    """When each extra row costs a little (a GPU), every length is within the
+    tie of the next one; that alone does not make the longest draft win."""
+    flat = tuple(1.0 + 0.01 * (r - 1) for r in range(1, 17))
+    control = _lookup(flat, 1)  # 50% accepted: tokens past the first few are rarely kept
+    n = control.choose([LOOKUP], 32).n
+    assert 2 <= n <= 8
+
+
+def test_live_measurements_override_the_curve() -> None:
+    control = _lookup(BUMPY)
+    for _ in range(10):
+        for rows in range(2, 16):
+            control.observe_verify(rows, BUMPY[rows - 1] * PLAIN_S)  # as the curve says
+        control.observe_verify(16, 2 * 6.3 * PLAIN_S)  # 16 rows: twice what the curve says
+    assert control.verify_cost(16) == pytest.approx(2 * 6.3 * PLAIN_S)
+    assert control.verify_cost(8) == pytest.approx(5.9 * PLAIN_S)
+    assert control.choose([LOOKUP], 32).n == 14  # 16 rows no longer pay: 15 cost what 16 were said to
+
+    dearer = _lookup(BUMPY)  # every batch measured dearer than the curve: the sizes not measured follow
+    for _ in range(20):
+        for rows in (2, 3, 4):
+            dearer.observe_verify(rows, 1.5 * BUMPY[rows - 1] * PLAIN_S)
+    assert 1.3 * 6.3 * PLAIN_S < dearer.verify_cost(16) <= 1.5 * 6.3 * PLAIN_S
+
+
+def test_live_measurements_without_a_curve_reveal_the_same_sizes() -> None:
+    """No curve: once each size is measured, a batch that costs as much as a
+    larger one is left aside as it is with the curve."""
+    control = _lookup(None)
+    shape = AdaptiveController([], verify_curve=BUMPY)
+    for _ in range(3):
+        for rows in range(2, 34):
+            control.observe_verify(rows, shape.curve_point(rows) * PLAIN_S)
+    assert control.choose([LOOKUP], 32).n == 15
+    assert control.choose([LOOKUP], 10).n == 10  # up to 11 rows: 11 cost about what 9 and 10 do
+
+
+def test_a_draft_models_step_counts_in_the_tie() -> None:
+    """A flat verify cost does not make a draft model draft its longest: each
+    drafted token costs a step of its own."""
+    draft = Profile(name="draft", step_cost=0.3, catch_up_cost=0.05, setup_s=0.0, acceptance=(0.7,), free=False)
+    control = AdaptiveController([draft], verify_curve=[1.0] * 16)
+    control.observe_plain(PLAIN_S)
+    offer = Offer(0, 0, 8)
+    for _ in range(40):
+        control.observe_outcome(offer, 8, 2)  # 67% accepted
+    assert [n for n, _ in control.lengths(offer, 8)] == list(range(1, 9))
+    assert 1 <= control.choose([offer], 8).n <= 3
