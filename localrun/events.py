@@ -44,6 +44,7 @@ class TokenEvent:
     elapsed_s: float
     decode_tokens_per_s: float
     draft: DraftStats | None = None  # set by the speculative loop
+    threads: int | None = None  # CPU threads decoding (they adapt to other processes' load)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not evaluated
     prompt_cache: str | None = None  # "hit" or "miss" when a prompt cache was used
     draft: DraftStats | None = None  # speculative decoding's figures, when it ran
+    threads: int | None = None  # CPU threads decoding when the run ended
 
 
 @dataclass(frozen=True)

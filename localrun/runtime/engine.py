@@ -2,7 +2,8 @@
 
 `Engine` owns the llama.cpp model, context and vocabulary handles, and offers
 what the decode loop needs: tokenize, detokenize one token, the context size,
-the end-of-generation test, and an abort flag that stops a running decode.
+the end-of-generation test, an abort flag that stops a running decode, and the
+CPU thread count, which may change while it runs (see localrun.runtime.threads).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class EngineConfig:
     n_seq_max: int = 1  # sequences sharing the context (batched decoding)
     repack: bool = True  # weights in llama.cpp's repacked SIMD layouts (scripts/setup compiles AMX out)
     kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
+    adapt_threads: bool = True  # False: the thread count stays n_threads (see localrun.runtime.threads)
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -152,6 +154,8 @@ class Engine(Native):
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.max_threads = int(cparams.n_threads)  # the configured count: adapting never goes above it
+        self.threads = self.max_threads  # the count in use, for single tokens and batches alike
         self._pieces: dict[int, bytes] = {}
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
 
@@ -171,6 +175,13 @@ class Engine(Native):
             yield
         finally:
             llama_cpp.llama_set_abort_callback(self._ctx, _NO_ABORT, None)
+
+    def set_threads(self, n: int) -> None:
+        """Decode with ``n`` CPU threads from the next decode on (single tokens and batches)."""
+        if n < 1:
+            raise ValueError(f"a context needs at least one thread, got {n}")
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self.threads = n
 
     @property
     def ctx(self) -> Any:

@@ -2,19 +2,23 @@
 
 Per token, Python does one sample (greedy: an argmax over a numpy view of the
 logits; else llama.cpp's chain), one native decode, a cached piece lookup and
-the stop-string check: no logits copies.
+the stop-string check: no logits copies. Each single-token step is timed
+for the thread governor (localrun.runtime.threads), which may change the
+engine's thread count between steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
-from localrun.events import Event, StopReason
+from localrun.events import Event, StopReason, TokenEvent
 from localrun.runtime.decoder import Checkpoint, Decoder
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.sampling import Sampler, SamplingParams
+from localrun.runtime.threads import ThreadMeter
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
@@ -32,8 +36,9 @@ class GenerateOptions(TypedDict, total=False):
 
 class Generation:
     """One generation's parts and its end: the decoder, the sampler, the
-    output, how many tokens it may produce, and why it stopped. Use it as a
-    context manager: the native sampler is freed on leaving."""
+    output, how many tokens it may produce, why it stopped, and the thread
+    governor's meter. Use it as a context manager: the native sampler is
+    freed on leaving."""
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class Generation:
         limit = engine.n_ctx - len(prompt_tokens)
         self.limit = min(limit, max_tokens) if max_tokens is not None else limit
         self.reason: StopReason = "length"
+        self.meter = ThreadMeter(engine)
 
     def prefill(self) -> DecodeStatus:
         """Evaluate what the KV cache lacks of the prompt (nothing when no token may follow)."""
@@ -65,6 +71,22 @@ class Generation:
             status, cached = self.decoder.prefill(self.prompt_tokens, self.checkpoint)
             self.out.prompt_done(cached)
         return self.note(status)
+
+    def step(self, token: int) -> DecodeStatus:
+        """Evaluate one decided token: a single-token step, which the thread governor times."""
+        meter = self.meter
+        if not meter.active:
+            return self.note(self.decoder.evaluate((token,)))
+        meter.begin()
+        status = self.decoder.evaluate((token,))
+        if status == DecodeStatus.OK:
+            meter.end()
+        return self.note(status)
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads decoding (the settled count; a probe of one window is not reported)."""
+        return self.meter.threads
 
     def note(self, status: DecodeStatus) -> DecodeStatus:
         """A failed decode ends the generation: interrupted, or length (the context is full)."""
@@ -79,12 +101,16 @@ class Generation:
 
     def finish(self, **extra: Any) -> Iterator[Event]:
         outcome = self.checkpoint.outcome if self.checkpoint is not None else None
-        yield from self.out.finish(self.reason, prompt_cache=outcome, **extra)
+        self.meter.finish()
+        threads = self.threads
+        for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, **extra):
+            yield replace(event, threads=threads) if isinstance(event, TokenEvent) else event
 
     def __enter__(self) -> Generation:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.meter.finish()
         self.sampler.close()
 
 
@@ -106,10 +132,10 @@ def generate(
             token = run.decoder.sample(run.sampler)
             event = run.out.push(token)
             if event is not None:
-                yield event
+                yield replace(event, threads=run.threads)
             if run.ended:
                 break
-            status = run.note(run.decoder.evaluate((token,)))
+            status = run.step(token)
         yield from run.finish()
 
 

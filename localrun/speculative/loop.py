@@ -6,7 +6,9 @@ A step evaluates [pending, d1..dn] in one batch with logits for every row;
 row i decides the token after position i: d(i+1) is kept if it passes, and
 the first row whose draft fails (or the last row) yields a new pending token.
 Rejected drafts are rolled back from the KV cache. A plain step is the same
-with n = 0, through the single-token path plain decoding uses.
+with n = 0, through the single-token path plain decoding uses; only those
+steps are timed for the thread governor (localrun.runtime.threads), since a
+verify step's time depends on its rows.
 
 Lossless: with greedy sampling every kept token is the target's argmax for
 its row, so the text is the one plain decoding produces as long as llama.cpp
@@ -90,7 +92,7 @@ def generate_speculative(
                 step.context.append(token)
                 event = run.out.push(token)
                 if event is not None:
-                    yield replace(event, draft=step.tally.snapshot())
+                    yield replace(event, draft=step.tally.snapshot(), threads=run.threads)
                 if run.ended:
                     break
             if run.ended:
@@ -139,7 +141,7 @@ class _Stepper:
     def _plain(self, plan: Plan, t0: float) -> list[int]:
         run = self.run
         t1 = time.perf_counter()
-        if run.note(run.decoder.evaluate((self.context[-1],))) != DecodeStatus.OK:
+        if run.step(self.context[-1]) != DecodeStatus.OK:  # timed for the thread governor
             return []
         decided = [run.decoder.sample(run.sampler)]
         t2 = time.perf_counter()

@@ -88,6 +88,8 @@ class JsonRenderer:
                     record["prompt_cache"] = stats.prompt_cache
                 if stats.draft is not None:  # speculative decoding ran
                     record["draft"] = stats.draft.as_dict()
+                if stats.threads is not None:
+                    record["threads"] = stats.threads
                 self.out.write(json.dumps(record) + "\n")
             self.out.flush()
         return _final(stats)
@@ -101,24 +103,27 @@ def footer(
     reason: str | None = None,
     draft: DraftStats | None = None,
     *,
+    threads: int | None = None,
     width: int | None = None,
 ) -> Text:
     """The figures line. Within ``width`` columns whole fields go, least
-    important first (the speculation figures, shortened and then dropped,
-    then time to first token, elapsed time, speed), so what remains reads;
-    the token count and the stop reason stay."""
+    important first (the thread count, the speculation figures, shortened
+    and then dropped, then time to first token, elapsed time, speed), so what
+    remains reads; the token count and the stop reason stay."""
     fields: dict[str, str] = {
         "tokens": f"{generated} tokens",
         "rate": f"{rate:.1f} tok/s" if rate else "- tok/s",
         "ttft": f"ttft {ttft:.2f}s" if generated else "ttft -",
         "elapsed": f"{elapsed:.1f}s",
     }
+    if threads is not None:
+        fields["threads"] = f"{threads} thread{'s' if threads != 1 else ''}"
     if reason:
         fields["stop"] = f"stop: {reason}"
     if draft is not None and draft.proposed:
         fields["draft"] = f"{draft.drafter} {draft.acceptance:.0%} accepted, {draft.mean_accepted:.1f}/step"
     shorter = f"{draft.drafter} {draft.acceptance:.0%}" if draft is not None else ""
-    steps = ["draft-short", "draft", "ttft", "elapsed", "rate"]
+    steps = ["threads", "draft-short", "draft", "ttft", "elapsed", "rate"]
     line = "  ·  ".join(fields.values())
     while width is not None and len(line) > width and steps:
         step = steps.pop(0)
@@ -179,7 +184,15 @@ class LiveRenderer:
         elapsed = time.perf_counter() - self._t0
         room = self._footer_room()
         foot = (
-            footer(ev.generated_tokens, ev.decode_tokens_per_s, ev.ttft_s, elapsed, draft=ev.draft, width=room)
+            footer(
+                ev.generated_tokens,
+                ev.decode_tokens_per_s,
+                ev.ttft_s,
+                elapsed,
+                draft=ev.draft,
+                threads=ev.threads,
+                width=room,
+            )
             if ev
             else footer(0, 0, 0, elapsed)
         )
@@ -218,6 +231,7 @@ class LiveRenderer:
             final.elapsed_s,
             final.stop_reason,
             draft=final.draft,
+            threads=final.threads,
             width=self._footer_room(),
         )
         text = "".join(self._chunks)

@@ -50,9 +50,10 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "stop_reason",
         "cached_tokens",
         "draft",  # speculative decoding (--spec auto, the default): drafter, proposed, accepted
+        "threads",  # CPU threads decoding when the run ended
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
-    assert done["cached_tokens"] == 0
+    assert done["cached_tokens"] == 0 and done["threads"] >= 1
     assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0
     plain = cli("generate", "-m", str(tiny_model), "-n", "10", "--temperature", "0", "hello")
     assert "".join(e["text"] for e in events[:-1]) == plain.stdout.rstrip("\n")

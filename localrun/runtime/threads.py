@@ -1,0 +1,219 @@
+"""How many CPU threads decode: fewer while other processes compete for the cores.
+
+llama.cpp's compute threads meet at a barrier after each graph node and spin
+while they wait. On an idle machine all the threads are best; when other
+CPU-bound processes compete, the kernel preempts one thread or another, the
+rest spin at the barrier until it runs again, and fewer threads decode faster
+(a 0.5B model on 2 cores with 2 other busy processes: 8.1-8.6 tok/s with 2
+threads, 13.1 with 1; idle: 37.6 with 2, 21.1 with 1).
+
+`ThreadGovernor` decides from the figures it is fed, and reads no clock (the
+tests feed it fixed ones): per single-token decode step, the wall seconds and
+the CPU seconds the whole process used over it (llama.cpp's workers are
+threads of their own, so `getrusage(RUSAGE_SELF)`, not `time.thread_time`).
+It takes the steps in windows of `WINDOW` and, at each window's end:
+
+- Contention: ``lost = threads - cpu / wall``, the cores' worth of time our
+  threads wanted and did not get (spinning, they use all they are given).
+  Other processes compete when ``lost`` is at least `CONTENDED_CORES` and
+  `CONTENDED_SHARE` of the threads; the competition has stopped when it falls
+  to `CLEAR_CORES` and `CLEAR_SHARE` (in between, the last verdict holds).
+  At the full count without contention it does nothing at all: an idle
+  machine never pays for a probe.
+- Down: while contended, the next window is a probe with one thread fewer. A
+  probe is kept when its median step beats the median of the window just
+  before it (at the settled count) by `MARGIN`, and then, while the count it
+  reached is still contended, the next window probes one fewer again. A probe
+  that loses goes back, and the next probe down waits a gap of windows that
+  doubles with each loss (`MIN_GAP` to `MAX_GAP`).
+- Up: below the full count a probe with one thread more runs after a gap that
+  doubles each time a probe up loses; one that wins is kept and the next
+  window probes up again. Both gaps go back to `MIN_GAP` (and a probe up runs
+  at once) when the contention signal disappears: a clear window after a
+  contended one at the same count, which is what happens when the load that
+  made it go down stops. Where the fewer threads already had their cores to
+  themselves, the load's end cannot be seen from this process, and the probe
+  up on its doubling schedule (at most `MAX_GAP` windows away) finds it.
+- Step times grow with the context's depth, so a probe is only ever compared
+  with the window right before it, never with older figures; medians, so that
+  one preempted step does not decide.
+
+`ThreadMeter` is the thin part: it reads the clock and the CPU time around
+each single-token step of a decode loop and applies the governor's count to
+the engine. A governor lives as long as its engine, so a chat's turns go on
+from where the last one left off. ``EngineConfig.adapt_threads=False`` (a
+count the user gave) or a single thread: nothing is measured or changed.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+WINDOW = 16  # single-token steps per window
+CONTENDED_CORES = 0.25  # contended: our threads waited for at least this many cores' worth of time ...
+CONTENDED_SHARE = 0.05  # ... and at least this share of their time
+CLEAR_CORES = 0.1  # the competition has stopped: at most this many cores' worth ...
+CLEAR_SHARE = 0.02  # ... or at most this share
+MARGIN = 0.05  # a probe is kept when its median step is this much shorter than the window's before it
+MIN_GAP = 4  # windows before a probe up, or a probe down again after one that lost; doubles per loss
+MAX_GAP = 64
+
+
+class ThreadGovernor:
+    """The thread count for the next step, from each step's wall and CPU
+    seconds (see the module's note). `threads` is the settled count; while a
+    probe runs, `running` is the probe's."""
+
+    def __init__(
+        self, max_threads: int, *, threads: int | None = None, adapt: bool = True, window: int = WINDOW
+    ) -> None:
+        self.max_threads = max(1, max_threads)
+        self.threads = self.max_threads
+        self.active = adapt and self.max_threads > 1
+        self.window = window
+        self._steps = [0.0] * window
+        self._n = 0
+        self._wall = self._cpu = 0.0
+        self._probe: int | None = None
+        self._base: float | None = None  # the median step of the last window at the settled count
+        self._contended: bool | None = None  # None: not yet judged at this count
+        self._windows = 0
+        self._up_gap = self._down_gap = MIN_GAP
+        self._next_up = self._next_down = 0  # the window from which a probe that way may run
+        self.resume(self.max_threads if threads is None else threads)
+
+    @property
+    def running(self) -> int:
+        return self._probe if self._probe is not None else self.threads
+
+    def resume(self, threads: int) -> int:
+        """Start afresh at ``threads`` (a new generation, or after one ended):
+        a window begun and a probe running are dropped, what was learnt kept.
+        Returns the count to run."""
+        threads = min(max(1, threads), self.max_threads)
+        if threads != self.threads:
+            self.threads, self._contended = threads, None
+        self._probe = self._base = None
+        self._n = 0
+        self._wall = self._cpu = 0.0
+        return self.threads
+
+    def observe(self, wall_s: float, cpu_s: float) -> int:
+        """One single-token step took ``wall_s`` seconds, over which the
+        process used ``cpu_s`` CPU seconds. Returns the count for the next step."""
+        if not self.active:
+            return self.threads
+        self._steps[self._n] = wall_s
+        self._wall += wall_s
+        self._cpu += cpu_s
+        self._n += 1
+        if self._n < self.window:
+            return self.running
+        lost = self.running - self._cpu / self._wall if self._wall > 0 else 0.0
+        median = sorted(self._steps)[self.window // 2]
+        self._n = 0
+        self._wall = self._cpu = 0.0
+        return self.decide(median, lost)
+
+    def decide(self, median_s: float, lost: float) -> int:
+        """A window ended: its median step and the cores' worth of time its
+        threads lost to other processes. Returns the count for the next window."""
+        self._windows += 1
+        now = self._windows
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            up = probe > self.threads
+            if self._base is None or median_s >= self._base * (1 - MARGIN):  # lost: back, and wait longer
+                if up:
+                    self._up_gap = min(2 * self._up_gap, MAX_GAP)
+                    self._next_up = now + self._up_gap
+                else:
+                    self._down_gap = min(2 * self._down_gap, MAX_GAP)
+                    self._next_down = now + self._down_gap
+                self._base = None  # the settled count is measured afresh before the next probe
+                return self.threads
+            self.threads, self._contended = probe, None  # won: this window is the new count's first
+            if up:
+                self._up_gap, self._next_up, self._next_down = MIN_GAP, now, now + self._down_gap
+            else:
+                self._next_down, self._next_up = now, now + self._up_gap
+        self._base = median_s
+        self._judge(lost, now)
+        if self.threads < self.max_threads and now >= self._next_up:
+            self._probe = self.threads + 1
+        elif self._contended and self.threads > 1 and now >= self._next_down:
+            self._probe = self.threads - 1
+        return self.running
+
+    def _judge(self, lost: float, now: int) -> None:
+        n = self.threads
+        if lost >= max(CONTENDED_CORES, CONTENDED_SHARE * n):
+            self._contended = True
+        elif lost <= max(CLEAR_CORES, CLEAR_SHARE * n):
+            if self._contended:  # the competition stopped: probe up at once, and down soon if it comes back
+                self._up_gap = self._down_gap = MIN_GAP
+                self._next_up = self._next_down = now
+            self._contended = False
+        elif self._contended is None:
+            self._contended = False
+
+
+_governors: weakref.WeakKeyDictionary[Engine, ThreadGovernor] = weakref.WeakKeyDictionary()
+
+
+def governor(engine: Engine) -> ThreadGovernor:
+    """The engine's governor, made on first use (pinned when its config says so)."""
+    gov = _governors.get(engine)
+    if gov is None:
+        gov = ThreadGovernor(engine.max_threads, threads=engine.threads, adapt=engine.config.adapt_threads)
+        _governors[engine] = gov
+    return gov
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class ThreadMeter:
+    """A decode loop's single-token steps, timed for the engine's governor:
+    `begin` and `end` around each step, `finish` when the loop ends. Costs a
+    clock read and a getrusage call on each side of a step; nothing when the
+    count is pinned."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.governor = governor(engine)
+        self.active = self.governor.active
+        self._wall = self._cpu = 0.0
+        if self.active:
+            self._apply(self.governor.resume(engine.threads))
+
+    @property
+    def threads(self) -> int:
+        """The settled count (a probe of one window is not reported)."""
+        return self.governor.threads if self.active else self.engine.threads
+
+    def begin(self) -> None:
+        self._wall = time.perf_counter()
+        self._cpu = _cpu_seconds()
+
+    def end(self) -> None:
+        n = self.governor.observe(time.perf_counter() - self._wall, _cpu_seconds() - self._cpu)
+        if n != self.engine.threads:
+            self.engine.set_threads(n)
+
+    def finish(self) -> None:
+        """Leave the engine at the settled count (a probe may be running)."""
+        if self.active:
+            self._apply(self.governor.resume(self.governor.threads))
+
+    def _apply(self, n: int) -> None:
+        if n != self.engine.threads:
+            self.engine.set_threads(n)

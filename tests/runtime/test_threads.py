@@ -1,0 +1,195 @@
+"""The thread governor: its policy on fixed figures (no clock), and the
+thread count a real generation reports."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from localrun.events import TokenEvent
+from localrun.runtime import threads as threads_mod
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
+from localrun.runtime.threads import MAX_GAP, WINDOW, ThreadGovernor
+from localrun.speculative import open_speculation
+from localrun.ui.stream import JsonRenderer, footer
+from tests.helpers import collect
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class Machine:
+    """A step's wall seconds and the process's CPU seconds over it, by thread
+    count, under a given load: fixed figures, as on the 2-core machine where a
+    0.5B model decodes at 37.6 tok/s with 2 threads and 21.1 with 1 when idle,
+    8.4 and 13.1 with 2 other busy processes."""
+
+    walls: dict[int, float]
+    shares: dict[int, float]  # the CPU each of our threads gets, as a fraction of the wall time
+
+    def step(self, n: int, k: int) -> tuple[float, float]:
+        wall = self.walls[n] * (1.0 + 0.01 * (k % 5 - 2))  # a little deterministic jitter
+        return wall, wall * n * self.shares[n]
+
+
+IDLE = Machine({1: 1 / 21.1, 2: 1 / 37.6}, {1: 1.0, 2: 0.995})
+BUSY = Machine({1: 1 / 13.1, 2: 1 / 8.4}, {1: 2 / 3, 2: 0.5})  # 2 other busy processes on 2 cores
+# one other busy process on 4 cores: our threads lose a little CPU, but 4 threads still decode fastest
+CROWDED = Machine({1: 0.1, 2: 0.055, 3: 0.04, 4: 0.033}, {1: 1.0, 2: 1.0, 3: 1.0, 4: 0.8})
+# one other busy process on 2 cores: 1 thread has a core to itself and is faster
+HALF = Machine({1: 1 / 20.0, 2: 1 / 12.0}, {1: 1.0, 2: 2 / 3})
+
+
+def drive(gov: ThreadGovernor, machine: Machine, steps: int) -> list[int]:
+    """The thread count of each step, as a decode loop would run them."""
+    counts = []
+    n = gov.running
+    for k in range(steps):
+        counts.append(n)
+        n = gov.observe(*machine.step(n, k))
+    return counts
+
+
+def rare(counts: list[int], n: int) -> bool:
+    """At most one probe window (at ``n`` threads) per MAX_GAP windows: the gap has doubled to its longest."""
+    return counts.count(n) <= WINDOW * (len(counts) // (MAX_GAP * WINDOW) + 1)
+
+
+def test_idle_machine_never_probes() -> None:
+    gov = ThreadGovernor(2)
+    assert set(drive(gov, IDLE, 5000)) == {2}
+    gov4 = ThreadGovernor(4)
+    idle4 = Machine({1: 0.1, 2: 0.055, 3: 0.04, 4: 0.03}, dict.fromkeys((1, 2, 3, 4), 0.99))
+    assert set(drive(gov4, idle4, 5000)) == {4}
+
+
+def test_contention_moves_down_and_stays() -> None:
+    gov = ThreadGovernor(2)
+    counts = drive(gov, BUSY, 4000)
+    assert gov.threads == 1
+    assert counts.index(1) <= 2 * WINDOW  # the first window shows contention, the second probes and wins
+    later = counts[1000:]
+    assert later.count(2) <= 0.05 * len(later)  # probes up grow rarer as they lose
+
+
+def test_fewer_threads_kept_where_they_have_the_cores_to_themselves() -> None:
+    gov = ThreadGovernor(2)
+    counts = drive(gov, HALF, 4000)
+    assert gov.threads == 1
+    assert rare(counts[2000:], 2)
+
+
+def test_contention_where_all_threads_are_still_best_stays() -> None:
+    gov = ThreadGovernor(4)
+    counts = drive(gov, CROWDED, 6000)
+    assert gov.threads == 4
+    assert min(counts) == 3  # it probed one fewer, never further
+    assert rare(counts[3000:], 3)  # and the probes grow rarer
+
+
+def test_returns_to_all_threads_when_the_load_goes() -> None:
+    gov = ThreadGovernor(2)
+    drive(gov, BUSY, 2000)
+    assert gov.threads == 1
+    counts = drive(gov, IDLE, 2000)
+    assert gov.threads == 2
+    assert counts.index(2) <= 3 * WINDOW  # the contention signal cleared: a probe up at once
+    assert set(counts[4 * WINDOW :]) == {2}  # and then no more probing
+
+
+def test_returns_even_when_the_load_end_is_invisible() -> None:
+    """With one thread on a core of its own, the other process's end shows in
+    nothing this process measures: the doubling probe up finds it."""
+    gov = ThreadGovernor(2)
+    drive(gov, HALF, 3000)
+    assert gov.threads == 1
+    counts = drive(gov, IDLE, (MAX_GAP + 4) * WINDOW)
+    assert gov.threads == 2 and counts[-1] == 2
+
+
+def test_walks_down_several_steps_and_back() -> None:
+    busy4 = Machine({1: 0.06, 2: 0.07, 3: 0.09, 4: 0.12}, {1: 0.8, 2: 4 / 6, 3: 4 / 7, 4: 0.5})  # 4 busy on 4 cores
+    idle4 = Machine({1: 0.1, 2: 0.055, 3: 0.04, 4: 0.03}, dict.fromkeys((1, 2, 3, 4), 1.0))
+    gov = ThreadGovernor(4)
+    counts = drive(gov, busy4, 3000)
+    assert gov.threads == 1 and counts.index(1) <= 5 * WINDOW
+    drive(gov, idle4, (MAX_GAP + 10) * WINDOW)
+    assert gov.threads == 4
+
+
+def test_pinned_never_changes() -> None:
+    for gov in (ThreadGovernor(2, adapt=False), ThreadGovernor(1), ThreadGovernor(4, threads=2, adapt=False)):
+        start = gov.threads
+        assert set(drive(gov, BUSY if gov.max_threads <= 2 else CROWDED, 3000)) == {start}
+        assert not gov.active
+
+
+def test_resume_drops_a_running_probe() -> None:
+    gov = ThreadGovernor(2)
+    drive(gov, BUSY, WINDOW)  # one window: contended, the next is a probe
+    assert gov.running == 1 and gov.threads == 2
+    assert gov.resume(gov.threads) == 2 and gov.running == 2
+
+
+def test_footer_shows_the_thread_count() -> None:
+    assert "2 threads" in footer(40, 11.5, 0.8, 4.2, "length", threads=2).plain
+    assert "1 thread " in footer(40, 11.5, 0.8, 4.2, "length", threads=1).plain + " "
+    narrow = footer(40, 11.5, 0.8, 4.2, "length", threads=2, width=60).plain
+    assert "thread" not in narrow and narrow.startswith("40 tokens") and narrow.endswith("stop: length")
+
+
+# -- on a real (tiny) model --
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> Iterator[Engine]:
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512, n_threads=2)) as eng:
+        yield eng
+
+
+def test_done_event_reports_the_thread_count(engine: Engine) -> None:
+    assert engine.threads == engine.max_threads == 2
+    out = io.StringIO()
+    stats = JsonRenderer(out).render(generate(engine, engine.tokenize("the cat"), GREEDY, max_tokens=40))
+    done = json.loads(out.getvalue().splitlines()[-1])
+    assert done["type"] == "done" and done["threads"] == stats.threads == engine.threads
+    assert stats.threads in (1, 2)
+
+    spec = open_speculation(engine, "lookup")
+    assert spec is not None
+    events = list(spec.generate(engine, engine.tokenize("the cat"), GREEDY, max_tokens=40))
+    assert all(e.threads in (1, 2) for e in events if isinstance(e, TokenEvent))
+    _, stats = collect(events)
+    assert stats.threads == engine.threads
+
+
+def test_pinned_engine_keeps_its_count(tiny_model: Path) -> None:
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2, adapt_threads=False)) as eng:
+        with pytest.raises(ValueError):
+            eng.set_threads(0)
+        eng.set_threads(1)
+        _, stats = collect(generate(eng, eng.tokenize("the cat"), GREEDY, max_tokens=60))
+        assert stats.threads == eng.threads == 1
+
+
+class Flipping(ThreadGovernor):
+    """Changes the count at every step."""
+
+    def observe(self, wall_s: float, cpu_s: float) -> int:
+        self.threads = 3 - self.threads
+        return self.threads
+
+
+def test_changing_threads_while_generating(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_two, _ = collect(generate(engine, engine.tokenize("on the"), GREEDY, max_tokens=50))
+    monkeypatch.setitem(threads_mod._governors, engine, Flipping(2))
+    text, stats = collect(generate(engine, engine.tokenize("on the"), GREEDY, max_tokens=50))
+    assert stats.generated_tokens == 50 and stats.threads == engine.threads
+    assert text == with_two  # a row's dot products do not depend on how the rows are split among threads
