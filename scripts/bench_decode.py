@@ -3,23 +3,53 @@
 
     .venv/bin/python scripts/bench_decode.py MODEL [MODEL ...]
         [--tokens 128] [--reps 3] [--threads N] [--native PATH/TO/llama-completion]
-        [--columns panel,stock,native] [--flash-attn auto|on|off]
+        [--columns panel,stock,native,default,ll-default,ll-other,threads]
+        [--flash-attn auto|on|off] [--load N]
 
-Columns, each the median of --reps interleaved runs on the same greedy prompt:
-  localrun     localrun's own loop (localrun.runtime.generate.generate), text into a pipe
+Columns, each the median of --reps interleaved runs on the same greedy prompt
+(a ~250-token raw prompt, no chat template):
+  localrun     localrun's own loop (localrun.runtime.generate.generate), text into a pipe,
+               with --threads and --flash-attn; it runs whenever panel, stock or
+               native does (their ratios are against it), or with --tree
   panel        the same loop rendered by the Rich live panel into a fake terminal
   stock        llama-cpp-python's own path (Llama.generate)
-  native       llama.cpp's llama-completion binary, when --native is given; its
-               decode rate counts its sampling time too, as localrun's does
+  native       llama.cpp's llama-completion binary (--native), with localrun's
+               --threads, flash-attention mode and context; its decode rate counts
+               its sampling time too, as localrun's does
   cli, tree    with --tree DIR: `localrun generate --json`, plain decoding, as a
                process, from this checkout (cli) and from the checkout in DIR
                with its own .venv (tree): the same command before and after a
                change, in one run; prompt tok/s there is prompt tokens over the
                time to the first token
-It prints decode and prompt-processing tokens/sec and the ratios
-localrun/stock, localrun/native and panel/localrun, each the median of the
-ratios within a round. Absolute figures drift on
-a shared machine; the ratios are what to read.
+Columns of each side's defaults, each a process started as a user would start it:
+  default      `localrun generate --spec none --raw -t 0 -n TOKENS --json PROMPT`
+               from this checkout, in this environment (config.toml, the
+               per-machine defaults and LOCALRUN_HOME as they are): no --threads,
+               --flash-attn, --ctx or --kv, plain decoding (speculation is
+               measured by bench_spec.py). Decode rate: its done event's; prompt
+               rate: prompt tokens over the time to the first token
+  ll-default   llama-completion (--native) with its own defaults: no -t, -fa,
+               -c, -b or -ub (greedy, --ignore-eos, -no-cnv, --no-warmup only);
+               the threads and flash-attention mode it settled on are printed
+  ll-other     the same, with the flash-attention mode its default did not
+               settle on (`-fa off` when its auto chose on, as on the CPU;
+               `-fa on` otherwise), learnt from a 1-token run before the rounds
+  threads      `default` with a fixed `--threads t`, one column t1 ... tN for
+               t = 1 to the CPUs this process may use; --load adds them
+It prints decode and prompt-processing tokens/sec and the ratios, each the
+median of the ratios within a round:
+  localrun/stock, localrun/native, panel/localrun, cli/tree
+  default / the faster of ll-default and ll-other (the one with the higher
+      median decode rate, named; the issue's goal: >= 0.97x)
+  default / ll-default (goal under --load 2: >= 1.4x)
+  default / the best fixed --threads in hindsight (the column tN with the
+      highest median decode rate, named; goal under --load 2: >= 0.95x, idle:
+      no loss)
+Absolute figures drift on a shared machine; the ratios are what to read.
+
+--load N: N competing CPU-bound processes (busy loops, like `yes > /dev/null`)
+run through every round of every model, and are always stopped afterwards (at
+the end, on an error, on Ctrl-C or SIGTERM).
 
 MODEL is any localrun model name (a registry alias such as qwen2.5-coder:1.5b,
 owner/repo:QUANT, hf://owner/repo/file.gguf or a GGUF path); a registry model
@@ -38,7 +68,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,14 +85,21 @@ from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.system import default_threads
 from localrun.ui.stream import LiveRenderer, PlainRenderer
+from scripts._load import cpu_load
 from scripts._models import HelpFormatter, model_path
-from scripts._stats import ratio_summary
+from scripts._stats import median_ratio, ratio_summary
 
 PROMPT = (
     "Below is a long technical article about how computers store and process numbers, "
     "written for curious beginners. It covers binary, integers, floating point, rounding, "
     "overflow, and how CPUs add and multiply.\n\n"
 ) * 6 + "Chapter 1. Bits and bytes\n\n"
+
+HERE = Path(__file__).resolve().parent.parent
+IN_PROCESS = ("panel", "stock", "native")  # columns compared with the in-process localrun column
+DEFAULTS = ("default", "ll-default", "ll-other", "threads")
+COLUMNS = (*IN_PROCESS, *DEFAULTS)
+NEEDS_NATIVE = ("native", "ll-default", "ll-other")
 
 Figures = tuple[float, float]  # (decode tok/s, prompt tok/s)
 
@@ -92,47 +132,52 @@ def bench_stock(llm: llama_cpp.Llama, tokens: list[int], n: int) -> Figures:
 
 _PERF = re.compile(r"(prompt eval|\beval) time\s*=\s*([\d.]+) ms /\s*(\d+)")
 _SAMPLING = re.compile(r"sampling time\s*=\s*([\d.]+) ms")
+_THREADS = re.compile(r"system_info: n_threads = (\d+)")
+_FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
 
 
-def bench_native(binary: str, model: Path, n: int, threads: int, flash_attn: str, shares: list[float]) -> Figures:
-    """llama-completion's decode and prompt rates; appends to ``shares`` the
-    part of its decode time that sampling took."""
-    cmd = [
-        binary,
-        "-m",
-        str(model),
-        "-p",
-        PROMPT,
-        "-n",
-        str(n),
-        "-t",
-        str(threads),
-        "--temp",
-        "0",
-        "--ignore-eos",
-        "-no-cnv",
-        "-c",
-        "4096",
-        "-b",
-        "2048",
-        "-ub",
-        "512",
-        "--no-warmup",
-        "-fa",
-        flash_attn,
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
-    found = {m.group(1): (float(m.group(2)), int(m.group(3))) for m in _PERF.finditer(out.stderr)}
-    sampling = _SAMPLING.search(out.stderr)
-    if "eval" not in found or "prompt eval" not in found or sampling is None:
-        raise RuntimeError("could not read llama-completion's timings:\n" + out.stderr[-2000:])
-    (eval_ms, runs), (prompt_ms, prompt_n) = found["eval"], found["prompt eval"]
-    # its "eval" figure counts llama_decode alone; localrun's decode rate is
-    # the wall clock from the first sampled token to the last, sampling
-    # included, so the runs' share of the sampling time (runs + 1 samples) is added
-    sample_ms = float(sampling.group(1)) * runs / (runs + 1)
-    shares.append(sample_ms / (eval_ms + sample_ms))
-    return 1000 * runs / (eval_ms + sample_ms), 1000 * prompt_n / prompt_ms
+@dataclass
+class Native:
+    """llama-completion's runs: the part of each decode time its sampling
+    took, and what its defaults settled on (from its log)."""
+
+    binary: str
+    shares: list[float] = field(default_factory=list)
+    threads: dict[str, int] = field(default_factory=dict)  # column: threads it ran with
+
+    def run(self, column: str, model: Path, n: int, options: list[str]) -> tuple[Figures, str]:
+        """Decode and prompt rates of one run with ``options``; and its log."""
+        cmd = [self.binary, "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv"]
+        cmd += ["--no-warmup", *options]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+        found = {m.group(1): (float(m.group(2)), int(m.group(3))) for m in _PERF.finditer(out.stderr)}
+        sampling = _SAMPLING.search(out.stderr)
+        if "eval" not in found or "prompt eval" not in found or sampling is None:
+            raise RuntimeError("could not read llama-completion's timings:\n" + out.stderr[-2000:])
+        if threads := _THREADS.search(out.stderr):
+            self.threads[column] = int(threads.group(1))
+        (eval_ms, runs), (prompt_ms, prompt_n) = found["eval"], found["prompt eval"]
+        # its "eval" figure counts llama_decode alone; localrun's decode rate is
+        # the wall clock from the first sampled token to the last, sampling
+        # included, so the runs' share of the sampling time (runs + 1 samples) is added
+        sample_ms = float(sampling.group(1)) * runs / (runs + 1)
+        self.shares.append(sample_ms / (eval_ms + sample_ms))
+        return (1000 * runs / (eval_ms + sample_ms), 1000 * prompt_n / prompt_ms), out.stderr
+
+    def default_fa(self, model: Path) -> str:
+        """The flash-attention mode llama-completion's default (auto) settles on
+        for ``model``: "on" or "off", from a 1-token run's log."""
+        _, log = self.run("probe", model, 1, ["-lv", "4"])  # the level at which its auto says what it chose
+        found = _FA_AUTO.search(log)
+        if found is None:
+            print("  (llama-completion's log does not say how auto settled; taken as on, as on the CPU)")
+            return "on"
+        return "on" if found.group(1) == "enabled" else "off"
+
+
+def native_options(threads: int, flash_attn: str) -> list[str]:
+    """The native column's options: localrun's threads, flash-attention mode and context."""
+    return ["-t", str(threads), "-c", "4096", "-b", "2048", "-ub", "512", "-fa", flash_attn]
 
 
 def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_attn: str) -> Figures:
@@ -153,74 +198,147 @@ def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_
     return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
 
 
+def bench_default(model: Path, n: int, threads: int | None = None, ended: list[int] | None = None) -> Figures:
+    """`localrun generate` from this checkout as a user runs it, in this
+    environment, plain decoding; with ``threads``, a fixed --threads. Appends
+    to ``ended`` the threads its done event says it decoded with at the end."""
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--spec", "none", "--raw", "-t", "0"]
+    cmd += ["-n", str(n), "--json"]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
+    cmd.append(PROMPT)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, stdin=subprocess.DEVNULL, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"localrun generate failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    done = json.loads(out.stdout.strip().splitlines()[-1])
+    if ended is not None and isinstance(done.get("threads"), int):
+        ended.append(done["threads"])
+    return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
+
+
 def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
     """Ratios taken within each round (runs seconds apart), then the median
     over rounds: slow drift of the machine cancels out."""
     return ratio_summary((x[col] for x in results[a]), (y[col] for y in results[b]))
 
 
-def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901  a script's columns
-    engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn))
-    flash_attn = engine.flash_attn  # what auto resolved to: every column runs with it
-    tokens = engine.tokenize(PROMPT)
-    stock = (
-        llama_cpp.Llama(
-            model_path=str(model),
-            n_ctx=4096,
-            n_batch=2048,
-            n_ubatch=512,
-            n_threads=args.threads,
-            n_threads_batch=args.threads,
-            flash_attn=flash_attn != "off",  # auto: on, as llama.cpp settles it for the CPU
-            verbose=False,
-        )
-        if "stock" in args.columns
-        else None
-    )
-    runners: dict[str, Callable[[], Figures]] = {
-        "localrun": lambda: bench_localrun(engine, tokens, args.tokens, "plain"),
-        "panel": lambda: bench_localrun(engine, tokens, args.tokens, "panel"),
-    }
-    if stock is not None:
-        runners["stock"] = lambda: bench_stock(stock, tokens, args.tokens)
-    sampling_shares: list[float] = []
-    if args.native:
-        runners["native"] = lambda: bench_native(
-            args.native, model, args.tokens, args.threads, flash_attn, sampling_shares
-        )
+def fastest(results: dict[str, list[Figures]], names: Sequence[str]) -> str:
+    """Of ``names``, the column with the highest median decode rate: the best in hindsight."""
+    return max(names, key=lambda name: statistics.median(r[0] for r in results[name]))
+
+
+def goal(results: dict[str, list[Figures]], a: str, b: str, target: float | None) -> str:
+    """``a``/``b`` decode, and whether its median meets ``target``."""
+    text = paired(results, a, b, 0)
+    if target is None:
+        return text
+    ratio = median_ratio((x[0] for x in results[a]), (y[0] for y in results[b]))
+    return f"{text}  (goal >= {target}x: {'met' if ratio >= target else 'NOT met'})"
+
+
+def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, PLR0912, PLR0915  a script's columns
+    in_process = bool(args.columns & set(IN_PROCESS)) or args.tree is not None
+    native = Native(args.native) if args.native else None
+    runners: dict[str, Callable[[], Figures]] = {}
+    engine: Engine | None = None
+    stock: llama_cpp.Llama | None = None
+    flash_attn = args.flash_attn
+    tokens: list[int] = []
+    if in_process:
+        engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn))
+        flash_attn = engine.flash_attn  # what auto resolved to: every in-process column runs with it
+        tokens = engine.tokenize(PROMPT)
+        eng = engine
+        runners["localrun"] = lambda: bench_localrun(eng, tokens, args.tokens, "plain")
+        if "panel" in args.columns:
+            runners["panel"] = lambda: bench_localrun(eng, tokens, args.tokens, "panel")
+        if "stock" in args.columns:
+            stock = llm = llama_cpp.Llama(
+                model_path=str(model),
+                n_ctx=4096,
+                n_batch=2048,
+                n_ubatch=512,
+                n_threads=args.threads,
+                n_threads_batch=args.threads,
+                flash_attn=flash_attn != "off",  # auto: on, as llama.cpp settles it for the CPU
+                verbose=False,
+            )
+            runners["stock"] = lambda: bench_stock(llm, tokens, args.tokens)
+    if native is not None and "native" in args.columns:
+        options = native_options(args.threads, flash_attn)
+        runners["native"] = lambda: native.run("native", model, args.tokens, options)[0]
     if args.tree is not None:
-        here = Path(__file__).resolve().parent.parent
-        runners["cli"] = lambda: bench_cli(Path(sys.executable), here, model, args.tokens, args.threads, flash_attn)
+        runners["cli"] = lambda: bench_cli(Path(sys.executable), HERE, model, args.tokens, args.threads, flash_attn)
         runners["tree"] = lambda: bench_cli(
             args.tree / ".venv" / "bin" / "python", args.tree, model, args.tokens, args.threads, flash_attn
         )
-    runners = {
-        name: run for name, run in runners.items() if name in ("localrun", "cli", "tree") or name in args.columns
-    }
-    bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
+    ended: list[int] = []  # the default column's threads at the end of each run, when it says
+    if "default" in args.columns:
+        runners["default"] = lambda: bench_default(model, args.tokens, ended=ended)
+    native_default = "on"
+    if native is not None and "ll-default" in args.columns:
+        runners["ll-default"] = lambda: native.run("ll-default", model, args.tokens, [])[0]
+    if native is not None and "ll-other" in args.columns:
+        native_default = native.default_fa(model)  # also warms the page cache
+        other = ["-fa", "off" if native_default == "on" else "on"]
+        runners["ll-other"] = lambda: native.run("ll-other", model, args.tokens, other)[0]
+    if "threads" in args.columns:
+        for t in range(1, default_threads() + 1):
+            runners[f"t{t}"] = partial(bench_default, model, args.tokens, t)
+    if not runners:
+        raise SystemExit("error: no column to run")
+    if engine is not None:
+        bench_localrun(engine, tokens, 8, "plain")  # warm the page cache and the weights
+    elif "ll-other" not in runners:
+        bench_default(model, 2)  # warm the page cache
     results: dict[str, list[Figures]] = {name: [] for name in runners}
     order = list(runners)
     for rep in range(args.reps):  # rotate the order so no column always runs first
         for name in order[rep % len(order) :] + order[: rep % len(order)]:
             results[name].append(runners[name]())
-    print(f"\n{model.name}  ({len(tokens)} prompt tokens, flash attention {flash_attn} in every column)")
+    what = f"flash attention {flash_attn} in the in-process columns" if in_process else "each side's defaults"
+    print(f"\n{model.name}  ({len(tokens) or '~250'} prompt tokens, {what})")
     print(f"  {'':10} {'decode tok/s':>13} {'prompt tok/s':>13}")
     for name, rs in results.items():
         print(f"  {name:10} {statistics.median(r[0] for r in rs):13.2f} {statistics.median(r[1] for r in rs):13.2f}")
-    for other in ("stock", "native"):
-        if other in results:
-            decode, prompt = paired(results, "localrun", other, 0), paired(results, "localrun", other, 1)
-            print(f"  localrun/{other}: decode {decode}, prompt {prompt}")
+    for other_column in ("stock", "native"):
+        if other_column in results:
+            decode, prompt = paired(results, "localrun", other_column, 0), paired(results, "localrun", other_column, 1)
+            print(f"  localrun/{other_column}: decode {decode}, prompt {prompt}")
     if "panel" in results:
         print(f"  panel/localrun: decode {paired(results, 'panel', 'localrun', 0)}")
     if "tree" in results:
         print(f"  cli/tree: decode {paired(results, 'cli', 'tree', 0)}, prompt {paired(results, 'cli', 'tree', 1)}")
-    if sampling_shares:
-        share = statistics.median(sampling_shares)
+    lls = [name for name in ("ll-default", "ll-other") if name in results]
+    if native is not None and lls:
+        threads = native.threads.get("ll-default") or native.threads.get("ll-other")
+        other_fa = "off" if native_default == "on" else "on"
+        settled = f" (settled on {native_default}; ll-other: -fa {other_fa})" if "ll-other" in results else ""
+        print(f"  llama-completion's defaults: {threads or '?'} threads, flash attention auto{settled}")
+    if "default" in results:
+        if ended:
+            print(f"  localrun's default decoded with {', '.join(map(str, ended))} threads at the end of its runs")
+        if lls:
+            best = fastest(results, lls)
+            print(f"  default / faster of {' and '.join(lls)} ({best}): decode {goal(results, 'default', best, 0.97)}")
+        if "ll-default" in results:
+            target = 1.4 if args.load >= 2 else None
+            note = "" if target else "  (the goal, >= 1.4x, is under --load 2)"
+            print(f"  default / ll-default: decode {goal(results, 'default', 'll-default', target)}{note}")
+        sweep = [name for name in results if name[0] == "t" and name[1:].isdigit()]
+        if sweep:
+            best = fastest(results, sweep)
+            target = 0.95 if args.load >= 2 else None
+            note = "" if target else "  (the goal: >= 0.95x under --load 2; idle, no loss)"
+            print(f"  default / best fixed --threads in hindsight ({best}): decode ", end="")
+            print(goal(results, "default", best, target) + note)
+    if native is not None and native.shares and "native" in results:
+        share = statistics.median(native.shares)
         print(f"  native's sampling: {share:.1%} of its decode time (its own 'eval' figure leaves it out)")
     if stock is not None:
         stock.close()
-    engine.close()
+    if engine is not None:
+        engine.close()
 
 
 def main() -> None:
@@ -228,13 +346,15 @@ def main() -> None:
     ap.add_argument("models", nargs="+", metavar="MODEL", help="model names or GGUF paths, each measured in turn")
     ap.add_argument("--tokens", type=int, default=128, help="greedy tokens to generate per run")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds; each column's figure is the median")
-    ap.add_argument("--threads", type=int, default=default_threads(), help="threads for every column")
+    ap.add_argument(
+        "--threads", type=int, default=default_threads(), help="threads of localrun, panel, stock and native"
+    )
     ap.add_argument("--native", help="path to llama.cpp's llama-completion binary")
     ap.add_argument(
         "--columns",
         type=lambda v: {c.strip() for c in v.split(",")},
         default="panel,stock,native",
-        help="comma-separated subset of panel,stock,native (localrun always runs; native needs --native)",
+        help="comma-separated subset of " + ",".join(COLUMNS) + " (native and ll-* need --native)",
     )
     ap.add_argument(
         "--tree",
@@ -242,13 +362,34 @@ def main() -> None:
         help="another checkout (with its .venv set up): adds the cli and tree columns, before/after in one run",
     )
     ap.add_argument(
-        "--flash-attn", choices=("auto", "on", "off"), default="auto", help="as localrun's option; all columns match it"
+        "--flash-attn",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="as localrun's option, for the in-process columns, native, cli and tree",
+    )
+    ap.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="competing CPU-bound processes during the measurement; adds the threads columns",
     )
     args = ap.parse_args()
+    if args.load:
+        args.columns.add("threads")
+    unknown = args.columns - set(COLUMNS) - {"none"}
+    if unknown:
+        ap.error(f"unknown column {', '.join(sorted(unknown))}; choose from {', '.join(COLUMNS)}")
+    if not args.native and args.columns & {"ll-default", "ll-other"}:
+        ap.error("the ll-default and ll-other columns need --native PATH/TO/llama-completion")
     models = [model_path(name) for name in args.models]
-    print(f"threads {args.threads}, {args.tokens} greedy tokens, {args.reps} rounds; tok/s are medians")
-    for model in models:
-        bench_model(model, args)
+    load = f", {args.load} competing CPU-bound processes" if args.load else ""
+    print(f"threads {args.threads}, {args.tokens} greedy tokens, {args.reps} rounds{load}; tok/s are medians")
+    with ExitStack() as stack:
+        if args.load:
+            pids = stack.enter_context(cpu_load(args.load))
+            print(f"load: processes {', '.join(map(str, pids))}")
+        for model in models:
+            bench_model(model, args)
 
 
 if __name__ == "__main__":
