@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
 """Measure `localrun generate --batch` side by side with the alternatives, in one run.
 
-    .venv/bin/python scripts/bench_batch.py [MODEL] [--threads 2] [--prompts 32]
-        [--tokens 128] [--rounds 1] [--native PATH/TO/llama-batched-bench] [--quick]
+    .venv/bin/python scripts/bench_batch.py [MODEL] [--threads N] [--prompts 32]
+        [--tokens 128] [--rounds 1] [--sweep 1,2,4,8,16]
+        [--native PATH/TO/llama-batched-bench] [--quick]
 
 1. batch vs one by one: the same prompts of mixed length (one system prompt,
    greedy, up to --tokens each) through `localrun generate --batch` with its
-   default --parallel, and one after another through localrun's own loop
+   default --parallel (column "batch": the command as a user runs it, in this
+   environment, no --parallel and, unless --threads is given, no --threads),
+   and one after another through localrun's own loop
    (`localrun.runtime.generate.generate`, one decoder, so the system prompt is reused
-   there too). Aggregate tokens/sec = generated tokens / wall time of the
-   generation (model load and tokenization left out of both). It also counts
-   how many texts are identical in the two runs (greedy decoding).
+   there too; --threads, else localrun's default_threads()). Aggregate tokens/sec
+   = generated tokens / wall time of the generation (model load and tokenization
+   left out of both). It also counts how many texts are identical in the two
+   runs (greedy decoding).
+   The sweep (columns p1, p2, ... p16): the same `localrun generate --batch`
+   with a fixed `--parallel p` for each p of --sweep (values above the number
+   of prompts are left out: they would run the same as p = prompts), in the
+   same rounds. It prints each one's aggregate rate and the ratio batch / the
+   best --parallel in hindsight (the sweep point with the highest median rate,
+   named; the issue's goal: >= 0.95x), taken within each round.
 2. with --native: localrun's batching core against llama.cpp's
    llama-batched-bench at the same batch size (the --parallel of part 1),
    both on random prompts of --pp tokens generating --tokens each, no shared
    prefix. Prints total and decode-phase tokens/sec and their ratios.
 
-Rounds alternate the order of the contenders; ratios are taken within a round,
+Rounds rotate the order of the contenders; ratios are taken within a round,
 then the median over rounds. A shared machine is noisy: read the ranges.
 `--quick` (8 prompts, 64 tokens, --pp 64) is a shorter run.
 
@@ -47,8 +57,11 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
+from localrun.system import default_threads
 from scripts._models import HelpFormatter, model_path
-from scripts._stats import ratio_summary
+from scripts._stats import median_ratio, ratio_summary
+
+HERE = Path(__file__).resolve().parent.parent
 
 DEFAULT_MODEL = "qwen2.5-coder:1.5b"
 SYSTEM = "You are a concise coding assistant. Answer with short, correct code and at most two sentences."
@@ -115,14 +128,21 @@ _SUMMARY = re.compile(r"batch done: (\d+)/(\d+) prompts, (\d+) tokens in ([\d.]+
 _PARALLEL = re.compile(r"(\d+) at a time")
 
 
-def run_cli_batch(model: Path, prompts: list[str], args: argparse.Namespace) -> tuple[float, int, list[str], int]:
-    """(aggregate tok/s, generated tokens, texts, parallel) of `localrun generate --batch`."""
+def run_cli_batch(
+    model: Path, prompts: list[str], args: argparse.Namespace, fixed: int | None = None
+) -> tuple[float, int, list[str], int]:
+    """(aggregate tok/s, generated tokens, texts, parallel) of `localrun generate --batch`,
+    with localrun's default --parallel unless ``fixed`` is given."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for i, p in enumerate(prompts):
             f.write(json.dumps({"id": i, "prompt": p}) + "\n")
-    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--threads", str(args.threads)]
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model)]
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
+    if fixed is not None:
+        cmd += ["--parallel", str(fixed)]
     cmd += ["-t", "0", "-n", str(args.tokens), "-s", SYSTEM, "--stats", "--batch", f.name]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=HERE, stdin=subprocess.DEVNULL)
     Path(f.name).unlink()
     found = _SUMMARY.search(out.stderr)
     if out.returncode != 0 or not found:
@@ -194,14 +214,28 @@ def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int)
 # ------------------------------------------------------------------ main --
 
 
-def main() -> None:  # noqa: PLR0915  a script's main
+def parse_sweep(value: str) -> list[int]:
+    if value.strip() in ("", "none"):
+        return []
+    values = sorted({int(v) for v in value.split(",") if v.strip()})
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("--parallel values are 1 or more")
+    return values
+
+
+def main() -> None:  # noqa: C901, PLR0912, PLR0915  a script's main
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="model name or GGUF path")
-    ap.add_argument("--threads", type=int, default=2, help="threads for every contender")
+    ap.add_argument(
+        "--threads", type=int, help="threads for every contender (default: localrun's own default for the CLI runs)"
+    )
     ap.add_argument("--prompts", type=int, default=32, help="number of prompts (short, medium, long mixed 3:2:1)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens to generate per prompt (at most)")
     ap.add_argument("--pp", type=int, default=128, help="prompt tokens per sequence in the native comparison")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds; the contenders' order alternates")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds; the contenders' order rotates")
+    ap.add_argument(
+        "--sweep", type=parse_sweep, default="1,2,4,8,16", help="the fixed --parallel values beside the default; none"
+    )
     ap.add_argument("--native", help="path to llama-batched-bench")
     ap.add_argument("--quick", action="store_true", help="8 prompts, 64 tokens, --pp 64")
     args = ap.parse_args()
@@ -209,35 +243,53 @@ def main() -> None:  # noqa: PLR0915  a script's main
     if args.quick:
         args.prompts, args.tokens, args.pp = 8, 64, 64
     prompts = bench_prompts(args.prompts)
-    print(f"model {args.model.name}, {args.threads} threads, {len(prompts)} prompts, up to {args.tokens} tokens each")
+    sweep = [p for p in args.sweep if p <= len(prompts)]
+    threads = args.threads or default_threads()
+    print(
+        f"model {args.model.name}, threads {args.threads or 'localrun default'}, {len(prompts)} prompts, "
+        f"up to {args.tokens} tokens each; --parallel sweep {', '.join(map(str, sweep)) or 'none'}"
+    )
+    if len(sweep) < len(args.sweep):
+        print(f"  (--parallel above {len(prompts)} left out: no more prompts than that to run together)")
 
     seq_ctx = 4096
-    single = Engine(EngineConfig(model_path=args.model, n_ctx=seq_ctx, n_threads=args.threads))
+    single = Engine(EngineConfig(model_path=args.model, n_ctx=seq_ctx, n_threads=threads))
     lengths = [len(prompt_tokens(single, p, system=SYSTEM)) for p in prompts]
     print(f"prompt tokens: {min(lengths)} to {max(lengths)}, {sum(lengths)} in all")
-    batch_rate: list[float] = []
-    alone_rate: list[float] = []
+    rates: dict[str, list[float]] = {"batch": [], "alone": [], **{f"p{p}": [] for p in sweep}}
     parallel = 0
+    contenders = list(rates)
     for r in range(args.rounds):
-        order = ["batch", "alone"] if r % 2 == 0 else ["alone", "batch"]
-        for which in order:
+        shift = r % len(contenders)
+        for which in contenders[shift:] + contenders[:shift]:  # the order rotates from round to round
             if which == "batch":
                 rate, n, batch_texts, parallel = run_cli_batch(args.model, prompts, args)
-                batch_rate.append(rate)
-            else:
+            elif which == "alone":
                 rate, n, alone_texts = run_one_by_one(single, prompts, args.tokens)
-                alone_rate.append(rate)
+            else:
+                rate, n, _, _ = run_cli_batch(args.model, prompts, args, int(which[1:]))
+            rates[which].append(rate)
             print(f"  round {r + 1} {which:5s}: {n} tokens, {rate:.2f} tok/s aggregate", flush=True)
     same = sum(a == b for a, b in zip(batch_texts, alone_texts, strict=True))
     single.close()
+    batch_rate, alone_rate = rates["batch"], rates["alone"]
     print(f"--batch (default --parallel = {parallel}) {statistics.median(batch_rate):.2f} tok/s; "
           f"one by one {statistics.median(alone_rate):.2f} tok/s")  # fmt: skip
     print(f"batch / one by one: {ratio_summary(batch_rate, alone_rate, range_of_one=False)}  (goal >= 1.8x)")
     print(f"identical greedy texts: {same}/{len(prompts)}")
+    if sweep:
+        print("  ".join(f"--parallel {p}: {statistics.median(rates[f'p{p}']):.2f}" for p in sweep) + " tok/s")
+        best = max((f"p{p}" for p in sweep), key=lambda name: statistics.median(rates[name]))
+        ratio = median_ratio(batch_rate, rates[best])
+        print(
+            f"batch / best --parallel in hindsight (--parallel {best[1:]}): "
+            f"{ratio_summary(batch_rate, rates[best], range_of_one=False)}  "
+            f"(goal >= 0.95x: {'met' if ratio >= 0.95 else 'NOT met'})"
+        )
 
     if args.native:
         n = parallel or 16
-        engine = Engine(EngineConfig(model_path=args.model, n_ctx=n * 512, n_seq_max=n, n_threads=args.threads))
+        engine = Engine(EngineConfig(model_path=args.model, n_ctx=n * 512, n_seq_max=n, n_threads=threads))
         run_core_random(engine, min(n, 2), 16, 2, seed=0)  # warm up, as batched-bench does
         ours: list[Figures] = []
         native: list[Figures] = []
@@ -249,7 +301,7 @@ def main() -> None:  # noqa: PLR0915  a script's main
                     figures = run_core_random(engine, n, args.pp, args.tokens, seed=r)
                     ours.append(figures)
                 else:
-                    figures = run_native(args.native, args.model, n, args.pp, args.tokens, args.threads)
+                    figures = run_native(args.native, args.model, n, args.pp, args.tokens, threads)
                     native.append(figures)
                 print(f"  round {r + 1} {which:8s}: {figures[0]:.2f} tok/s total, {figures[1]:.2f} tok/s decoding")
         engine.close()
