@@ -3,8 +3,8 @@
 
     .venv/bin/python scripts/bench_spec.py [--quick] [--rounds 2] [--threads N]
         [--target MODEL] [--draft MODEL] [--draft-n 3]
-        [--workloads prose,rename,reformat,typo] [--columns plain,draft,lookup,auto]
-        [--native PATH/TO/llama-speculative-simple]
+        [--workloads prose,rename,reformat,typo] [--columns plain,draft,lookup,auto,oracle]
+        [--oracle-n 2,4,8,16] [--native PATH/TO/llama-speculative-simple]
 
 Greedy, by default on the Qwen2.5-Coder 1.5B target with its 0.5B draft
 (--target and --draft take any localrun model name: a registry alias,
@@ -21,6 +21,18 @@ Columns, run in interleaved rounds (the order rotates) on one target engine:
   lookup   prompt lookup (by tokens, and by text with its spacing set aside)
            under the adaptive controller: what `--spec lookup` does
   auto     what `--spec auto` does: lookup and the draft model, adaptive
+  oracle   the best fixed configuration chosen in hindsight: each of
+           lk-N     the two lookups (token lookup's offer first, else text
+                    lookup's), a fixed draft length N whenever one offers
+                    (shorter only where the match or the output ends)
+           dm-N     the draft model, a fixed draft length N every step (at most
+                    N: it stops early where its own top probability falls
+                    under 0.4, as in auto; N may pass the 8 auto allows it)
+           for each N of --oracle-n (default 2, 4, 8 and 16: 8 configurations;
+           --quick: 4 and 8) runs as its own column in the same rounds; the
+           oracle row is the one with the highest median decode rate on that
+           workload (named), and auto/oracle is the ratio of auto to that
+           configuration within each round, median over rounds
 With --native PATH/TO/llama-speculative-simple, llama.cpp's own speculative
 decoding on the same templated prompt, greedy, its defaults otherwise:
   ll-draft --spec-type draft-simple with the draft model (draft length 3)
@@ -36,7 +48,9 @@ other way). `--workloads` and `--columns` run a subset. A run during which other
 processes took over 10% of the CPU is redone (--attempts). The prompt is evaluated once
 (KV cache reuse) and is not part of the figures; the draft model's own
 catch-up (auto loads it mid-generation, if at all) is. --quick: 1 round,
-shorter outputs, two workloads.
+shorter outputs, two workloads, the oracle at N = 4 and 8 unless --oracle-n is given.
+It ends with the issue's goals per workload: auto / plain >= 0.97x and
+auto / oracle >= 0.9x.
 """
 
 from __future__ import annotations
@@ -48,7 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -61,8 +75,9 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
 from localrun.runtime.sampling import SamplingParams
-from localrun.speculative import Speculation, lookup_drafters
-from localrun.speculative.control import FixedController
+from localrun.speculative import Speculation, lookup_drafters, open_speculation
+from localrun.speculative.base import Draft, Offer
+from localrun.speculative.control import PLAIN, FixedController, Plan
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.system import default_threads
 from scripts._models import HelpFormatter, model_path
@@ -183,7 +198,46 @@ WORKLOADS = {
     ),
     "typo": ("Fix the spelling mistakes in this text. Reply with the corrected text only.\n\n" + TEXT, 400, 0),
 }
-COLUMNS = ("plain", "draft", "lookup", "auto")
+COLUMNS = ("plain", "draft", "lookup", "auto", "oracle")
+ORACLE_N = (2, 4, 8, 16)
+QUICK_ORACLE_N = (4, 8)
+
+
+@dataclass
+class FixedWay:
+    """A fixed configuration for the oracle: the first offer from one of
+    ``drafters`` (in their order), drafted at length ``n`` (no longer than the
+    room left; no longer than the offer's own limit when ``capped``), else a
+    plain step. Measures nothing."""
+
+    drafters: tuple[int, ...]
+    n: int
+    capped: bool = True
+
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        for offer in sorted(offers, key=lambda o: o.drafter):
+            if offer.drafter in self.drafters and room >= 1:
+                return Plan(offer, min(self.n, offer.max_len if self.capped else self.n, room))
+        return PLAIN
+
+    def observe_plain(self, seconds: float) -> None:
+        pass
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        pass
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
+        pass
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        pass
+
+
+def oracle_columns(ns: Sequence[int]) -> tuple[str, ...]:
+    return tuple(f"{kind}-{n}" for n in ns for kind in ("lk", "dm"))
 
 
 @dataclass
@@ -288,7 +342,13 @@ def divergence(engine: Engine, decoder: Decoder, prompt: list[int], plain: Resul
     return f"first differs at token {k + 1}: logit gap {gap:+.3f} between the two tokens (top vs median {spread:.1f})"
 
 
-def main() -> None:
+Column = Callable[[list[int], int], Result]  # (prompt, tokens to generate) -> a run's result
+
+
+def parse_args() -> argparse.Namespace:
+    """The options, with ``columns`` every column to run (the oracle's
+    configurations spelled out), ``oracle_n``, ``rounds`` and ``workloads``
+    ({name: (prompt, tokens)}) settled."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 round, shorter outputs, two workloads")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (the column order rotates)")
@@ -299,36 +359,87 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--columns", default=",".join(COLUMNS), help="comma-separated (plain always runs)")
     parser.add_argument(
+        "--oracle-n",
+        help=f"draft lengths of the oracle's fixed configurations (default: {','.join(map(str, ORACLE_N))}; "
+        f"with --quick {','.join(map(str, QUICK_ORACLE_N))})",
+    )
+    parser.add_argument(
         "--native", type=Path, help="path to llama.cpp's llama-speculative-simple: adds " + ", ".join(NATIVE)
     )
     parser.add_argument(
         "--attempts", type=int, default=3, help="runs disturbed by other processes (over 10%% of the CPU) are redone"
     )
     args = parser.parse_args()
-    rounds = 1 if args.quick else args.rounds
+    args.rounds = 1 if args.quick else args.rounds
     chosen = pick(parser, "workload", args.workloads, tuple(WORKLOADS))
     args.columns = ("plain", *(c for c in pick(parser, "column", args.columns, COLUMNS) if c != "plain"))
+    if args.oracle_n is None:
+        args.oracle_n = QUICK_ORACLE_N if args.quick else ORACLE_N
+    else:
+        args.oracle_n = tuple(sorted({int(n) for n in args.oracle_n.split(",") if n.strip()}))
+        if not args.oracle_n or min(args.oracle_n) < 1:
+            parser.error("--oracle-n takes draft lengths of 1 or more, e.g. 2,4,8,16")
+    if "oracle" in args.columns:
+        at = args.columns.index("oracle")
+        args.columns = (*args.columns[:at], *oracle_columns(args.oracle_n), *args.columns[at + 1 :])
     if args.native:
         args.columns += tuple(NATIVE)
     args.target, args.draft = model_path(args.target), model_path(args.draft)
-    workloads = {
+    args.workloads = {
         name: (prompt, quick if args.quick else full)
         for name, (prompt, full, quick) in WORKLOADS.items()
         if name in chosen and (not args.quick or quick)
     }
+    return args
 
+
+def make_columns(
+    args: argparse.Namespace, engine: Engine, decoder: Decoder
+) -> tuple[dict[str, Column], DraftModelDrafter | None]:
+    """Each localrun column's runner, and the draft model the fixed
+    draft-model columns share (loaded now, if one of them runs; the caller closes it)."""
+    needs_model = any(c == "draft" or c.startswith("dm-") for c in args.columns)
+    model = DraftModelDrafter(args.draft, engine, eager=True) if needs_model else None
+
+    def with_model(controller: FixedController | FixedWay) -> Column:
+        assert model is not None
+        speculation = Speculation([model], controller)  # not closed: the model is closed once, at the end
+        return lambda p, n: run(speculation.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p)
+
+    def lookup_at(n_fixed: int) -> Column:
+        return lambda p, n: fresh(
+            Speculation(lookup_drafters(engine), FixedWay((0, 1), n_fixed)), engine, decoder, p, n
+        )
+
+    def opened(choice: str, draft: Path | None) -> Column:
+        def column(p: list[int], n: int) -> Result:
+            speculation = open_speculation(engine, choice, draft)
+            assert speculation is not None
+            return fresh(speculation, engine, decoder, p, n)
+
+        return column
+
+    # adaptive columns start fresh each time, as a new `localrun generate` does: nothing measured yet
+    columns: dict[str, Column] = {
+        "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
+        "lookup": opened("lookup", None),
+        "auto": opened("auto", args.draft),
+    }
+    if model is not None:
+        columns["draft"] = with_model(FixedController(0, args.draft_n))
+        for n_fixed in args.oracle_n:
+            columns[f"dm-{n_fixed}"] = with_model(FixedWay((0,), n_fixed, capped=False))
+    for n_fixed in args.oracle_n:
+        columns[f"lk-{n_fixed}"] = lookup_at(n_fixed)
+    return columns, model
+
+
+def main() -> None:
+    args = parse_args()
+    rounds, workloads = args.rounds, args.workloads
     engine = Engine(EngineConfig(model_path=args.target, n_ctx=4096, n_threads=args.threads))
     decoder = Decoder(engine)
-    fixed = Speculation([DraftModelDrafter(args.draft, engine, eager=True)], FixedController(0, args.draft_n))
-    # adaptive columns start fresh each time, as a new `localrun generate` does: nothing measured yet
-    columns: dict[str, Callable[[list[int], int], Result]] = {
-        "plain": lambda p, n: run(generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
-        "draft": lambda p, n: run(fixed.generate(engine, p, GREEDY, max_tokens=n, decoder=decoder), decoder, p),
-        "lookup": lambda p, n: fresh(Speculation(lookup_drafters(engine)), engine, decoder, p, n),
-        "auto": lambda p, n: fresh(
-            Speculation([*lookup_drafters(engine), DraftModelDrafter(args.draft, engine)]), engine, decoder, p, n
-        ),
-    }
+    columns, model = make_columns(args, engine, decoder)
     prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}
     folder = Path(tempfile.mkdtemp(prefix="bench_spec-"))
     files = {name: folder / f"{name}.txt" for name in workloads}  # the same templated prompts, for --native
@@ -353,14 +464,18 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-    fixed.close()
+    if model is not None:
+        model.close()
     shutil.rmtree(folder, ignore_errors=True)
     report(workloads, results, rounds, args)
+    fixed = set(oracle_columns(args.oracle_n))
     for (name, column), runs in results.items():
         for r, (result, base) in enumerate(zip(runs, results[(name, "plain")], strict=True)):
             if not result.native and result.text != base.text:
                 where = divergence(engine, decoder, prompts[name], base, result)
                 print(f"{name} {column} round {r + 1}: {where}")
+                if column in fixed:  # the oracle's configurations: the first round that differs only
+                    break
 
 
 def pick(parser: argparse.ArgumentParser, what: str, given: str, known: tuple[str, ...]) -> tuple[str, ...]:
@@ -406,9 +521,44 @@ def report(
             print(
                 f"{name:8s} {column:7s} {rate:7.2f} {ratio:6.2f}x {accepted:>14s} {per_step:>8s}  {identical}{drafter}"
             )
+        if best := oracle(name, results, args):
+            rate = statistics.median(rates(results[(name, best)]))
+            ratio = median_ratio(rates(results[(name, best)]), rates(base))
+            print(f"{name:8s} {'oracle':7s} {rate:7.2f} {ratio:6.2f}x  (the best fixed configuration: {best})")
         print(f"{'':8s} {runs[-1].stats.generated_tokens} tokens")
     worst = max(r.others for runs in results.values() for r in runs)
     print(f"other processes took up to {worst:.0%} of the CPU during a run kept (runs over {QUIET:.0%} are redone)")
+    if "auto" in args.columns:
+        goals(workloads, results, args)
+
+
+def rates(runs: list[Result]) -> list[float]:
+    return [r.stats.decode_tokens_per_s for r in runs]
+
+
+def oracle(workload: str, results: dict[tuple[str, str], list[Result]], args: argparse.Namespace) -> str | None:
+    """The fixed configuration (lk-N or dm-N) with the highest median decode
+    rate on ``workload``: the best chosen in hindsight; None if none ran."""
+    ran = [c for c in oracle_columns(args.oracle_n) if (workload, c) in results]
+    return max(ran, key=lambda c: statistics.median(rates(results[(workload, c)]))) if ran else None
+
+
+def goals(
+    workloads: dict[str, tuple[str, int]], results: dict[tuple[str, str], list[Result]], args: argparse.Namespace
+) -> None:
+    """The issue's goals per workload: auto / plain >= 0.97x, auto / oracle >= 0.9x."""
+    print("\ngoals: auto / plain >= 0.97x on every workload; auto / oracle >= 0.9x (ratios within rounds, median)")
+    for name in workloads:
+        auto = rates(results[(name, "auto")])
+        line = f"  {name:8s} auto/plain {met(auto, rates(results[(name, 'plain')]), 0.97)}"
+        if best := oracle(name, results, args):
+            line += f"   auto/oracle ({best}) {met(auto, rates(results[(name, best)]), 0.9)}"
+        print(line)
+
+
+def met(a: list[float], b: list[float], target: float) -> str:
+    ratio = median_ratio(a, b)
+    return f"{ratio:.3f}x {'met' if ratio >= target else 'NOT met'}"
 
 
 if __name__ == "__main__":
