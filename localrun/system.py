@@ -20,12 +20,35 @@ def available_memory() -> int:
     return 0
 
 
-def default_threads() -> int:
-    """All the CPUs this process may run on (llama-cpp-python's own default is half)."""
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def physical_cores() -> int:
+    """Cores this process may use, counting a core's SMT siblings once (as
+    llama.cpp counts them); all its CPUs where the topology is not readable."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:
+        return cpu_count()
+    cores = set()
+    for cpu in allowed:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings").read_text().strip())
+        except OSError:
+            return cpu_count()
+    return max(1, len(cores))
+
+
+def default_threads() -> int:
+    """llama.cpp's own default thread count: the physical cores (its
+    `cpu_get_num_math`), within the CPUs this process may use. `localrun tune`
+    measures whether another count is faster on this machine."""
+    return physical_cores()
 
 
 def reset_peak_rss() -> None:

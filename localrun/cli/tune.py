@@ -1,0 +1,111 @@
+"""`localrun tune`: measure this machine's speed settings for a model, or show them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from localrun.cli import _options as opt
+from localrun.cli._env import current
+from localrun.cli._output import out
+from localrun.cli._resolve import resolve_model
+from localrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from localrun.tune.wisdom import Wisdom
+
+DEFAULT_SECONDS = 60.0
+
+
+def tune_command(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="The model to tune (default: the registry's default).", show_default=False),
+    ] = None,
+    show: Annotated[
+        bool, typer.Option("--show", help="Print what was measured on this machine; measure nothing.")
+    ] = False,
+    as_json: opt.Json = False,
+    seconds: Annotated[
+        float, typer.Option("--seconds", help="The time cap of the measurements.", min=5.0)
+    ] = DEFAULT_SECONDS,
+    kv: Annotated[
+        str | None,
+        typer.Option("--kv", help="Tune for this KV cache type (K and V, or K/V): default f16.", show_default=False),
+    ] = None,
+    offline: opt.Offline = False,
+) -> None:
+    """Measure on this machine which threads, flash attention, KV cache type,
+    verify batches and parallel sequences are fastest for a model, and keep it
+    (the wisdom every default then reads)."""
+    if show:
+        _show(model, as_json=as_json)
+        return
+    types = _kv_types(kv)
+    found = resolve_model(model, offline=offline)
+    wisdom = run_tune(found.path, seconds=seconds, kv=types)
+    if as_json:
+        out().json(wisdom.as_dict())
+    else:
+        from localrun.ui.tune import describe
+
+        out().result(describe(wisdom))
+
+
+def run_tune(path: Path, *, seconds: float = DEFAULT_SECONDS, kv: tuple[str, str] = ("f16", "f16")) -> Wisdom:
+    """Measure with a progress bar on stderr, and keep the result."""
+    from localrun.tune.measure import tune
+    from localrun.tune.wisdom import WisdomFile
+    from localrun.ui.tune import TuneBar
+
+    env = current()
+    with TuneBar(env.stderr, path.name, terminal=env.stderr_isatty) as progress:
+        wisdom = tune(path, seconds=seconds, kv=kv, progress=progress.update, memory_budget=env.config.memory_budget)
+    wisdom_file = WisdomFile.load()
+    for problem in wisdom_file.problems:
+        out().warn(problem)
+    wisdom_file.put(wisdom)
+    written = wisdom_file.save()
+    out().note(f"kept in {written}")
+    return wisdom
+
+
+def _kv_types(kv: str | None) -> tuple[str, str]:
+    from localrun.config import KV_TYPES
+
+    if kv is None:
+        return "f16", "f16"
+    k, _, v = kv.partition("/")
+    v = v or k
+    for t in (k, v):
+        if t not in KV_TYPES:
+            raise UsageError(f"unknown KV cache type {t!r} for --kv", hint=f"use {', '.join(KV_TYPES)}, or K/V")
+    return k, v
+
+
+def _show(model: str | None, *, as_json: bool) -> None:
+    from localrun.tune.machine import this_machine
+    from localrun.tune.wisdom import ModelKey, WisdomFile
+    from localrun.ui.tune import describe
+
+    wisdom_file = WisdomFile.load()
+    for problem in wisdom_file.problems:
+        out().warn(problem)
+    machine = this_machine()
+    entries = [w for w in wisdom_file.entries if w.machine == machine]
+    if model is not None:
+        key = ModelKey.of(resolve_model(model, offline=True).path)
+        entries = [w for w in entries if w.model == key]
+    others = len([w for w in wisdom_file.entries if w.machine != machine])
+    if as_json:
+        out().json({"machine": machine.as_dict(), "entries": [w.as_dict() for w in entries]}, indent=2)
+        return
+    if not entries:
+        what = f" for {model}" if model else ""
+        out().note(f"nothing measured on this machine{what} yet: `localrun tune MODEL` measures it")
+    else:
+        out().result("\n\n".join(describe(w) for w in entries))
+    if others:
+        out().note(f"({others} entr{'ies' if others > 1 else 'y'} from other machines ignored)")

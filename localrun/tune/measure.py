@@ -1,0 +1,356 @@
+"""`localrun tune`: measure on this machine what each speed setting does,
+for one model, within a time cap, and return it as `Wisdom`.
+
+In order, each phase with a share of the time:
+
+1. threads: a decode step with each candidate count (all CPUs, the
+   physical cores, one less);
+2. the verify curve: a batch of r rows of one sequence, r = 1..16, as the
+   speculative verify step runs it;
+3. parallel sequences: one token for each of p sequences in one batch;
+4. the prompt batch size: tokens per second evaluating batches of each size
+   (the sizes the time allows: a size still getting faster at the largest
+   one measured keeps llama.cpp's 512);
+5. flash attention off and on, and each quantized KV cache type: a decode
+   step at a short depth and at the deepest depth the time allows (filling
+   every context to it), interleaved.
+
+Every comparison is a `Race`: rounds of every candidate in rotating order
+until the best is separated beyond noise, the rounds run out, or the phase's
+time is up. A tie keeps llama.cpp's default.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from localrun.gguf.info import describe
+from localrun.runtime.engine import Engine, EngineConfig, Weights
+from localrun.runtime.llama import Batch
+from localrun.system import cpu_count, physical_cores
+from localrun.tune.race import Race
+from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, kv_label
+
+MAX_ROWS = 16  # verify batches and parallel sequences measured: 1..MAX_ROWS
+PARALLEL_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
+UBATCH_SIZES = (64, 128, 256, 512)
+LLAMA_UBATCH = 512  # llama.cpp's default prompt batch (n_ubatch)
+LLAMA_PARALLEL = 4  # llama-server's default slots when not told (-np auto)
+PROMPT = 32  # tokens evaluated before anything is timed
+SAMPLE_S = 0.12  # aim of one timed sample: enough steps to average out a tick
+MIN_DEPTH, MAX_DEPTH = 128, 2048
+# the share of the time cap each phase may use, in order (the rest is load and set-up)
+SHARES = {"threads": 0.08, "verify": 0.2, "parallel": 0.12, "ubatch": 0.12, "depth": 0.4}
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
+    "Numbers are stored in binary; a float has a sign, an exponent and a fraction. "
+)
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    fraction: float  # of the time cap spent
+    label: str
+
+
+class _Context:
+    """One engine context with PROMPT tokens in every sequence, and the
+    timed operations the phases need."""
+
+    def __init__(self, weights: Weights, config: EngineConfig, tokens: Sequence[int]) -> None:
+        self.engine = Engine(config, weights=weights)
+        self.tokens = tokens
+        self.batch = Batch(max(LLAMA_UBATCH, MAX_ROWS))
+        self.depth = 0  # tokens sequence 0 holds
+        self.fill(PROMPT)
+
+    def set_threads(self, n: int) -> None:
+        llama_cpp.llama_set_n_threads(self.engine.ctx, n, n)
+
+    def _token(self, pos: int) -> int:
+        return self.tokens[pos % len(self.tokens)]
+
+    def _run(self, rows: Sequence[tuple[int, int, bool]]) -> float:
+        """Decode (pos, seq, logits) rows; seconds."""
+        b = self.batch
+        b.clear()
+        for pos, seq, want in rows:
+            b.add(self._token(pos), pos, seq, want)
+        t = time.perf_counter()
+        b.decode(self.engine)
+        return time.perf_counter() - t
+
+    def _forget(self, pos: int, seqs: int = 1) -> None:
+        for s in range(seqs):
+            llama_cpp.llama_memory_seq_rm(self.engine.memory, s, pos, -1)
+
+    def fill(self, depth: int, chunk: int = LLAMA_UBATCH) -> float:
+        """Evaluate sequence 0 up to ``depth``; tokens per second."""
+        spent, n = 0.0, depth - self.depth
+        while self.depth < depth:
+            k = min(chunk, depth - self.depth)
+            spent += self._run([(self.depth + i, 0, i == k - 1) for i in range(k)])
+            self.depth += k
+        return n / spent if spent > 0 else 0.0
+
+    def step_s(self, steps: int) -> float:
+        """Seconds per single-token decode step at the current depth."""
+        total = 0.0
+        for _ in range(steps):
+            total += self._run([(self.depth, 0, True)])
+            self._forget(self.depth)
+        return total / steps
+
+    def rows_s(self, rows: int) -> float:
+        """Seconds for a verify batch: ``rows`` positions of sequence 0, logits for each."""
+        spent = self._run([(self.depth + i, 0, True) for i in range(rows)])
+        self._forget(self.depth)
+        return spent
+
+    def parallel_s(self, n: int) -> float:
+        """Seconds per token for one token in each of ``n`` sequences."""
+        spent = self._run([(self.depth, s, True) for s in range(n)])
+        self._forget(self.depth, n)
+        return spent / n
+
+    def prompt_s(self, size: int) -> float:
+        """Seconds per token evaluating a batch of ``size`` tokens."""
+        spent = self._run([(self.depth + i, 0, i == size - 1) for i in range(size)])
+        self._forget(self.depth)
+        return spent / size
+
+    def share_prompt(self, seqs: int) -> None:
+        for s in range(1, seqs):
+            llama_cpp.llama_memory_seq_cp(self.engine.memory, 0, s, -1, -1)
+
+    def close(self) -> None:
+        self.batch.close()
+        self.engine.close()
+
+
+def _decision(race: Race[Any], default: Any, unit: str, *, name: Callable[[Any], int | str] = int) -> Decision:
+    """The race's choice as a Decision (figures in ms): None (llama.cpp's
+    default kept) on a tie that includes ``default``; the smallest of the
+    tied otherwise. ``name``: a candidate as a setting's value."""
+    tied = race.tied()
+    figures = {str(name(c)): round(race.median(c) * 1e3, 4) for c in race.candidates}
+    if len(tied) == 1:
+        return Decision(name(tied[0]), figures, unit)
+    note = f"tie: {', '.join(str(name(c)) for c in tied)}"
+    return Decision(None if default in tied else name(min(tied)), figures, unit, note=note)
+
+
+def thread_candidates() -> list[int]:
+    n = cpu_count()
+    return sorted({n, physical_cores(), max(1, n - 1)}, reverse=True)
+
+
+class Tuner:
+    """Runs the phases on one model within ``seconds``."""
+
+    def __init__(
+        self,
+        model: Path,
+        *,
+        seconds: float = 60.0,
+        kv: tuple[str, str] = ("f16", "f16"),
+        progress: Callable[[TuneProgress], None] | None = None,
+        memory_budget: int | None = None,
+    ) -> None:
+        self.model = model
+        self.seconds = seconds
+        self.kv = kv
+        self.progress = progress
+        self.memory_budget = memory_budget
+        self.start = time.monotonic()
+        self.deadline = self.start
+
+    def _phase(self, name: str) -> float:
+        """Start a phase: report it and return its deadline."""
+        now = time.monotonic()
+        self.deadline = max(self.deadline, now) + SHARES[name] * self.seconds
+        self._report(name)
+        return self.deadline
+
+    def _report(self, label: str) -> None:
+        if self.progress is not None:
+            spent = (time.monotonic() - self.start) / self.seconds
+            self.progress(TuneProgress(min(spent, 1.0), label))
+
+    def _config(self, n_ctx: int, type_k: str, type_v: str, flash_attn: str, threads: int) -> EngineConfig:
+        return EngineConfig(
+            model_path=self.model,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            memory_budget=self.memory_budget,
+            n_batch=LLAMA_UBATCH,
+            n_ubatch=LLAMA_UBATCH,
+            type_k=type_k,
+            type_v=type_v,
+            flash_attn=flash_attn,
+            n_seq_max=MAX_ROWS,
+            kv_unified=True,
+        )
+
+    def run(self) -> Wisdom:
+        self._report("loading the model")
+        with Weights(self.model) as weights:
+            shape = describe(weights.info)
+            vocab = llama_cpp.llama_model_get_vocab(weights.handle)
+            tokens = _tokens(vocab, TEXT * 8)
+            type_k, type_v = self.kv
+            fa_base = "on" if type_v != "f16" else "auto"
+            main = _Context(weights, self._config(2 * LLAMA_UBATCH, type_k, type_v, fa_base, cpu_count()), tokens)
+            try:
+                threads = self._threads(main)
+                best_threads = threads.value if isinstance(threads.value, int) else physical_cores()
+                main.set_threads(best_threads)
+                verify_ms = self._verify(main)
+                parallel = self._parallel(main)
+                n_ubatch, pp_rate = self._ubatch(main)
+            finally:
+                main.close()
+            attention, kv_cost, depth = self._depths(weights, shape, tokens, best_threads, pp_rate)
+        self._report("done")
+        return Wisdom(
+            machine=_machine(),
+            model=ModelKey.of(self.model),
+            kv=kv_label(*self.kv),
+            measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            seconds=time.monotonic() - self.start,
+            threads=threads,
+            n_ubatch=n_ubatch,
+            flash_attn=attention,
+            verify_ms=verify_ms,
+            parallel=parallel,
+            kv_cost=kv_cost,
+            kv_depth=depth,
+        )
+
+    # -- phases --
+
+    def _steps(self, seconds_per_step: float) -> int:
+        return max(2, min(32, round(SAMPLE_S / max(seconds_per_step, 1e-4))))
+
+    def _threads(self, ctx: _Context) -> Decision:
+        deadline = self._phase("threads")
+        ctx.step_s(2)  # warm up
+        steps = self._steps(ctx.step_s(2))
+        candidates = thread_candidates()
+
+        def sample(n: int) -> float:
+            ctx.set_threads(n)
+            return ctx.step_s(steps)
+
+        race = Race(candidates).run(sample, deadline=deadline)
+        return _decision(race, physical_cores(), "ms/token")
+
+    def _verify(self, ctx: _Context) -> tuple[float, ...]:
+        deadline = self._phase("verify")
+        race = Race(list(range(1, MAX_ROWS + 1))).run(ctx.rows_s, min_rounds=2, max_rounds=5, deadline=deadline)
+        return tuple(race.median(r) * 1e3 for r in race.candidates)
+
+    def _parallel(self, ctx: _Context) -> Decision:
+        deadline = self._phase("parallel")
+        ctx.share_prompt(MAX_ROWS)
+        race = Race(list(PARALLEL_COUNTS)).run(ctx.parallel_s, min_rounds=2, max_rounds=6, deadline=deadline)
+        return _decision(race, LLAMA_PARALLEL, "ms/token")
+
+    def _ubatch(self, ctx: _Context) -> tuple[Decision, float]:
+        """The prompt batch size; and the prompt rate (tokens/s) it measured."""
+        deadline = self._phase("ubatch")
+        budget = SHARES["ubatch"] * self.seconds
+        first = ctx.prompt_s(UBATCH_SIZES[0])  # a warm-up and an estimate
+        # sizes one of whose rounds fits a third of the phase
+        sizes = [u for u in UBATCH_SIZES if u * first * sum(1 for s in UBATCH_SIZES if s <= u) <= budget / 3] or [
+            UBATCH_SIZES[0]
+        ]
+        race = Race(sizes).run(ctx.prompt_s, min_rounds=2, max_rounds=5, deadline=deadline)
+        rate = 1.0 / race.median(max(sizes))
+        decision = _decision(race, LLAMA_UBATCH, "ms/token")
+        if decision.value is not None and decision.value == max(sizes) and max(sizes) < LLAMA_UBATCH:
+            note = f"fastest at {max(sizes)}, the largest measured: llama.cpp's {LLAMA_UBATCH} kept"
+            decision = Decision(None, decision.figures, decision.unit, note=note)
+        return decision, rate
+
+    def _depths(
+        self, weights: Weights, shape: Any, tokens: Sequence[int], threads: int, pp_rate: float
+    ) -> tuple[Attention | None, Decision | None, int]:
+        """Flash attention off/on (f16 V only) and each KV type, at a short
+        depth and the deepest the time allows."""
+        deadline = self._phase("depth")
+        type_k, type_v = self.kv
+        kinds: list[tuple[str, str, str]] = []
+        if type_v == "f16":
+            kinds += [(type_k, type_v, "off"), (type_k, type_v, "on")]
+        else:
+            kinds.append((type_k, type_v, "on"))
+        if self.kv == ("f16", "f16") and shape.key_length % 32 == 0 and shape.value_length % 32 == 0:
+            kinds += [("q8_0", "q8_0", "on"), ("q8_0", "q4_0", "on")]
+        fill_budget = 0.6 * SHARES["depth"] * self.seconds
+        depth = int(pp_rate * fill_budget / len(kinds)) // 64 * 64
+        limit = (shape.context_length or MAX_DEPTH) - 2 * MAX_ROWS
+        depth = max(MIN_DEPTH, min(depth, MAX_DEPTH, limit))
+        depths = [PROMPT, depth] if depth < 4 * MIN_DEPTH else [PROMPT, depth // 2, depth]
+        contexts = {
+            kind: _Context(weights, self._config(depth + 2 * MAX_ROWS, *kind[:2], kind[2], threads), tokens)
+            for kind in kinds
+        }
+        try:
+            steps = self._steps(contexts[kinds[0]].step_s(2))
+            at: dict[int, Race[tuple[str, str, str]]] = {}
+            for d in depths:
+                for ctx in contexts.values():
+                    ctx.fill(d)
+                self._report(f"depth {d}")
+                at[d] = Race(kinds).run(lambda k: contexts[k].step_s(steps), max_rounds=6, deadline=deadline)
+        finally:
+            for ctx in contexts.values():
+                ctx.close()
+        attention = None
+        if type_v == "f16":
+            off, on = (type_k, type_v, "off"), (type_k, type_v, "on")
+            attention = Attention(
+                tuple(depths),
+                tuple(at[d].median(off) * 1e3 for d in depths),
+                tuple(at[d].median(on) * 1e3 for d in depths),
+            )
+        kv_cost = None
+        on_kinds = [k for k in kinds if k[2] == "on"]
+        if len(on_kinds) > 1:
+            deep = Race(on_kinds, {k: at[depth].samples[k] for k in on_kinds})
+            kv_cost = _decision(deep, on_kinds[0], "ms/token", name=lambda k: kv_label(k[0], k[1]))
+        return attention, kv_cost, depth
+
+
+def _tokens(vocab: Any, text: str) -> list[int]:
+    data = text.encode()
+    buf = (llama_cpp.llama_token * (len(data) + 8))()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(data) + 8, False, False)
+    tokens = list(buf[: max(n, 0)])
+    return tokens or [0]
+
+
+def _machine() -> Any:
+    from localrun.tune.machine import this_machine
+
+    return this_machine()
+
+
+def tune(
+    model: Path,
+    *,
+    seconds: float = 60.0,
+    kv: tuple[str, str] = ("f16", "f16"),
+    progress: Callable[[TuneProgress], None] | None = None,
+    memory_budget: int | None = None,
+) -> Wisdom:
+    """Measure ``model`` on this machine (see the module docstring)."""
+    return Tuner(model, seconds=seconds, kv=kv, progress=progress, memory_budget=memory_budget).run()

@@ -1,0 +1,285 @@
+"""Wisdom: the speed settings measured on this machine for one model, kept in
+the cache directory (`wisdom.json`) and read by every default that depends
+on speed.
+
+An entry belongs to a key: this `Machine` (CPU model and flags, CPU count,
+llama.cpp build), the model file (name and size) and the KV cache types it
+was measured with. An entry of another key decides nothing; a file that
+cannot be read is ignored with a warning, never a crash.
+
+Each setting is a `Decision`: the value chosen, or None where the candidates
+measured as a tie (then llama.cpp's default is kept), with the figures behind
+it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from localrun import paths
+from localrun.tune.machine import Machine, this_machine
+
+VERSION = 1
+TIE_MARGIN = 0.03  # candidates closer than this share of the better one's figure are a tie
+
+
+def wisdom_file() -> Path:
+    return paths.cache_dir() / "wisdom.json"
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    file: str  # the file's name
+    size: int  # and size in bytes
+
+    @classmethod
+    def of(cls, path: Path) -> ModelKey:
+        return cls(path.name, path.stat().st_size)
+
+
+def kv_label(type_k: str, type_v: str) -> str:
+    return f"{type_k}/{type_v}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A setting chosen by measurement. ``value`` None: a tie, llama.cpp's
+    default kept. ``figures``: the measured figure per candidate (its label),
+    in ``unit``; ``better`` says which way is better."""
+
+    value: int | str | None
+    figures: Mapping[str, float]
+    unit: str
+    better: str = "lower"  # or "higher"
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "figures": dict(self.figures),
+            "unit": self.unit,
+            "better": self.better,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Decision:
+        if not isinstance(raw, dict) or not isinstance(raw.get("figures"), dict):
+            raise ValueError("a decision lacks its figures")
+        value = raw.get("value")
+        if value is not None and not isinstance(value, int | str):
+            raise ValueError(f"a decision's value {value!r} is not a number or a name")
+        return cls(
+            value=value,
+            figures={str(k): float(v) for k, v in raw["figures"].items()},
+            unit=str(raw.get("unit", "")),
+            better=str(raw.get("better", "lower")),
+            note=str(raw.get("note", "")),
+        )
+
+
+def _fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least squares y = a + b x (b = 0 with one distinct x)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Decode step time (ms) with flash attention off and on, at context depths."""
+
+    depths: tuple[int, ...]
+    off_ms: tuple[float, ...]
+    on_ms: tuple[float, ...]
+
+    def predicted(self, mode: str, depth: float) -> float:
+        a, b = _fit(self.depths, self.off_ms if mode == "off" else self.on_ms)
+        return a + b * depth
+
+    def choice(self, depth: float | None = None) -> str | None:
+        """The faster mode at ``depth`` (None: the middle of the depths
+        measured); None when they are within the tie margin."""
+        if depth is None:
+            depth = sum(self.depths) / len(self.depths)
+        depth = min(depth, 4 * max(self.depths))  # a line says little far beyond what was measured
+        off, on = self.predicted("off", depth), self.predicted("on", depth)
+        if abs(off - on) <= TIE_MARGIN * min(off, on):
+            return None
+        return "off" if off < on else "on"
+
+    @property
+    def crossover(self) -> int | None:
+        """The depth where the two lines cross, if it lies beyond 0."""
+        a0, b0 = _fit(self.depths, self.off_ms)
+        a1, b1 = _fit(self.depths, self.on_ms)
+        if b0 == b1:
+            return None
+        x = (a1 - a0) / (b0 - b1)
+        return round(x) if x > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"depths": list(self.depths), "off_ms": list(self.off_ms), "on_ms": list(self.on_ms)}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Attention:
+        depths = tuple(int(d) for d in raw["depths"])
+        off, on = tuple(float(x) for x in raw["off_ms"]), tuple(float(x) for x in raw["on_ms"])
+        if not depths or len(off) != len(depths) or len(on) != len(depths):
+            raise ValueError("flash attention figures do not match their depths")
+        return cls(depths, off, on)
+
+
+@dataclass(frozen=True)
+class Wisdom:
+    """What `localrun tune` (and `localrun bench`) measured for one key."""
+
+    machine: Machine
+    model: ModelKey
+    kv: str  # the KV types measured with, "f16/f16"
+    measured_at: str  # ISO time
+    seconds: float = 0.0  # how long the tuning took
+    threads: Decision | None = None  # value: a thread count
+    n_ubatch: Decision | None = None  # value: the prompt-evaluation batch size
+    flash_attn: Attention | None = None
+    verify_ms: tuple[float, ...] = ()  # a batch of r rows (r = 1..), one sequence, ms
+    parallel: Decision | None = None  # value: sequences decoded together
+    kv_cost: Decision | None = None  # decode ms per token at depth per KV types; value: the fastest or None
+    kv_depth: int = 0  # the depth kv_cost was measured at
+    bench: Mapping[str, Any] = field(default_factory=dict)  # `localrun bench`'s advice
+
+    @property
+    def verify_curve(self) -> tuple[float, ...] | None:
+        """The cost of a verify batch of r rows in plain steps (r = 1..)."""
+        if not self.verify_ms or self.verify_ms[0] <= 0:
+            return None
+        return tuple(ms / self.verify_ms[0] for ms in self.verify_ms)
+
+    def matches(self, machine: Machine, model: ModelKey, kv: str | None = None) -> bool:
+        return self.machine == machine and self.model == model and (kv is None or self.kv == kv)
+
+    def as_dict(self) -> dict[str, Any]:
+        def opt(d: Decision | Attention | None) -> Any:
+            return d.as_dict() if d is not None else None
+
+        return {
+            "machine": self.machine.as_dict(),
+            "model": {"file": self.model.file, "size": self.model.size},
+            "kv": self.kv,
+            "measured_at": self.measured_at,
+            "seconds": round(self.seconds, 1),
+            "threads": opt(self.threads),
+            "n_ubatch": opt(self.n_ubatch),
+            "flash_attn": opt(self.flash_attn),
+            "verify_ms": [round(x, 3) for x in self.verify_ms],
+            "parallel": opt(self.parallel),
+            "kv_cost": opt(self.kv_cost),
+            "kv_depth": self.kv_depth,
+            "bench": dict(self.bench),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Wisdom:
+        if not isinstance(raw, dict):
+            raise ValueError("an entry is not an object")
+        model = raw.get("model")
+        if (
+            not isinstance(model, dict)
+            or not isinstance(model.get("file"), str)
+            or not isinstance(model.get("size"), int)
+        ):
+            raise ValueError("an entry lacks its model")
+
+        def dec(name: str) -> Decision | None:
+            return Decision.from_dict(raw[name]) if raw.get(name) is not None else None
+
+        bench = raw.get("bench") or {}
+        return cls(
+            machine=Machine.from_dict(raw.get("machine")),
+            model=ModelKey(model["file"], model["size"]),
+            kv=str(raw["kv"]),
+            measured_at=str(raw.get("measured_at", "")),
+            seconds=float(raw.get("seconds", 0.0)),
+            threads=dec("threads"),
+            n_ubatch=dec("n_ubatch"),
+            flash_attn=Attention.from_dict(raw["flash_attn"]) if raw.get("flash_attn") else None,
+            verify_ms=tuple(float(x) for x in raw.get("verify_ms") or ()),
+            parallel=dec("parallel"),
+            kv_cost=dec("kv_cost"),
+            kv_depth=int(raw.get("kv_depth", 0)),
+            bench=bench if isinstance(bench, dict) else {},
+        )
+
+
+@dataclass
+class WisdomFile:
+    """Every entry in the file (any machine's), and what was wrong with it."""
+
+    path: Path
+    entries: list[Wisdom] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    hinted: set[str] = field(default_factory=set)  # models already told how to tune
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> WisdomFile:
+        """The file's entries; a missing file is empty, an unreadable or
+        corrupt one is empty with a problem to warn about (never raised)."""
+        path = path or wisdom_file()
+        found = cls(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return found
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            found.problems.append(f"{path} cannot be read and is ignored ({exc}); `localrun tune` writes a new one")
+            return found
+        if not isinstance(raw, dict) or raw.get("version") != VERSION or not isinstance(raw.get("entries"), list):
+            found.problems.append(f"{path} is not a wisdom file of version {VERSION} and is ignored")
+            return found
+        for i, item in enumerate(raw["entries"]):
+            try:
+                found.entries.append(Wisdom.from_dict(item))
+            except (KeyError, TypeError, ValueError) as exc:
+                found.problems.append(f"{path}: entry {i + 1} is ignored ({exc})")
+        hinted = raw.get("hinted", [])
+        found.hinted = {h for h in hinted if isinstance(h, str)} if isinstance(hinted, list) else set()
+        return found
+
+    def find(self, model: ModelKey, kv: str | None = None, machine: Machine | None = None) -> Wisdom | None:
+        """This machine's entry for ``model`` measured with ``kv`` (None: any KV types, f16 first)."""
+        machine = machine or this_machine()
+        mine = [w for w in self.entries if w.matches(machine, model, kv)]
+        mine.sort(key=lambda w: (w.kv != "f16/f16", w.measured_at), reverse=False)
+        return mine[0] if mine else None
+
+    def foreign(self, model: ModelKey, machine: Machine | None = None) -> Wisdom | None:
+        """An entry for ``model`` measured on another machine (to say why it is not used)."""
+        machine = machine or this_machine()
+        return next((w for w in self.entries if w.model == model and w.machine != machine), None)
+
+    def put(self, wisdom: Wisdom) -> None:
+        self.entries = [w for w in self.entries if not w.matches(wisdom.machine, wisdom.model, wisdom.kv)]
+        self.entries.append(wisdom)
+
+    def merge_bench(self, model: ModelKey, kv: str, advice: Mapping[str, Any], measured_at: str) -> Wisdom:
+        """Keep `localrun bench`'s advice in this machine's entry for ``model``."""
+        current = self.find(model, kv) or Wisdom(this_machine(), model, kv, measured_at)
+        updated = replace(current, bench=dict(advice))
+        self.put(updated)
+        return updated
+
+    def save(self) -> Path:
+        body = {
+            "version": VERSION,
+            "entries": [w.as_dict() for w in self.entries],
+            "hinted": sorted(self.hinted),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        paths.atomic_write(self.path, json.dumps(body, indent=1) + "\n")
+        return self.path
