@@ -3,7 +3,7 @@ model's registry entry says otherwise.
 
     # ~/.config/localrun/config.toml (or $LOCALRUN_HOME/config/config.toml)
     [defaults]
-    kv_k = "q8_0"            # KV cache type for K: f16, q8_0, q4_0
+    kv_k = "q8_0"            # KV cache type for K: auto, f16, q8_0, q4_0
     kv_v = "q8_0"            # and for V
     flash_attn = "auto"      # auto, on, off
     threads = 2              # CPU threads
@@ -85,8 +85,8 @@ def _text(path: Path, key: str, value: Any) -> str:
 
 KV_TYPES = tuple(KV_BYTES_PER_ELEMENT)
 _PARSERS: dict[str, Callable[[Path, str, Any], Any]] = {
-    "kv_k": lambda p, k, v: _choice(p, k, v, KV_TYPES),
-    "kv_v": lambda p, k, v: _choice(p, k, v, KV_TYPES),
+    "kv_k": lambda p, k, v: _choice(p, k, v, ("auto", *KV_TYPES)),
+    "kv_v": lambda p, k, v: _choice(p, k, v, ("auto", *KV_TYPES)),
     "flash_attn": lambda p, k, v: _choice(p, k, v, FLASH_ATTN_MODES),
     "threads": _positive_int,
     "draft": _text,

@@ -1,8 +1,10 @@
 """The one precedence rule for a run's settings.
 
 A command-line option wins; then the model's `defaults` in models.toml; then
-the user's config.toml; then localrun's built-in default. Every command
-resolves its settings here, and each value remembers where it came from.
+the user's config.toml; then what `localrun tune` measured on this machine
+(`localrun.tune.apply`, "wisdom"); then the built-in default, which is
+llama.cpp's own where speed depends on it. Every command resolves its
+settings here, and each value remembers where it came from.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any, Literal
 from localrun.config import FLASH_ATTN_MODES, KV_TYPES, UserConfig
 from localrun.errors import UsageError
 
-Source = Literal["option", "model", "config", "default"]
-AUTO_CTX = "auto"
+Source = Literal["option", "model", "config", "wisdom", "default"]
+AUTO = "auto"
+AUTO_CTX = AUTO
 MIN_CTX = 16  # a context smaller than this is refused
 
 
@@ -40,15 +43,35 @@ class RunSettings:
     """The settings a run uses, each with its source (`sources[name]`)."""
 
     n_ctx: int | None  # None: auto, the longest context that fits the memory budget
-    type_k: str
+    type_k: str  # "auto" until `localrun.tune.apply` settles it
     type_v: str
     flash_attn: str
-    threads: int | None  # None: all the CPUs this process may use
+    threads: int | None  # None: llama.cpp's default (the physical cores)
     memory_budget: int | None  # None: the available RAM less a reserve
     system: str | None
     draft: str
-    parallel: int | None  # None: as many as fit
+    parallel: int | None  # None: the tuned count, else llama-server's default
+    n_ubatch: int | None = None  # prompt batch size; None: llama.cpp's default
     sources: Mapping[str, Source] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)  # why an automatic value is what it is
+
+    def as_dict(self) -> dict[str, Any]:
+        """Each setting with its value and source (and reason, where there is one): `--json`."""
+        values = {
+            "ctx": self.n_ctx,
+            "type_k": self.type_k,
+            "type_v": self.type_v,
+            "flash_attn": self.flash_attn,
+            "threads": self.threads,
+            "draft": self.draft,
+            "parallel": self.parallel,
+            "n_ubatch": self.n_ubatch,
+        }
+        result: dict[str, Any] = {}
+        for name, value in values.items():
+            why = self.reasons.get("kv" if name in ("type_k", "type_v") else name)
+            result[name] = {"value": value, "source": self.sources.get(name, "default")} | ({"why": why} if why else {})
+        return result
 
 
 def check_context(n_ctx: int) -> int:
@@ -69,9 +92,13 @@ def parse_ctx(value: str) -> int | None:
 
 
 def _check_options(options: Options) -> None:
-    for flag, value in (("--kv", options.kv), ("--kv-k", options.kv_k), ("--kv-v", options.kv_v)):
-        if value is not None and value not in KV_TYPES:
-            raise UsageError(f"unknown KV cache type {value!r} for {flag}", hint=f"use {', '.join(KV_TYPES)}")
+    for flag, value, allowed in (
+        ("--kv", options.kv, (AUTO, *KV_TYPES)),
+        ("--kv-k", options.kv_k, KV_TYPES),
+        ("--kv-v", options.kv_v, KV_TYPES),
+    ):
+        if value is not None and value not in allowed:
+            raise UsageError(f"unknown KV cache type {value!r} for {flag}", hint=f"use {', '.join(allowed)}")
     if options.flash_attn is not None and options.flash_attn not in FLASH_ATTN_MODES:
         raise UsageError(f"unknown --flash-attn value {options.flash_attn!r}", hint="use auto, on or off")
 
@@ -97,13 +124,13 @@ def resolve(
             ("option", options.kv_k or options.kv),
             ("model", model.get("kv_k") or model.get("kv")),
             ("config", user.kv_k),
-            ("default", "f16"),
+            ("default", AUTO),
         ),
         "type_v": _first(
             ("option", options.kv_v or options.kv),
             ("model", model.get("kv_v") or model.get("kv")),
             ("config", user.kv_v),
-            ("default", "f16"),
+            ("default", AUTO),
         ),
         "flash_attn": _first(("option", options.flash_attn), ("config", user.flash_attn), ("default", "auto")),
         "threads": _first(("option", options.threads), ("config", user.threads)),
@@ -113,10 +140,13 @@ def resolve(
         "parallel": _first(("option", options.parallel), ("config", user.parallel)),
     }
     ctx = picked["ctx"][0]
+    type_k, type_v = picked["type_k"][0], picked["type_v"][0]
+    if (type_k == AUTO) != (type_v == AUTO):  # one type given: the other stays f16, as llama.cpp's
+        type_k, type_v = ("f16" if type_k == AUTO else type_k), ("f16" if type_v == AUTO else type_v)
     return RunSettings(
         n_ctx=parse_ctx(ctx) if isinstance(ctx, str) else ctx,
-        type_k=picked["type_k"][0],
-        type_v=picked["type_v"][0],
+        type_k=type_k,
+        type_v=type_v,
         flash_attn=picked["flash_attn"][0],
         threads=picked["threads"][0],
         memory_budget=picked["memory_budget"][0],

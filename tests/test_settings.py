@@ -28,7 +28,7 @@ def test_each_setting_takes_the_first_source_that_has_it() -> None:
 
 def test_built_in_defaults_when_nothing_says_otherwise() -> None:
     got = resolve(Options())
-    assert (got.n_ctx, got.type_k, got.type_v, got.flash_attn, got.draft) == (None, "f16", "f16", "auto", "auto")
+    assert (got.n_ctx, got.type_k, got.type_v, got.flash_attn, got.draft) == (None, "auto", "auto", "auto", "auto")
     assert set(got.sources.values()) == {"default"}
 
 

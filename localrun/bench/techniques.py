@@ -33,15 +33,11 @@ def baseline_rows(bench: Bench) -> list[RowSpec]:
 
 
 def attention_rows(bench: Bench) -> list[RowSpec]:
-    """The other flash-attention mode than the baseline's: auto settles it by
-    the model's head size (`ModelInfo.auto_flash_attn`), and this row checks
-    that choice on this machine. Full mode only."""
+    """The other flash-attention mode than the baseline's (auto: llama.cpp's,
+    which is on for the CPU, so the row is off). Full mode only."""
     if bench.plan.quick:
         return []
-    mode = bench.plan.flash_attn
-    if mode == "auto":
-        mode = bench.shape_of(bench.model).auto_flash_attn("f16")
-    other = "on" if mode == "off" else "off"
+    other = "on" if bench.plan.flash_attn == "off" else "off"
     return [plain_row(f"flash attention {other}", {"flash_attn": other}, with_quality=False, flash_attn=other)]
 
 

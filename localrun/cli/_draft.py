@@ -9,7 +9,7 @@ become a `Speculation` (or none).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -63,12 +63,19 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
 
 @contextmanager
 def open_draft(
-    choice: str, engine: Engine, target: store.Target, *, offline: bool = False, pull_matched: bool = False
+    choice: str,
+    engine: Engine,
+    target: store.Target,
+    *,
+    offline: bool = False,
+    pull_matched: bool = False,
+    verify_curve: Sequence[float] | None = None,
 ) -> Iterator[Speculation | None]:
     """The speculation for the resolved choice on ``engine`` (the model
     ``target`` names), closed at the end. `auto` uses the matched draft when
     it is on disk, or pulls it first with ``pull_matched`` (`--draft`); a draft
-    model named by alias or path is pulled if need be."""
+    model named by alias or path is pulled if need be. ``verify_curve``: what
+    `localrun tune` measured a verify batch to cost here (the controller's prior)."""
     from localrun.speculative import open_speculation
 
     path = None
@@ -77,12 +84,12 @@ def open_draft(
     elif choice not in ("none", "lookup"):
         path = resolve_model(choice, offline=offline).path
     try:
-        speculation = open_speculation(engine, choice, path)
+        speculation = open_speculation(engine, choice, path, verify_curve=verify_curve)
     except LocalrunError as exc:
         if choice != "auto":
             raise
         out().warn(f"the matched draft model is not usable ({exc.message}); prompt lookup only")
-        speculation = open_speculation(engine, "lookup")
+        speculation = open_speculation(engine, "lookup", verify_curve=verify_curve)
     try:
         yield speculation
     finally:

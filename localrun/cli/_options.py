@@ -10,8 +10,10 @@ import typer
 
 from localrun import store
 from localrun.cli._env import current
+from localrun.cli._output import out
 from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
+from localrun.gguf.info import N_UBATCH
 from localrun.settings import Options, RunSettings, resolve
 from localrun.store import Target
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.sampling import SamplingParams
+    from localrun.tune.wisdom import Wisdom
 
 Model = Annotated[
     str | None,
@@ -42,14 +45,33 @@ System = Annotated[str | None, typer.Option("-s", "--system", help="System promp
 Ctx = Annotated[
     str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
 ]
-Threads = Annotated[int | None, typer.Option("--threads", help="CPU threads (default: all available).")]
-Kv = Annotated[str | None, typer.Option("--kv", help="KV cache type for K and V: f16, q8_0 or q4_0.")]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="CPU threads, fixed (default: what localrun tune measured fastest, else the physical cores, "
+        "adapting while the machine is busy).",
+        show_default=False,
+    ),
+]
+Kv = Annotated[
+    str | None,
+    typer.Option(
+        "--kv",
+        help="KV cache type for K and V: auto, f16, q8_0 or q4_0. Default: auto (f16 while the context fits, "
+        "else q8_0, else q8_0/q4_0).",
+        show_default=False,
+    ),
+]
 KvK = Annotated[str | None, typer.Option("--kv-k", help="KV cache type for K (overrides --kv).")]
 KvV = Annotated[str | None, typer.Option("--kv-v", help="KV cache type for V (overrides --kv).")]
 FlashAttn = Annotated[
     str | None,
     typer.Option(
-        "--flash-attn", help="on, off or auto (on whenever V is quantized). Default: auto.", show_default=False
+        "--flash-attn",
+        help="on, off or auto: the faster at the run's depth as localrun tune measured it (else llama.cpp's "
+        "auto); on whenever V is quantized. Default: auto.",
+        show_default=False,
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")]
@@ -101,16 +123,33 @@ class Resolved:
     info: GGUFInfo
     target: Target
     settings: RunSettings
+    wisdom: Wisdom | None = None  # what `localrun tune` measured for this model on this machine
+
+    @property
+    def verify_curve(self) -> tuple[float, ...] | None:
+        return self.wisdom.verify_curve if self.wisdom is not None else None
 
 
 def resolve_engine(
-    model: str | None, options: Options, *, offline: bool = False, verbose: bool = False, with_draft: bool = True
+    model: str | None,
+    options: Options,
+    *,
+    offline: bool = False,
+    verbose: bool = False,
+    with_draft: bool = True,
+    need: int | None = None,
+    depth: int | None = None,
 ) -> Resolved:
     """Settle the run's settings, then resolve the model (pulled on first use,
-    with its matched draft when ``with_draft`` and speculation is auto); the
-    model is not loaded."""
+    with its matched draft when ``with_draft`` and speculation is auto), then
+    settle what is automatic from this machine's wisdom (``need``: the context
+    the run needs, ``depth``: the depth it mostly decodes at, when known); the
+    model is not loaded. Says on a terminal which KV cache type auto chose and why."""
+    from localrun.gguf.info import describe
     from localrun.gguf.reader import read_gguf
     from localrun.runtime.engine import EngineConfig
+    from localrun.system import cpu_count
+    from localrun.tune import apply as tuned
 
     check_positive(threads=options.threads)
     env = current()
@@ -118,17 +157,41 @@ def resolve_engine(
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
     info = read_gguf(found.path)
+    # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all
+    wisdom = tuned.find(found.path, (settings.type_k, settings.type_v), hint_once=bool(env.stderr_isatty))
+    for warning in wisdom.warnings:
+        out().warn(warning)
+    if wisdom.hint:
+        out().note(wisdom.hint)
+    settings = tuned.apply(settings, describe(info), wisdom.wisdom, need=need, depth=depth)
+    if "kv" in settings.reasons and env.stderr_isatty:
+        out().note(f"kv cache {settings.reasons['kv']}")
+    adaptive = settings.sources.get("threads") not in ("option", "config", "model")  # a count given is kept
     config = EngineConfig(
         model_path=info.path,
         n_ctx=settings.n_ctx,
         n_threads=settings.threads,
+        adapt_threads=adaptive,
+        max_threads=cpu_count() if adaptive else None,
         memory_budget=settings.memory_budget,
+        n_ubatch=settings.n_ubatch or N_UBATCH,
         type_k=settings.type_k,
         type_v=settings.type_v,
         flash_attn=settings.flash_attn,
         verbose=verbose,
     )
-    return Resolved(config, info, found.target, settings)
+    return Resolved(config, info, found.target, settings, wisdom.wisdom)
+
+
+def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
+    """(the context a run needs, the depth it mostly decodes at), estimated
+    before the model loads: about 3 characters a token (an overestimate for
+    prose, near it for code), and DEFAULT_CTX of room to generate without a limit."""
+    from localrun.runtime.sizing import DEFAULT_CTX
+
+    prompt = prompt_chars // 3 + 16  # the chat template's tokens
+    room = max_tokens if max_tokens is not None else DEFAULT_CTX
+    return prompt + room, prompt + min(room, 1024) // 2
 
 
 def title(resolved: Resolved) -> str:

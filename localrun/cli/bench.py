@@ -24,7 +24,12 @@ def bench_command(
         Path | None, typer.Option("--chart", help="Also write an SVG bar chart to this file.", show_default=False)
     ] = None,
     save: Annotated[
-        bool, typer.Option("--save-defaults", help="Write the advised settings to the user's config.toml.")
+        bool,
+        typer.Option(
+            "--save-defaults",
+            help="Also write the advised settings to the user's config.toml (they are always kept, "
+            "for this machine only, with the model's wisdom; see localrun tune --show).",
+        ),
     ] = False,
     compare: Annotated[
         Path | None,
@@ -101,7 +106,26 @@ def bench_command(
     if chart is not None:
         chart.write_text(benchview.chart(result), encoding="utf-8")
         out().note(f"chart: {chart}")
+    _keep_advice(found.path, result.advice.defaults)
     if save:
         written = save_defaults(result.advice.defaults)
         pairs = ", ".join(f"{k} = {v}" for k, v in result.advice.defaults.items())
         out().note(f"saved defaults to {written}: {pairs}")
+
+
+def _keep_advice(model: Path, advice: dict[str, object]) -> None:
+    """The advice joins this machine's wisdom for the model: one home for what was measured here."""
+    from datetime import UTC, datetime
+
+    from localrun.tune.wisdom import ModelKey, WisdomFile
+
+    wisdom_file = WisdomFile.load()
+    for problem in wisdom_file.problems:
+        out().warn(problem)
+    wisdom_file.merge_bench(ModelKey.of(model), "f16/f16", advice, datetime.now(UTC).isoformat(timespec="seconds"))
+    try:
+        written = wisdom_file.save()
+    except OSError as exc:
+        out().warn(f"the advice could not be kept: {exc}")
+        return
+    out().note(f"advice kept with this machine's wisdom in {written}")

@@ -93,7 +93,12 @@ def chat(
     with (
         opt.load(resolved) as engine,
         open_draft(
-            resolved.settings.draft, engine, resolved.target, offline=offline, pull_matched=draft
+            resolved.settings.draft,
+            engine,
+            resolved.target,
+            offline=offline,
+            pull_matched=draft,
+            verify_curve=resolved.verify_curve,
         ) as speculation,
     ):
         session = ChatSession(
@@ -110,7 +115,7 @@ def chat(
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json
         if interactive:
             return Repl(session, Console(file=env.stdout, highlight=False), title=opt.title(resolved)).run()
-        return run_piped(session, as_json, stats)
+        return run_piped(session, as_json, stats, resolved.settings.as_dict())
 
 
 # ------------------------------------------------------------------- pipe --
@@ -144,7 +149,9 @@ def _user_message(number: int, text: str) -> str:
     return content
 
 
-def run_piped(session: ChatSession, as_json: bool, show_stats: bool) -> ExitCode:
+def run_piped(
+    session: ChatSession, as_json: bool, show_stats: bool, settings: dict[str, object] | None = None
+) -> ExitCode:
     from localrun.cli._signals import ctrl_c_stops
     from localrun.ui.stream import JsonRenderer, PlainRenderer
 
@@ -154,7 +161,7 @@ def run_piped(session: ChatSession, as_json: bool, show_stats: bool) -> ExitCode
         if plan.dropped:
             out().note(f"note: dropped the {plan.dropped} oldest turn(s) to fit the context")
         renderer: Renderer = (
-            JsonRenderer(env.stdout, extra={"turn": turn})
+            JsonRenderer(env.stdout, extra={"turn": turn}, settings=settings)
             if as_json
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
         )

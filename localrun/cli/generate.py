@@ -33,14 +33,14 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     return argument, material
 
 
-def pick_renderer(as_json: bool, show_stats: bool, title: str) -> Renderer:
+def pick_renderer(as_json: bool, show_stats: bool, title: str, settings: dict[str, object] | None = None) -> Renderer:
     from rich.console import Console
 
     from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
 
     env = current()
     if as_json:
-        return JsonRenderer(env.stdout)
+        return JsonRenderer(env.stdout, settings=settings)
     if env.stdout_isatty:
         return LiveRenderer(Console(file=env.stdout), title=title)
     return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
@@ -129,6 +129,7 @@ def generate(
 
         _refuse_with_batch(speculation, prompt_cache, as_json)
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
+        tuned = resolved.settings.sources["parallel"] == "wisdom"
         settings = BatchSettings(
             instruction=prompt,
             system=resolved.settings.system,
@@ -139,7 +140,9 @@ def generate(
             # --ctx sets each sequence's context; the model's default context caps it
             seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
             ctx_limit=resolved.settings.n_ctx,
-            parallel=resolved.settings.parallel,
+            # a count the user asked for must fit; a tuned one is capped by what fits
+            parallel=None if tuned else resolved.settings.parallel,
+            tuned_parallel=resolved.settings.parallel if tuned else None,
         )
         return batch_cli.run(batch, settings, resolved.config, unordered=unordered, resume=resume, show_stats=stats)
     if parallel is not None or unordered or resume is not None:
@@ -151,12 +154,21 @@ def generate(
     from localrun.runtime.promptcache import checkpoint_for
 
     instruction, material = read_prompt(prompt)
-    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose)
+    chars = sum(len(text) for text in (instruction, material, system) if text)
+    need, depth = opt.run_extent(chars, max_tokens)
+    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
     with opt.load(resolved) as engine:
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
-        renderer = pick_renderer(as_json, stats, opt.title(resolved))
-        drafting = open_draft(resolved.settings.draft, engine, resolved.target, offline=offline, pull_matched=draft)
+        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.settings.as_dict())
+        drafting = open_draft(
+            resolved.settings.draft,
+            engine,
+            resolved.target,
+            offline=offline,
+            pull_matched=draft,
+            verify_curve=resolved.verify_curve,
+        )
         with ctrl_c_stops(engine), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             events = decoding.generate(

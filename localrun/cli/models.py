@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
@@ -14,10 +15,21 @@ from localrun.cli._resolve import pull_with_progress
 from localrun.errors import UsageError
 from localrun.units import human_bytes, parse_size
 
-_AUTO_FA = {
-    "off": "off with an f16 cache (small heads: the unfused path decodes faster), on with a quantized V",
-    "auto": "on (llama.cpp's choice for the CPU)",
-}
+
+def _flash_attn_auto(path: Path) -> tuple[str, str]:
+    """What `--flash-attn auto` does for an f16 cache: (mode, why)."""
+    from localrun.tune.apply import find
+
+    wisdom = find(path, hint_once=False).wisdom
+    curve = wisdom.flash_attn if wisdom is not None else None
+    if curve is None:
+        return "auto", "llama.cpp's auto (on, for the CPU); `localrun tune` measures which is faster here"
+    mode = curve.choice()
+    cross = curve.crossover
+    where = f", crossing near depth {cross}" if cross is not None else ""
+    if mode is None:
+        return "auto", f"llama.cpp's auto: on and off measured alike here{where}"
+    return mode, f"{mode}: measured faster here over depths {', '.join(map(str, curve.depths))}{where}"
 
 
 def pull(
@@ -26,8 +38,12 @@ def pull(
     ],
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Do not pull the matched draft model.")] = False,
     source: Annotated[str, typer.Option("--source", help="auto, hub or mirror.")] = "auto",
+    no_tune: Annotated[
+        bool, typer.Option("--no-tune", help="Do not measure the model's speed settings on this machine afterwards.")
+    ] = False,
 ) -> None:
-    """Download a model (and its matched draft) into the local cache."""
+    """Download a model (and its matched draft) into the local cache, then
+    measure its speed settings on this machine (`localrun tune`) unless it was."""
     if source not in ("auto", "hub", "mirror"):
         raise UsageError(f"unknown source {source!r}", hint="use --source auto, hub or mirror")
     chosen = cast(store.Source, source)
@@ -36,9 +52,29 @@ def pull(
     targets = [target]
     if not no_draft and target.entry is not None and target.entry.draft:
         targets.append(store.parse(target.entry.draft, reg))
+    paths = []
     for t in targets:
         pulled = pull_with_progress(t, chosen)
         out().result(f"{t.label}\t{pulled.path}")
+        paths.append(pulled.path)
+    if not no_tune:
+        _tune_once(paths[0])
+
+
+def _tune_once(path: Path) -> None:
+    """`localrun tune` on a model this machine has no wisdom for; a model that
+    cannot be measured is a warning: the download stands."""
+    from localrun.cli.tune import run_tune
+    from localrun.errors import LocalrunError
+    from localrun.tune.apply import find
+
+    if find(path, hint_once=False).wisdom is not None:
+        return
+    try:
+        run_tune(path)
+    except (LocalrunError, OSError) as exc:
+        why = exc.message if isinstance(exc, LocalrunError) else str(exc)
+        out().warn(f"could not measure {path.name}: {why}; `localrun tune` tries again")
 
 
 @dataclass(frozen=True)
@@ -148,6 +184,7 @@ def show(
         raise UsageError(str(exc)) from exc
     info = describe(read_gguf(path))
     kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
+    fa_mode, fa_why = _flash_attn_auto(path)
     fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
     record = {
         "name": info.name,
@@ -167,7 +204,7 @@ def show(
         "compute_bytes_estimate": info.compute_bytes(),
         "budget_bytes": budget_bytes,
         "max_context": fits,
-        "flash_attn_auto": info.auto_flash_attn("f16"),
+        "flash_attn_auto": fa_mode,
     }
     if as_json:
         out().json(record, indent=2)
@@ -186,7 +223,7 @@ def show(
         f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
         f"  layers           {info.layers}",
         f"  attention        {info.heads} heads of {info.key_length}, {info.kv_heads} KV heads{gqa}",
-        f"  flash attention  auto: {_AUTO_FA[info.auto_flash_attn('f16')]}",
+        f"  flash attention  auto: {fa_why}",
         f"  trained context  {info.context_length} tokens",
         f"  vocabulary       {info.vocab_size} tokens",
         f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",

@@ -16,10 +16,6 @@ if TYPE_CHECKING:
 
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 CONTEXT_STEP = 256
-# `--flash-attn auto` runs an f16 cache unfused on heads of this size or less,
-# where llama.cpp's CPU flash-attention kernel decoded slower than the unfused
-# path (docs/benchmarks.md, "Flash attention on the CPU": one CPU's figures).
-FUSED_ATTENTION_SLOW_HEAD = 64
 N_UBATCH = 512
 
 
@@ -60,12 +56,11 @@ class ModelInfo:
         return 4 * n_ubatch * (self.vocab_size + 16 * self.heads * self.key_length)
 
     def auto_flash_attn(self, type_v: str) -> str:
-        """What `--flash-attn auto` resolves to: on for a quantized V cache
-        (which needs it), off for an f16 one on small heads (the unfused path
-        decodes faster there), else llama.cpp's own auto (on, for the CPU)."""
-        if type_v != "f16":
-            return "on"
-        return "off" if 0 < self.key_length <= FUSED_ATTENTION_SLOW_HEAD else "auto"
+        """What `--flash-attn auto` asks of llama.cpp before anything is
+        measured: on for a quantized V cache (which needs it), else llama.cpp's
+        own auto. Which mode decodes faster on this machine is measured by
+        `localrun tune` (`localrun.tune.apply`), not assumed."""
+        return "on" if type_v != "f16" else "auto"
 
     def context_bytes_per_token(self, type_k: str, type_v: str | None = None, flash_attn: str | None = None) -> int:
         """What each token of context costs: its KV cache, plus, without flash

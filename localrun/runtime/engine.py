@@ -82,6 +82,7 @@ class EngineConfig:
     repack: bool = True  # weights in llama.cpp's repacked SIMD layouts (scripts/setup compiles AMX out)
     kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
     adapt_threads: bool = True  # False: the thread count stays n_threads (see localrun.runtime.threads)
+    max_threads: int | None = None  # the most adapting may use; None: n_threads (a tuned start may be lower)
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -154,8 +155,9 @@ class Engine(Native):
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
-        self.max_threads = int(cparams.n_threads)  # the configured count: adapting never goes above it
-        self.threads = self.max_threads  # the count in use, for single tokens and batches alike
+        # adapting never goes above this: the configured count, or more where a tuned start is below the CPUs
+        self.max_threads = max(int(cparams.n_threads), config.max_threads or 0)
+        self.threads = int(cparams.n_threads)  # the count in use, for single tokens and batches alike
         self._pieces: dict[int, bytes] = {}
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
 

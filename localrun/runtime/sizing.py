@@ -7,6 +7,8 @@ through this module, so they agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localrun.config import FLASH_ATTN_MODES
@@ -14,12 +16,14 @@ from localrun.errors import UsageError
 from localrun.gguf.info import CONTEXT_STEP, KV_BYTES_PER_ELEMENT, ModelInfo
 from localrun.settings import check_context
 from localrun.system import available_memory
+from localrun.tune.wisdom import TIE_MARGIN
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import EngineConfig
 
 DEFAULT_CTX = 4096  # a context when nothing is known about memory, and what a line without max tokens may use
-DEFAULT_MAX_PARALLEL = 16  # --batch: sequences decoded together at most, unless --parallel says otherwise
+LLAMA_PARALLEL = 4  # --batch without wisdom or --parallel: llama-server's default slots (-np auto)
+KV_AUTO_ORDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "q4_0"))  # --kv auto: the first that fits
 RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
 
 _QUANT_BLOCK = 32
@@ -108,10 +112,50 @@ def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str,
     return max(0, room // per_sequence) if per_sequence else 0
 
 
-def default_parallel(n_prompts: int, fits: int | None) -> int:
-    """At most DEFAULT_MAX_PARALLEL, no more than there are prompts, no more than fit in memory."""
-    n = min(DEFAULT_MAX_PARALLEL, max(n_prompts, 1))
+def default_parallel(n_prompts: int, fits: int | None, tuned: int | None = None) -> int:
+    """``tuned`` (measured by `localrun tune`) or llama-server's default,
+    no more than there are prompts, no more than fit in memory."""
+    n = min(tuned or LLAMA_PARALLEL, max(n_prompts, 1))
     return max(1, min(n, fits)) if fits is not None else n
+
+
+@dataclass(frozen=True)
+class KvChoice:
+    type_k: str
+    type_v: str
+    reason: str
+
+
+def _quantizable(shape: ModelInfo) -> bool:
+    return shape.key_length % _QUANT_BLOCK == 0 and shape.value_length % _QUANT_BLOCK == 0
+
+
+def choose_kv(shape: ModelInfo, need: int, budget: int, costs: Mapping[str, float] | None = None) -> KvChoice:
+    """`--kv auto`: f16 while ``need`` tokens of context fit ``budget`` at
+    f16, else q8_0, else q8_0 K with q4_0 V (a q4_0 K cache loses too much
+    quality); with ``costs`` (decode ms per token at depth per "K/V", as
+    `localrun tune` measured them on this machine) a quantized cache that
+    decoded faster than f16 beyond the tie margin is taken when it fits too.
+    When none fits, the smallest, and the context check says why."""
+    order = KV_AUTO_ORDER if _quantizable(shape) else KV_AUTO_ORDER[:1]
+    fitting = [kv for kv in order if not budget or shape.memory_needed(need, kv[0], kv[1]) <= budget]
+    if not fitting:
+        k, v = order[-1]
+        return KvChoice(k, v, f"no KV type fits {need} tokens in the memory budget; the smallest is tried")
+    first = fitting[0]
+    if first == order[0]:
+        why = f"{need} tokens of context fit at f16"
+    else:
+        why = f"{need} tokens of context do not fit at f16 in {budget / 2**30:.1f} GiB"
+    if costs:
+        timed = [kv for kv in fitting if f"{kv[0]}/{kv[1]}" in costs]
+        if timed and first in timed:
+            fastest = min(timed, key=lambda kv: costs[f"{kv[0]}/{kv[1]}"])
+            base, best = costs[f"{first[0]}/{first[1]}"], costs[f"{fastest[0]}/{fastest[1]}"]
+            if fastest != first and best < base * (1 - TIE_MARGIN):
+                label = f"{fastest[0]}/{fastest[1]}"
+                return KvChoice(*fastest, f"{why}; {label} decoded {base / best:.2f}x as fast here (localrun tune)")
+    return KvChoice(*first, why)
 
 
 def sequence_context(needs: list[int], fixed: int | None, limit: int) -> int:

@@ -71,9 +71,12 @@ class JsonRenderer:
         "cached_tokens",  # prompt tokens found in the KV cache (a chat turn, a prompt cache hit)
     )
 
-    def __init__(self, out: IO[str], *, extra: dict[str, object] | None = None) -> None:
+    def __init__(
+        self, out: IO[str], *, extra: dict[str, object] | None = None, settings: dict[str, object] | None = None
+    ) -> None:
         self.out = out
         self.extra = extra or {}  # added to every event (chat adds its turn number)
+        self.settings = settings  # the run's settings, each with its source: on the done event
 
     def render(self, events: Iterable[Event]) -> Stats:
         stats: Stats | None = None
@@ -90,6 +93,8 @@ class JsonRenderer:
                     record["draft"] = stats.draft.as_dict()
                 if stats.threads is not None:
                     record["threads"] = stats.threads
+                if self.settings is not None:
+                    record["settings"] = self.settings
                 self.out.write(json.dumps(record) + "\n")
             self.out.flush()
         return _final(stats)

@@ -27,7 +27,7 @@ def test_pipe_output_is_plain_text(tiny_model: Path) -> None:
 
 
 def test_stats_line_on_stderr(tiny_model: Path) -> None:
-    res = cli("generate", "-m", str(tiny_model), "-n", "8", "--stats", "hi")
+    res = cli("generate", "-m", str(tiny_model), "-n", "8", "--temperature", "0", "--stats", "hi")
     assert res.returncode == 0, res.stderr
     assert "8 tokens" in res.stderr and "tok/s" in res.stderr and "stop: length" in res.stderr
     assert ANSI not in res.stdout + res.stderr
@@ -51,8 +51,12 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "cached_tokens",
         "draft",  # speculative decoding (--spec auto, the default): drafter, proposed, accepted
         "threads",  # CPU threads decoding when the run ended
+        "settings",  # every setting used, and where it came from
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
+    assert set(done["settings"]) == {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch"}
+    assert all(s["source"] in ("option", "model", "config", "wisdom", "default") for s in done["settings"].values())
+    assert done["settings"]["draft"] == {"value": "auto", "source": "default"}
     assert done["cached_tokens"] == 0 and done["threads"] >= 1
     assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0
     plain = cli("generate", "-m", str(tiny_model), "-n", "10", "--temperature", "0", "hello")

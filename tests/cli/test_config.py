@@ -51,7 +51,7 @@ def test_values_are_typed() -> None:
         ("threads = 2\n", "", "unknown top-level key: threads"),
         ("defaults = 3\n", "", "must be a table"),
         ("[defaults]\nkv = 'q8_0'\n", "[defaults] kv", "unknown key"),
-        ("[defaults]\nkv_k = 'q5_1'\n", "[defaults] kv_k", "not one of f16, q8_0, q4_0"),
+        ("[defaults]\nkv_k = 'q5_1'\n", "[defaults] kv_k", "not one of auto, f16, q8_0, q4_0"),
         ("[defaults]\nflash_attn = true\n", "[defaults] flash_attn", "not one of auto, on, off"),
         ("[defaults]\nthreads = 'two'\n", "[defaults] threads", "whole number"),
         ("[defaults]\nthreads = 0\n", "[defaults] threads", "whole number"),

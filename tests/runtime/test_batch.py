@@ -22,7 +22,7 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.sizing import DEFAULT_MAX_PARALLEL, default_parallel, parallel_that_fits, slot_context
+from localrun.runtime.sizing import LLAMA_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.ui.batch import JsonlWriter
 from tests.helpers import Result, cli, collect, on_terminal
 
@@ -73,8 +73,9 @@ def test_shared_prefix_leaves_each_prompt_a_token() -> None:
 
 def test_sizing_of_a_run(tiny_model: Path) -> None:
     assert (slot_context(10, 512), slot_context(300, 512), slot_context(5000, 4096)) == (256, 512, 4096)
-    assert default_parallel(40, None) == DEFAULT_MAX_PARALLEL
-    assert (default_parallel(3, 100), default_parallel(40, 5), default_parallel(0, 5)) == (3, 5, 1)
+    assert default_parallel(40, None) == LLAMA_PARALLEL
+    assert (default_parallel(40, None, 12), default_parallel(40, 5, 12), default_parallel(3, None, 12)) == (12, 5, 3)
+    assert (default_parallel(3, 100), default_parallel(40, 2), default_parallel(0, 5)) == (3, 2, 1)
     shape = describe(read_gguf(tiny_model))
     per_sequence = 512 * shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3 * per_sequence + per_sequence // 2

@@ -44,7 +44,8 @@ class BatchSettings:
     stop: tuple[str, ...] = ()
     seq_ctx: int | None = None  # each sequence's context; None: sized from the prompts
     ctx_limit: int | None = None  # the most a sized context may be (the model's default context), besides training
-    parallel: int | None = None  # None: as many as fit, up to DEFAULT_MAX_PARALLEL
+    parallel: int | None = None  # the user's --parallel (or config); None: tuned_parallel, else llama-server's default
+    tuned_parallel: int | None = None  # what `localrun tune` measured fastest on this machine
 
 
 @dataclass
@@ -114,7 +115,8 @@ def _need(job: Job) -> int:
 
 
 def _parallel(n_prompts: int, seq_ctx: int, settings: BatchSettings, config: EngineConfig, weights: Weights) -> int:
-    """--parallel, checked against memory; by default as many as fit, up to DEFAULT_MAX_PARALLEL."""
+    """--parallel, checked against memory; by default the tuned count (else
+    llama-server's default), no more than fit."""
     budget = memory_budget(config.memory_budget)
     shape = describe(weights.info)
     fits = parallel_that_fits(shape, seq_ctx, config.type_k, config.type_v, budget) if budget else None
@@ -128,7 +130,7 @@ def _parallel(n_prompts: int, seq_ctx: int, settings: BatchSettings, config: Eng
             f"--parallel {settings.parallel} with {seq_ctx}-token sequences does not fit in memory; {fits} do",
             hint=f"use --parallel {fits}, a smaller --ctx or --max-tokens, or --kv q8_0",
         )
-    return min(settings.parallel or default_parallel(n_prompts, fits), max(n_prompts, 1))
+    return min(settings.parallel or default_parallel(n_prompts, fits, settings.tuned_parallel), max(n_prompts, 1))
 
 
 def plan_batch(jobs: list[Job], settings: BatchSettings, weights: Weights, config: EngineConfig) -> BatchPlan:

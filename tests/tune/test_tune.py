@@ -1,0 +1,118 @@
+"""`localrun tune` on a tiny model: it measures, keeps wisdom, and `generate`
+then runs with it (visible in the --json done event's settings)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from localrun.tune.machine import this_machine
+from localrun.tune.measure import MAX_ROWS
+from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, WisdomFile
+from tests.helpers import cli
+
+
+def _done(stdout: str) -> dict[str, object]:
+    events = [json.loads(line) for line in stdout.splitlines()]
+    assert events[-1]["type"] == "done"
+    done: dict[str, object] = events[-1]
+    return done
+
+
+@pytest.mark.slow
+def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path) -> None:
+    tuned = cli("tune", str(wide_model), "--seconds", "6", "--json")
+    assert tuned.returncode == 0, tuned.stderr
+    measured = json.loads(tuned.stdout)
+    assert len(measured["verify_ms"]) == MAX_ROWS and all(ms > 0 for ms in measured["verify_ms"])
+    assert set(measured["flash_attn"]) == {"depths", "off_ms", "on_ms"}
+    assert measured["threads"]["figures"] and measured["parallel"]["figures"]
+    assert set(measured["kv_cost"]["figures"]) == {"f16/f16", "q8_0/q8_0", "q8_0/q4_0"}
+
+    shown = cli("tune", "--show", "--json", str(wide_model))
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["entries"] == [measured]
+    text = cli("tune", "--show", str(wide_model))
+    assert "verify batch" in text.stdout and "threads" in text.stdout
+
+    res = cli("generate", "-m", str(wide_model), "-n", "4", "--temperature", "0", "--spec", "none", "--json", "hi")
+    assert res.returncode == 0, res.stderr
+    settings = _done(res.stdout)["settings"]
+    assert isinstance(settings, dict)
+    for name in ("threads", "n_ubatch"):
+        value = measured[name]["value"]
+        if value is not None:  # a decision, not a tie: the run uses it, and says so
+            assert settings[name] == {"value": value, "source": "wisdom"}
+        else:
+            assert settings[name]["source"] == "default"
+    # f16 fits; a quantized cache only where tune found it faster beyond the tie margin
+    faster = measured["kv_cost"]["value"]
+    kv = f"{settings['type_k']['value']}/{settings['type_v']['value']}"
+    assert kv == "f16/f16" or (faster is not None and "localrun tune" in settings["type_k"]["why"]), settings
+
+
+def test_generate_follows_hand_written_wisdom(wide_model: Path) -> None:
+    wisdom = Wisdom(
+        machine=this_machine(),
+        model=ModelKey.of(wide_model),
+        kv="f16/f16",
+        measured_at="2026-12-03T00:00:00+00:00",
+        threads=Decision(1, {"2": 30.0, "1": 10.0}, "ms/token"),
+        n_ubatch=Decision(128, {"128": 1.0, "512": 2.0}, "ms/token"),
+        flash_attn=Attention((32, 512), off_ms=(5.0, 6.0), on_ms=(8.0, 9.0)),
+        parallel=Decision(2, {"1": 5.0, "2": 3.0}, "ms/token"),
+    )
+    f = WisdomFile.load()
+    f.put(wisdom)
+    f.save()
+    res = cli("generate", "-m", str(wide_model), "-n", "4", "--temperature", "0", "--json", "hi")
+    assert res.returncode == 0, res.stderr
+    done = _done(res.stdout)
+    settings = done["settings"]
+    assert isinstance(settings, dict)
+    assert settings["threads"] == {"value": 1, "source": "wisdom"}
+    assert settings["n_ubatch"] == {"value": 128, "source": "wisdom"}
+    assert settings["flash_attn"]["value"] == "off" and settings["flash_attn"]["source"] == "wisdom"
+    assert done["threads"] == 1
+    # an option wins, and is kept fixed
+    pinned = cli("generate", "-m", str(wide_model), "-n", "4", "--threads", "2", "--flash-attn", "on", "--json", "hi")
+    settings = _done(pinned.stdout)["settings"]
+    assert isinstance(settings, dict)
+    assert settings["threads"] == {"value": 2, "source": "option"}
+    assert settings["flash_attn"] == {"value": "on", "source": "option"}
+
+    # the same file from another machine decides nothing, and says why
+    foreign = WisdomFile.load()
+    foreign.entries = [dataclasses.replace(wisdom, machine=dataclasses.replace(this_machine(), cpu="Elsewhere"))]
+    foreign.save()
+    res = cli("generate", "-m", str(wide_model), "-n", "4", "--json", "hi")
+    assert res.returncode == 0 and "another machine" in res.stderr and "Elsewhere" in res.stderr
+    settings = _done(res.stdout)["settings"]
+    assert isinstance(settings, dict) and settings["threads"]["source"] == "default"
+
+
+def test_batch_takes_the_tuned_parallel_count(wide_model: Path, tmp_path: Path) -> None:
+    f = WisdomFile.load()
+    f.put(
+        Wisdom(
+            this_machine(),
+            ModelKey.of(wide_model),
+            "f16/f16",
+            "2026-12-03T00:00:00+00:00",
+            parallel=Decision(3, {"1": 5.0, "3": 2.0}, "ms/token"),
+        )
+    )
+    f.save()
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"prompt {i}\n" for i in range(6)))
+    res = cli("generate", "-m", str(wide_model), "--batch", str(src), "-n", "3", "--stats")
+    assert res.returncode == 0, res.stderr
+    assert "3 at a time" in res.stderr, res.stderr
+
+
+def test_tune_refuses_a_bad_kv_type(wide_model: Path) -> None:
+    res = cli("tune", str(wide_model), "--kv", "q5_1")
+    assert res.returncode == 2 and "q5_1" in res.stderr
