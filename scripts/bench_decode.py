@@ -27,7 +27,9 @@ Columns of each side's defaults, each a process started as a user would start it
                per-machine defaults and LOCALRUN_HOME as they are): no --threads,
                --flash-attn, --ctx or --kv, plain decoding (speculation is
                measured by bench_spec.py). Decode rate: its done event's; prompt
-               rate: prompt tokens over the time to the first token
+               rate: prompt tokens over the time to the first token; the
+               threads it ended with and the settings its done event reports
+               (with where each came from: default, wisdom, config...) are printed
   ll-default   llama-completion (--native) with its own defaults: no -t, -fa,
                -c, -b or -ub (greedy, --ignore-eos, -no-cnv, --no-warmup only);
                the threads and flash-attention mode it settled on are printed
@@ -198,10 +200,13 @@ def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_
     return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
 
 
-def bench_default(model: Path, n: int, threads: int | None = None, ended: list[int] | None = None) -> Figures:
+def bench_default(
+    model: Path, n: int, threads: int | None = None, ended: list[int] | None = None, settled: list[str] | None = None
+) -> Figures:
     """`localrun generate` from this checkout as a user runs it, in this
     environment, plain decoding; with ``threads``, a fixed --threads. Appends
-    to ``ended`` the threads its done event says it decoded with at the end."""
+    to ``ended`` the threads its done event says it decoded with at the end,
+    and puts in ``settled`` the settings it says it ran with, and where each came from."""
     cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--spec", "none", "--raw", "-t", "0"]
     cmd += ["-n", str(n), "--json"]
     if threads is not None:
@@ -213,6 +218,12 @@ def bench_default(model: Path, n: int, threads: int | None = None, ended: list[i
     done = json.loads(out.stdout.strip().splitlines()[-1])
     if ended is not None and isinstance(done.get("threads"), int):
         ended.append(done["threads"])
+    if settled is not None and isinstance(done.get("settings"), dict):
+        settled[:] = [
+            f"{key} {item.get('value')} ({item.get('source')})"
+            for key, item in done["settings"].items()
+            if isinstance(item, dict)
+        ]
     return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
 
 
@@ -273,8 +284,9 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
             args.tree / ".venv" / "bin" / "python", args.tree, model, args.tokens, args.threads, flash_attn
         )
     ended: list[int] = []  # the default column's threads at the end of each run, when it says
+    settled: list[str] = []  # the settings of its last run, when it says
     if "default" in args.columns:
-        runners["default"] = lambda: bench_default(model, args.tokens, ended=ended)
+        runners["default"] = lambda: bench_default(model, args.tokens, ended=ended, settled=settled)
     native_default = "on"
     if native is not None and "ll-default" in args.columns:
         runners["ll-default"] = lambda: native.run("ll-default", model, args.tokens, [])[0]
@@ -313,11 +325,13 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
     if native is not None and lls:
         threads = native.threads.get("ll-default") or native.threads.get("ll-other")
         other_fa = "off" if native_default == "on" else "on"
-        settled = f" (settled on {native_default}; ll-other: -fa {other_fa})" if "ll-other" in results else ""
-        print(f"  llama-completion's defaults: {threads or '?'} threads, flash attention auto{settled}")
+        chose = f" (settled on {native_default}; ll-other: -fa {other_fa})" if "ll-other" in results else ""
+        print(f"  llama-completion's defaults: {threads or '?'} threads, flash attention auto{chose}")
     if "default" in results:
         if ended:
             print(f"  localrun's default decoded with {', '.join(map(str, ended))} threads at the end of its runs")
+        if settled:
+            print(f"  localrun's default settings (source): {', '.join(settled)}")
         if lls:
             best = fastest(results, lls)
             print(f"  default / faster of {' and '.join(lls)} ({best}): decode {goal(results, 'default', best, 0.97)}")
