@@ -86,5 +86,5 @@ def open_speculation(
     if choice in ("auto", "lookup"):
         drafters += lookup_drafters(engine)
     if choice != "lookup" and draft_path is not None:
-        drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto"))
+        drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto", verify_curve=verify_curve))
     return Speculation(drafters, verify_curve=verify_curve) if drafters else None

@@ -70,6 +70,11 @@ def check_draft_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
 
 DRAFT_PRIOR = (0.7,)
 _LOAD_BYTES_PER_S = 2e9  # a rough guess at loading speed, until the first load is measured
+# a token of catch-up (evaluated in a batch) as a share of a plain step, until
+# measured live, where `localrun tune` measured no batch costs on this machine:
+# the middle of the range it can take (a whole step, down to next to nothing)
+CATCH_UP_GUESS = 0.5
+CATCH_UP_ROWS = 8  # the batch size whose per-token cost stands for a catch-up's
 
 
 @dataclass
@@ -83,6 +88,7 @@ class DraftModelDrafter:
     target: Engine
     eager: bool = False
     p_min: float = 0.4
+    verify_curve: Sequence[float] | None = None  # the target's batch costs measured here (see `Speculation`)
     profile: Profile = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,10 +97,14 @@ class DraftModelDrafter:
         size = sum(t.n_bytes for t in self.info.tensors)
         target_size = sum(t.n_bytes for t in self.target.info.tensors) or 1
         ratio = size / target_size  # a decode step reads every weight once: its cost follows the size
+        curve = self.verify_curve
+        per_token = (
+            curve[min(CATCH_UP_ROWS, len(curve)) - 1] / min(CATCH_UP_ROWS, len(curve)) if curve else CATCH_UP_GUESS
+        )
         self.profile = Profile(
             name=self.info.name,
             step_cost=ratio,
-            catch_up_cost=ratio * 0.15,
+            catch_up_cost=ratio * per_token,
             setup_s=size / _LOAD_BYTES_PER_S,
             acceptance=DRAFT_PRIOR,
             free=False,

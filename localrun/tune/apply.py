@@ -60,18 +60,70 @@ def find(model: Path, kv: tuple[str, str] | None = None, *, hint_once: bool = Tr
     return Found(None, warnings, hint)
 
 
-def _set(
-    values: dict[str, object],
-    sources: dict[str, Source],
-    reasons: dict[str, str],
-    name: str,
-    value: object,
-    why: str | None = None,
-) -> None:
-    values[name] = value
-    sources[name] = "wisdom"
-    if why:
-        reasons[name] = why
+@dataclass
+class _Settled:
+    """The values settled so far, their sources and reasons."""
+
+    settings: RunSettings
+    values: dict[str, object] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sources = dict(self.settings.sources)
+        self.reasons = dict(self.settings.reasons)
+
+    def open(self, name: str) -> bool:
+        """Whether ``name`` is still at its built-in default (nothing the user said, nothing settled)."""
+        return self.sources.get(name, "default") == "default" and name not in self.values
+
+    def take(self, name: str, value: object, why: str | None = None) -> None:
+        self.values[name] = value
+        self.sources[name] = "wisdom"
+        if why:
+            self.reasons[name] = why
+
+    def result(self) -> RunSettings:
+        return dataclasses.replace(self.settings, sources=self.sources, reasons=self.reasons, **self.values)  # type: ignore[arg-type]
+
+
+def _measured_counts(s: _Settled, wisdom: Wisdom) -> None:
+    for name, decision in (("threads", wisdom.threads), ("parallel", wisdom.parallel), ("n_ubatch", wisdom.n_ubatch)):
+        if s.open(name) and decision is not None and isinstance(decision.value, int):
+            s.take(name, decision.value)
+    advised = wisdom.bench.get("draft")
+    if s.open("draft") and isinstance(advised, str) and advised in ("none", "lookup", "auto"):
+        s.take("draft", advised, "localrun bench measured it fastest here")
+    advised = wisdom.bench.get("parallel")
+    if s.open("parallel") and isinstance(advised, int) and advised > 0:
+        s.take("parallel", advised, "localrun bench measured it fastest here")
+
+
+def _kv(s: _Settled, shape: ModelInfo, wisdom: Wisdom | None, need: int | None) -> tuple[str, str]:
+    settings = s.settings
+    if AUTO not in (settings.type_k, settings.type_v):
+        return settings.type_k, settings.type_v
+    n = need or settings.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
+    cost = wisdom.kv_cost if wisdom is not None else None
+    costs = cost.figures if cost is not None and cost.value is not None else None  # a tie: no cost to weigh
+    choice = choose_kv(shape, n, memory_budget(settings.memory_budget), costs)
+    s.values.update(type_k=choice.type_k, type_v=choice.type_v)
+    s.reasons["kv"] = f"{choice.type_k}/{choice.type_v}: {choice.reason}"
+    return choice.type_k, choice.type_v
+
+
+def _flash_attn(s: _Settled, wisdom: Wisdom | None, kv: tuple[str, str], depth: int | None) -> None:
+    curve = wisdom.flash_attn if wisdom is not None and wisdom.kv == kv_label(*kv) else None
+    if s.settings.flash_attn != AUTO or kv[1] != "f16" or curve is None:
+        return
+    mode = curve.choice(depth)
+    at = f"at depth {depth}" if depth is not None else "over the depths measured"
+    if mode is None:
+        s.reasons["flash_attn"] = f"auto: on and off measured alike {at}"
+        return
+    cross = curve.crossover
+    where = f"; the two cross near depth {cross}" if cross is not None else ""
+    s.take("flash_attn", mode, f"{mode}: faster {at}{where} (localrun tune)")
 
 
 def apply(
@@ -87,46 +139,10 @@ def apply(
     ``need``: the context the run needs (prompt and output; None: the
     --ctx given, else DEFAULT_CTX); ``depth``: the context depth the run will
     mostly decode at (None: unknown), for flash attention."""
-    values: dict[str, object] = {}
-    sources: dict[str, Source] = dict(settings.sources)
-    reasons: dict[str, str] = dict(settings.reasons)
-    default = {name for name, source in sources.items() if source == "default"} | {
-        n for n in ("threads", "parallel", "n_ubatch") if n not in sources
-    }
+    s = _Settled(settings)
     if wisdom is not None:
-        if "threads" in default and wisdom.threads is not None and isinstance(wisdom.threads.value, int):
-            _set(values, sources, reasons, "threads", wisdom.threads.value)
-        if "parallel" in default and wisdom.parallel is not None and isinstance(wisdom.parallel.value, int):
-            _set(values, sources, reasons, "parallel", wisdom.parallel.value)
-        if "n_ubatch" in default and wisdom.n_ubatch is not None and isinstance(wisdom.n_ubatch.value, int):
-            _set(values, sources, reasons, "n_ubatch", wisdom.n_ubatch.value)
-        advised = wisdom.bench.get("draft")
-        if "draft" in default and isinstance(advised, str) and advised in ("none", "lookup", "auto"):
-            _set(values, sources, reasons, "draft", advised, "localrun bench measured it fastest here")
-        advised = wisdom.bench.get("parallel")
-        if "parallel" in default and "parallel" not in values and isinstance(advised, int) and advised > 0:
-            _set(values, sources, reasons, "parallel", advised, "localrun bench measured it fastest here")
-
-    if settings.threads is None and "threads" not in values:
-        values["threads"] = default_threads()  # llama.cpp's default, named so that --json shows it
-    type_k, type_v = settings.type_k, settings.type_v
-    if AUTO in (type_k, type_v):
-        n = need or settings.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
-        cost = wisdom.kv_cost if wisdom is not None else None
-        costs = cost.figures if cost is not None and cost.value is not None else None  # a tie: no cost to weigh
-        choice = choose_kv(shape, n, memory_budget(settings.memory_budget), costs)
-        type_k, type_v = choice.type_k, choice.type_v
-        values.update(type_k=type_k, type_v=type_v)
-        reasons["kv"] = f"{type_k}/{type_v}: {choice.reason}"
-
-    curve = wisdom.flash_attn if wisdom is not None and wisdom.kv == kv_label(type_k, type_v) else None
-    if settings.flash_attn == AUTO and type_v == "f16" and curve is not None:
-        mode = curve.choice(depth)
-        at = f"at depth {depth}" if depth is not None else "over the depths measured"
-        if mode is None:
-            reasons["flash_attn"] = f"auto: on and off measured alike {at}"
-        else:
-            cross = curve.crossover
-            where = f"; the two cross near depth {cross}" if cross is not None else ""
-            _set(values, sources, reasons, "flash_attn", mode, f"{mode}: faster {at}{where} (localrun tune)")
-    return dataclasses.replace(settings, sources=sources, reasons=reasons, **values)  # type: ignore[arg-type]
+        _measured_counts(s, wisdom)
+    if settings.threads is None and "threads" not in s.values:
+        s.values["threads"] = default_threads()  # llama.cpp's default, named so that --json shows it
+    _flash_attn(s, wisdom, _kv(s, shape, wisdom, need), depth)
+    return s.result()
