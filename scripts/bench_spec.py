@@ -70,16 +70,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import DraftStats, Event, Stats, TokenEvent
+from localrun.gguf.info import N_UBATCH, describe
+from localrun.gguf.reader import read_gguf
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
 from localrun.runtime.sampling import SamplingParams
+from localrun.settings import Options, resolve
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.base import Draft, Offer
 from localrun.speculative.control import PLAIN, FixedController, Plan
 from localrun.speculative.draftmodel import DraftModelDrafter
-from localrun.system import default_threads
+from localrun.system import cpu_count, default_threads
+from localrun.tune.apply import apply, find
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import median_ratio
 
@@ -393,8 +397,29 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def tuned_engine(target: Path, threads: int | None) -> tuple[Engine, tuple[float, ...] | None]:
+    """The target as `localrun generate` runs it on this machine: its wisdom's
+    threads, flash attention and prompt batch (`localrun tune`), with a
+    4,096-token context; and the verify-cost curve the auto column's
+    controller starts from."""
+    wisdom = find(target, hint_once=False).wisdom
+    settings = apply(resolve(Options(ctx="4096", threads=threads)), describe(read_gguf(target)), wisdom)
+    config = EngineConfig(
+        model_path=target,
+        n_ctx=settings.n_ctx,
+        n_threads=settings.threads,
+        adapt_threads=threads is None,
+        max_threads=None if threads else cpu_count(),
+        type_k=settings.type_k,
+        type_v=settings.type_v,
+        flash_attn=settings.flash_attn,
+        n_ubatch=settings.n_ubatch or N_UBATCH,
+    )
+    return Engine(config), wisdom.verify_curve if wisdom is not None else None
+
+
 def make_columns(
-    args: argparse.Namespace, engine: Engine, decoder: Decoder
+    args: argparse.Namespace, engine: Engine, decoder: Decoder, curve: tuple[float, ...] | None = None
 ) -> tuple[dict[str, Column], DraftModelDrafter | None]:
     """Each localrun column's runner, and the draft model the fixed
     draft-model columns share (loaded now, if one of them runs; the caller closes it)."""
@@ -413,7 +438,7 @@ def make_columns(
 
     def opened(choice: str, draft: Path | None) -> Column:
         def column(p: list[int], n: int) -> Result:
-            speculation = open_speculation(engine, choice, draft)
+            speculation = open_speculation(engine, choice, draft, verify_curve=curve)
             assert speculation is not None
             return fresh(speculation, engine, decoder, p, n)
 
@@ -437,9 +462,9 @@ def make_columns(
 def main() -> None:
     args = parse_args()
     rounds, workloads = args.rounds, args.workloads
-    engine = Engine(EngineConfig(model_path=args.target, n_ctx=4096, n_threads=args.threads))
+    engine, curve = tuned_engine(args.target, args.threads)
     decoder = Decoder(engine)
-    columns, model = make_columns(args, engine, decoder)
+    columns, model = make_columns(args, engine, decoder, curve)
     prompts = {name: prompt_tokens(engine, text) for name, (text, _) in workloads.items()}
     folder = Path(tempfile.mkdtemp(prefix="bench_spec-"))
     files = {name: folder / f"{name}.txt" for name in workloads}  # the same templated prompts, for --native

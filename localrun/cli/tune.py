@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from localrun.tune.wisdom import Wisdom
 
 DEFAULT_SECONDS = 60.0
+BUSY_WARNING = 0.15  # warn when other processes took this share of the CPUs during the measurements
 
 
 def tune_command(
@@ -69,6 +70,11 @@ def run_tune(path: Path, *, seconds: float = DEFAULT_SECONDS, kv: tuple[str, str
     wisdom_file.put(wisdom)
     written = wisdom_file.save()
     out().note(f"kept in {written}")
+    if wisdom.busy >= BUSY_WARNING:
+        out().warn(
+            f"other processes took {wisdom.busy:.0%} of the CPUs while it measured: the choices fit a busy "
+            "machine (threads adapt while generating either way); tune again when it is idle"
+        )
     return wisdom
 
 

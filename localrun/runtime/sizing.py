@@ -144,9 +144,9 @@ def choose_kv(shape: ModelInfo, need: int, budget: int, costs: Mapping[str, floa
         return KvChoice(k, v, f"no KV type fits {need} tokens in the memory budget; the smallest is tried")
     first = fitting[0]
     if first == order[0]:
-        why = f"{need} tokens of context fit at f16"
+        why = f"the run needs about {need} tokens of context, which fit at f16"
     else:
-        why = f"{need} tokens of context do not fit at f16 in {budget / 2**30:.1f} GiB"
+        why = f"the run needs about {need} tokens of context, which do not fit at f16 in {budget / 2**30:.1f} GiB"
     if costs:
         timed = [kv for kv in fitting if f"{kv[0]}/{kv[1]}" in costs]
         if timed and first in timed:

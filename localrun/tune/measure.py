@@ -22,6 +22,7 @@ time is up. A tie keeps llama.cpp's default.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -171,6 +172,7 @@ class Tuner:
         self.memory_budget = memory_budget
         self.start = time.monotonic()
         self.deadline = self.start
+        self.busy = 0.0
 
     def _phase(self, name: str) -> float:
         """Start a phase: report it and return its deadline."""
@@ -232,6 +234,7 @@ class Tuner:
             parallel=parallel,
             kv_cost=kv_cost,
             kv_depth=depth,
+            busy=round(self.busy, 3),
         )
 
     # -- phases --
@@ -243,6 +246,7 @@ class Tuner:
         deadline = self._phase("threads")
         ctx.step_s(2)  # warm up
         steps = self._steps(ctx.step_s(2))
+        self.busy = _busy_share(lambda: ctx.step_s(steps), cpu_count())
         candidates = thread_candidates()
 
         def sample(n: int) -> float:
@@ -328,6 +332,17 @@ class Tuner:
             deep = Race(on_kinds, {k: at[depth].samples[k] for k in on_kinds})
             kv_cost = _decision(deep, on_kinds[0], "ms/token", name=lambda k: kv_label(k[0], k[1]))
         return attention, kv_cost, depth
+
+
+def _busy_share(run: Callable[[], object], threads: int) -> float:
+    """The share of ``threads`` CPUs' time that other processes took while
+    ``run`` ran: llama.cpp's threads spin, so on an idle machine they use all
+    of it."""
+    before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    run()
+    after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return max(0.0, 1.0 - cpu / (wall * threads)) if wall > 0 else 0.0
 
 
 def _tokens(vocab: Any, text: str) -> list[int]:

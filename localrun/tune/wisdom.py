@@ -153,6 +153,7 @@ class Wisdom:
     kv_cost: Decision | None = None  # decode ms per token at depth per KV types; value: the fastest or None
     kv_depth: int = 0  # the depth kv_cost was measured at
     bench: Mapping[str, Any] = field(default_factory=dict)  # `localrun bench`'s advice
+    busy: float = 0.0  # the share of the CPUs other processes took while it measured
 
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
@@ -182,6 +183,7 @@ class Wisdom:
             "kv_cost": opt(self.kv_cost),
             "kv_depth": self.kv_depth,
             "bench": dict(self.bench),
+            "busy": self.busy,
         }
 
     @classmethod
@@ -214,6 +216,7 @@ class Wisdom:
             kv_cost=dec("kv_cost"),
             kv_depth=int(raw.get("kv_depth", 0)),
             bench=bench if isinstance(bench, dict) else {},
+            busy=float(raw.get("busy", 0.0)),
         )
 
 

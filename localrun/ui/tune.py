@@ -66,6 +66,8 @@ def describe(w: Wisdom) -> str:
         f"{w.model.file} on {w.machine.describe()}, KV {w.kv}, measured {w.measured_at} in {w.seconds:.0f}s",
         f"  build              {w.machine.build}",
     ]
+    if w.busy:
+        lines.append(f"  machine load       other processes took {w.busy:.0%} of the CPUs while it measured")
     if w.threads is not None:
         lines.append(f"  threads            {_choice(w.threads, 'physical cores')}")
         lines.append(f"                     {_figures(w.threads)}")

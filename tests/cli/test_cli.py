@@ -54,7 +54,8 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "settings",  # every setting used, and where it came from
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
-    assert set(done["settings"]) == {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch"}
+    names = {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch"}
+    assert set(done["settings"]) == names
     assert all(s["source"] in ("option", "model", "config", "wisdom", "default") for s in done["settings"].values())
     assert done["settings"]["draft"] == {"value": "auto", "source": "default"}
     assert done["cached_tokens"] == 0 and done["threads"] >= 1
