@@ -23,6 +23,7 @@ time is up. A tie keeps llama.cpp's default.
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from localrun.gguf.info import describe
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
 from localrun.system import cpu_count, physical_cores
-from localrun.tune.race import Race
+from localrun.tune.race import Race, spread
 from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, kv_label
 
 MAX_ROWS = 16  # verify batches and parallel sequences measured: 1..MAX_ROWS
@@ -45,10 +46,10 @@ UBATCH_SIZES = (64, 128, 256, 512)
 LLAMA_UBATCH = 512  # llama.cpp's default prompt batch (n_ubatch)
 LLAMA_PARALLEL = 4  # llama-server's default slots when not told (-np auto)
 PROMPT = 32  # tokens evaluated before anything is timed
-SAMPLE_S = 0.12  # aim of one timed sample: enough steps to average out a tick
+SAMPLE_S = 0.25  # aim of one timed sample: enough steps that one slow step does not decide
 MIN_DEPTH, MAX_DEPTH = 128, 2048
 # the share of the time cap each phase may use, in order (the rest is load and set-up)
-SHARES = {"threads": 0.08, "verify": 0.2, "parallel": 0.12, "ubatch": 0.12, "depth": 0.4}
+SHARES = {"threads": 0.08, "verify": 0.18, "parallel": 0.1, "ubatch": 0.12, "depth": 0.45}
 TEXT = (
     "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b\n"
     "Numbers are stored in binary; a float has a sign, an exponent and a fraction. "
@@ -272,8 +273,8 @@ class Tuner:
         deadline = self._phase("ubatch")
         budget = SHARES["ubatch"] * self.seconds
         first = ctx.prompt_s(UBATCH_SIZES[0])  # a warm-up and an estimate
-        # sizes one of whose rounds fits a third of the phase
-        sizes = [u for u in UBATCH_SIZES if u * first * sum(1 for s in UBATCH_SIZES if s <= u) <= budget / 3] or [
+        # sizes one of whose rounds fits half the phase
+        sizes = [u for u in UBATCH_SIZES if u * first * sum(1 for s in UBATCH_SIZES if s <= u) <= budget / 2] or [
             UBATCH_SIZES[0]
         ]
         race = Race(sizes).run(ctx.prompt_s, min_rounds=2, max_rounds=5, deadline=deadline)
@@ -298,7 +299,7 @@ class Tuner:
             kinds.append((type_k, type_v, "on"))
         if self.kv == ("f16", "f16") and shape.key_length % 32 == 0 and shape.value_length % 32 == 0:
             kinds += [("q8_0", "q8_0", "on"), ("q8_0", "q4_0", "on")]
-        fill_budget = 0.6 * SHARES["depth"] * self.seconds
+        fill_budget = 0.7 * SHARES["depth"] * self.seconds
         depth = int(pp_rate * fill_budget / len(kinds)) // 64 * 64
         limit = (shape.context_length or MAX_DEPTH) - 2 * MAX_ROWS
         depth = max(MIN_DEPTH, min(depth, MAX_DEPTH, limit))
@@ -325,6 +326,7 @@ class Tuner:
                 tuple(depths),
                 tuple(at[d].median(off) * 1e3 for d in depths),
                 tuple(at[d].median(on) * 1e3 for d in depths),
+                noise=round(statistics.median(spread(at[d].samples[k]) for d in depths for k in (off, on)), 4),
             )
         kv_cost = None
         on_kinds = [k for k in kinds if k[2] == "on"]

@@ -27,6 +27,13 @@ def _quartiles(xs: Sequence[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
+def spread(xs: Sequence[float]) -> float:
+    """The interquartile range as a share of the median: how noisy a candidate's samples are."""
+    lo, hi = _quartiles(xs)
+    m = statistics.median(xs)
+    return (hi - lo) / m if m > 0 else 0.0
+
+
 def separated(best: Sequence[float], other: Sequence[float], margin: float = TIE_MARGIN) -> bool:
     """Whether ``best`` (lower is better) is faster than ``other`` beyond noise."""
     mb, mo = statistics.median(best), statistics.median(other)

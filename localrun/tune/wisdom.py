@@ -98,6 +98,7 @@ class Attention:
     depths: tuple[int, ...]
     off_ms: tuple[float, ...]
     on_ms: tuple[float, ...]
+    noise: float = 0.0  # the measurements' typical spread, as a share: a difference within it is a tie
 
     def predicted(self, mode: str, depth: float) -> float:
         a, b = _fit(self.depths, self.off_ms if mode == "off" else self.on_ms)
@@ -105,12 +106,12 @@ class Attention:
 
     def choice(self, depth: float | None = None) -> str | None:
         """The faster mode at ``depth`` (None: the middle of the depths
-        measured); None when they are within the tie margin."""
+        measured); None when they are within the tie margin or the noise."""
         if depth is None:
             depth = sum(self.depths) / len(self.depths)
         depth = min(depth, 4 * max(self.depths))  # a line says little far beyond what was measured
         off, on = self.predicted("off", depth), self.predicted("on", depth)
-        if abs(off - on) <= TIE_MARGIN * min(off, on):
+        if abs(off - on) <= max(TIE_MARGIN, self.noise) * min(off, on):
             return None
         return "off" if off < on else "on"
 
@@ -125,7 +126,12 @@ class Attention:
         return round(x) if x > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"depths": list(self.depths), "off_ms": list(self.off_ms), "on_ms": list(self.on_ms)}
+        return {
+            "depths": list(self.depths),
+            "off_ms": [round(x, 3) for x in self.off_ms],
+            "on_ms": [round(x, 3) for x in self.on_ms],
+            "noise": self.noise,
+        }
 
     @classmethod
     def from_dict(cls, raw: Any) -> Attention:
@@ -133,7 +139,7 @@ class Attention:
         off, on = tuple(float(x) for x in raw["off_ms"]), tuple(float(x) for x in raw["on_ms"])
         if not depths or len(off) != len(depths) or len(on) != len(depths):
             raise ValueError("flash attention figures do not match their depths")
-        return cls(depths, off, on)
+        return cls(depths, off, on, float(raw.get("noise", 0.0)))
 
 
 @dataclass(frozen=True)

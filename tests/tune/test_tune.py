@@ -28,7 +28,7 @@ def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path) -> None:
     assert tuned.returncode == 0, tuned.stderr
     measured = json.loads(tuned.stdout)
     assert len(measured["verify_ms"]) == MAX_ROWS and all(ms > 0 for ms in measured["verify_ms"])
-    assert set(measured["flash_attn"]) == {"depths", "off_ms", "on_ms"}
+    assert set(measured["flash_attn"]) == {"depths", "off_ms", "on_ms", "noise"}
     assert measured["threads"]["figures"] and measured["parallel"]["figures"]
     assert set(measured["kv_cost"]["figures"]) == {"f16/f16", "q8_0/q8_0", "q8_0/q4_0"}
 

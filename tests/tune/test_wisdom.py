@@ -121,6 +121,9 @@ def test_a_tie_keeps_the_default(tiny_model: Path) -> None:
     settled = tuned.apply(resolve(Options()), describe(read_gguf(tiny_model)), w, need=300, depth=500)
     assert settled.threads == physical_cores() and settled.flash_attn == "auto"
     assert "alike" in settled.reasons["flash_attn"]
+    # 5% apart decides when the measurements spread less, and is a tie when they spread more
+    apart = Attention((32, 1024), off_ms=(10.0, 10.5), on_ms=(10.5, 11.0))
+    assert apart.choice(500) == "off" and dataclasses.replace(apart, noise=0.08).choice(500) is None
 
 
 def test_kv_auto_quantizes_only_when_f16_does_not_fit(wide_model: Path) -> None:
