@@ -3,7 +3,8 @@ rotating order, until the best is separated from the rest beyond noise, or
 the rounds or the time run out.
 
 Separated: the best's upper quartile lies below the other's lower quartile
-and their medians differ by more than the tie margin. A candidate that
+and their medians differ by more than the tie margin and the samples' own
+spread. A candidate that
 cannot be separated from the best is tied with it.
 """
 
@@ -35,9 +36,12 @@ def spread(xs: Sequence[float]) -> float:
 
 
 def separated(best: Sequence[float], other: Sequence[float], margin: float = TIE_MARGIN) -> bool:
-    """Whether ``best`` (lower is better) is faster than ``other`` beyond noise."""
+    """Whether ``best`` (lower is better) is faster than ``other`` beyond noise:
+    its upper quartile below the other's lower one, and the medians further
+    apart than the margin and than the samples' own typical spread."""
     mb, mo = statistics.median(best), statistics.median(other)
-    return mo - mb > margin * mb and _quartiles(best)[1] < _quartiles(other)[0]
+    noise = (spread(best) + spread(other)) / 2
+    return mo - mb > max(margin, noise) * mb and _quartiles(best)[1] < _quartiles(other)[0]
 
 
 def settled_tie(a: Sequence[float], b: Sequence[float], margin: float = TIE_MARGIN) -> bool:
