@@ -40,8 +40,11 @@ def _build() -> str:
     """llama-cpp-python's version and the CPU features its llama.cpp was built for."""
     import llama_cpp
 
-    info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    return f"llama-cpp-python {llama_cpp.__version__}; {info}"
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    features = [
+        part.split("=")[0].strip() for part in info.replace("CPU :", "").split("|") if part.strip().endswith("= 1")
+    ]
+    return f"llama-cpp-python {llama_cpp.__version__} ({' '.join(features)})"
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,7 @@ class Tuner:
         race = Race(sizes).run(ctx.prompt_s, min_rounds=2, max_rounds=5, deadline=deadline)
         rate = 1.0 / race.median(max(sizes))
         decision = _decision(race, LLAMA_UBATCH, "ms/token")
-        if decision.value is not None and decision.value == max(sizes) and max(sizes) < LLAMA_UBATCH:
+        if decision.value is not None and max(sizes) in race.tied() and max(sizes) < LLAMA_UBATCH:
             note = f"fastest at {max(sizes)}, the largest measured: llama.cpp's {LLAMA_UBATCH} kept"
             decision = Decision(None, decision.figures, decision.unit, note=note)
         return decision, rate

@@ -11,6 +11,8 @@ from localrun.tune.measure import TuneProgress
 from localrun.tune.wisdom import Decision, Wisdom
 from localrun.ui.progress import bar
 
+BUSY_SHOWN = 0.05  # a smaller share of the CPUs taken by others is any machine's background
+
 
 class TuneBar:
     """A bar on stderr when it is a terminal (the share of the time cap
@@ -66,7 +68,7 @@ def describe(w: Wisdom) -> str:
         f"{w.model.file} on {w.machine.describe()}, KV {w.kv}, measured {w.measured_at} in {w.seconds:.0f}s",
         f"  build              {w.machine.build}",
     ]
-    if w.busy:
+    if w.busy >= BUSY_SHOWN:
         lines.append(f"  machine load       other processes took {w.busy:.0%} of the CPUs while it measured")
     if w.threads is not None:
         lines.append(f"  threads            {_choice(w.threads, 'physical cores')}")
