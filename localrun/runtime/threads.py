@@ -4,8 +4,8 @@ llama.cpp's compute threads meet at a barrier after each graph node and spin
 while they wait. On an idle machine all the threads are best; when other
 CPU-bound processes compete, the kernel preempts one thread or another, the
 rest spin at the barrier until it runs again, and fewer threads decode faster
-(a 0.5B model on 2 cores with 2 other busy processes: 8.1-8.6 tok/s with 2
-threads, 13.1 with 1; idle: 37.6 with 2, 21.1 with 1).
+(how much depends on the machine and the load: docs/benchmarks.md has one
+machine's figures, which decide nothing here; the governor measures).
 
 `ThreadGovernor` decides from the figures it is fed, and reads no clock (the
 tests feed it fixed ones): per single-token decode step, the wall seconds and
@@ -50,12 +50,13 @@ from __future__ import annotations
 import resource
 import time
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
 
-WINDOW = 16  # single-token steps per window
+WINDOW = 8  # single-token steps per window
 CONTENDED_CORES = 0.25  # contended: our threads waited for at least this many cores' worth of time ...
 CONTENDED_SHARE = 0.05  # ... and at least this share of their time
 CLEAR_CORES = 0.1  # the competition has stopped: at most this many cores' worth ...
@@ -91,6 +92,16 @@ class ThreadGovernor:
     @property
     def running(self) -> int:
         return self._probe if self._probe is not None else self.threads
+
+    def start_below(self, threads: int) -> int:
+        """Start a generation at ``threads``, fewer than settled because other
+        processes were seen running: counted as contended, so that a first
+        window without contention probes up at once. Returns the count to run."""
+        self.resume(threads)
+        if self.threads < self.max_threads:
+            self._contended = True
+            self._next_up = self._windows + self._up_gap  # unless a clear window says the others have gone
+        return self.threads
 
     def resume(self, threads: int) -> int:
         """Start afresh at ``threads`` (a new generation, or after one ended):
@@ -176,6 +187,23 @@ def governor(engine: Engine) -> ThreadGovernor:
     return gov
 
 
+def others_running(samples: int = 5, gap_s: float = 0.001) -> int:
+    """How many other tasks keep the CPUs busy now: the fewest runnable tasks
+    in /proc/stat over a few samples (a passing task is seldom in all of
+    them), less this one reading it; 0 where it cannot be read."""
+    seen = []
+    for i in range(samples):
+        try:
+            with Path("/proc/stat").open(encoding="ascii") as f:
+                running = next((int(line.split()[1]) for line in f if line.startswith("procs_running")), 1)
+        except (OSError, ValueError):
+            return 0
+        seen.append(running)
+        if i + 1 < samples:
+            time.sleep(gap_s)
+    return max(0, min(seen) - 1)
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -193,7 +221,12 @@ class ThreadMeter:
         self.active = self.governor.active
         self._wall = self._cpu = 0.0
         if self.active:
-            self._apply(self.governor.resume(engine.threads))
+            others = others_running()
+            free = max(1, self.governor.max_threads - others)
+            if others and free < self.governor.threads:
+                self._apply(self.governor.start_below(free))
+            else:
+                self._apply(self.governor.resume(engine.threads))
 
     @property
     def threads(self) -> int:

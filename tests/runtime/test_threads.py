@@ -27,9 +27,7 @@ GREEDY = SamplingParams(temperature=0.0)
 @dataclass
 class Machine:
     """A step's wall seconds and the process's CPU seconds over it, by thread
-    count, under a given load: fixed figures, as on the 2-core machine where a
-    0.5B model decodes at 37.6 tok/s with 2 threads and 21.1 with 1 when idle,
-    8.4 and 13.1 with 2 other busy processes."""
+    count, under a given load: fixed figures, shaped like one 2-core machine's."""
 
     walls: dict[int, float]
     shares: dict[int, float]  # the CPU each of our threads gets, as a fraction of the wall time
@@ -102,6 +100,24 @@ def test_returns_to_all_threads_when_the_load_goes() -> None:
     assert gov.threads == 2
     assert counts.index(2) <= 3 * WINDOW  # the contention signal cleared: a probe up at once
     assert set(counts[4 * WINDOW :]) == {2}  # and then no more probing
+
+
+def test_a_start_below_the_count_for_a_busy_machine() -> None:
+    """Other processes seen running at the start: fewer threads at once; where
+    they were passing (the machine is idle), the first window probes back up."""
+    busy = ThreadGovernor(2)
+    busy.start_below(1)
+    counts = drive(busy, BUSY, 2000)
+    assert counts[: 4 * WINDOW] == [1] * (4 * WINDOW) and busy.threads == 1
+    idle = ThreadGovernor(2)
+    idle.start_below(1)
+    counts = drive(idle, IDLE, 500)
+    assert counts.index(2) <= 2 * WINDOW and idle.threads == 2
+    assert set(counts[3 * WINDOW :]) == {2}
+
+
+def test_others_running_reads_the_machine() -> None:
+    assert threads_mod.others_running() >= 0
 
 
 def test_returns_even_when_the_load_end_is_invisible() -> None:
