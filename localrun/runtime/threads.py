@@ -27,7 +27,8 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   that loses goes back, and the next probe down waits a gap of windows that
   doubles with each loss (`MIN_GAP` to `MAX_GAP`).
 - Up: below the full count a probe with one thread more runs after a gap that
-  doubles each time a probe up loses; one that wins is kept and the next
+  doubles each time a probe up loses (while the contention signal stays on,
+  after `MAX_GAP` windows at the least: the others are still there); one that wins is kept and the next
   window probes up again. Both gaps go back to `MIN_GAP` (and a probe up runs
   at once) when the contention signal disappears: a clear window after a
   contended one at the same count, which is what happens when the load that
@@ -87,6 +88,7 @@ class ThreadGovernor:
         self._windows = 0
         self._up_gap = self._down_gap = MIN_GAP
         self._next_up = self._next_down = 0  # the window from which a probe that way may run
+        self._last_up = 0  # the window the last probe up started
         self.resume(self.max_threads if threads is None else threads)
 
     @property
@@ -100,7 +102,7 @@ class ThreadGovernor:
         self.resume(threads)
         if self.threads < self.max_threads:
             self._contended = True
-            self._next_up = self._windows + self._up_gap  # unless a clear window says the others have gone
+            self._last_up = self._windows  # a probe up waits until a clear window says the others have gone
         return self.threads
 
     def resume(self, threads: int) -> int:
@@ -156,8 +158,12 @@ class ThreadGovernor:
                 self._next_down, self._next_up = now, now + self._up_gap
         self._base = median_s
         self._judge(lost, now)
-        if self.threads < self.max_threads and now >= self._next_up:
+        # while the others still take our threads' time they have not gone: a probe up (a window at a
+        # count that lost already) waits the longest gap; without contention it follows its own gap
+        up_at = self._next_up if not self._contended else max(self._next_up, self._last_up + MAX_GAP)
+        if self.threads < self.max_threads and now >= up_at:
             self._probe = self.threads + 1
+            self._last_up = now
         elif self._contended and self.threads > 1 and now >= self._next_down:
             self._probe = self.threads - 1
         return self.running
