@@ -22,11 +22,16 @@ def test_version() -> None:
     assert res.returncode == 0 and res.stdout == f"localrun {__version__}\n"
 
 
-def test_completion_script_for_each_shell() -> None:
-    for shell in ("bash", "zsh", "fish"):
+def test_completion_script_for_each_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer.completion
+
+    # with shellingham installed Typer detects the shell from the process tree, which
+    # depends on how the tests were started: each shell is made the detected one
+    for shell, marker in (("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")):
+        monkeypatch.setattr(typer.completion, "_get_shell_name", lambda shell=shell: shell)
         res = cli("--show-completion", shell)
         assert res.returncode == 0, res.stderr
-        assert "localrun" in res.stdout and "_LOCALRUN_COMPLETE" in res.stdout
+        assert "localrun" in res.stdout and "_LOCALRUN_COMPLETE" in res.stdout and marker in res.stdout, shell
 
 
 @pytest.mark.parametrize("args", [["--help"], ["list"], ["generate", "--help"], ["chat", "--help"]])
