@@ -79,8 +79,8 @@ from localrun.runtime.prompt import chat_template, prompt_tokens, render_message
 from localrun.runtime.sampling import SamplingParams
 from localrun.settings import Options, resolve
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
-from localrun.speculative.base import Draft, Offer
-from localrun.speculative.control import PLAIN, FixedController, Plan
+from localrun.speculative.base import Offer
+from localrun.speculative.control import PLAIN, FixedController, Plan, Unobserving
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.system import cpu_count, default_threads
 from localrun.tune.apply import apply, find
@@ -208,7 +208,7 @@ QUICK_ORACLE_N = (4, 8)
 
 
 @dataclass
-class FixedWay:
+class FixedWay(Unobserving):
     """A fixed configuration for the oracle: the first offer from one of
     ``drafters`` (in their order), drafted at length ``n`` (no longer than the
     room left; no longer than the offer's own limit when ``capped``), else a
@@ -223,21 +223,6 @@ class FixedWay:
             if offer.drafter in self.drafters and room >= 1:
                 return Plan(offer, min(self.n, offer.max_len if self.capped else self.n, room))
         return PLAIN
-
-    def observe_plain(self, seconds: float) -> None:
-        pass
-
-    def observe_verify(self, rows: int, seconds: float) -> None:
-        pass
-
-    def observe_draft(self, drafter: int, draft: Draft) -> None:
-        pass
-
-    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
-        pass
-
-    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
-        pass
 
 
 def oracle_columns(ns: Sequence[int]) -> tuple[str, ...]:

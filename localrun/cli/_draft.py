@@ -9,7 +9,7 @@ become a `Speculation` (or none).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -23,6 +23,7 @@ from localrun.cli._resolve import resolve_model
 from localrun.errors import LocalrunError, UsageError
 
 if TYPE_CHECKING:
+    from localrun.cli._options import Resolved
     from localrun.runtime.engine import Engine
     from localrun.speculative import Speculation
 
@@ -63,21 +64,17 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
 
 @contextmanager
 def open_draft(
-    choice: str,
-    engine: Engine,
-    target: store.Target,
-    *,
-    offline: bool = False,
-    pull_matched: bool = False,
-    verify_curve: Sequence[float] | None = None,
+    resolved: Resolved, engine: Engine, *, offline: bool = False, pull_matched: bool = False
 ) -> Iterator[Speculation | None]:
-    """The speculation for the resolved choice on ``engine`` (the model
-    ``target`` names), closed at the end. `auto` uses the matched draft when
-    it is on disk, or pulls it first with ``pull_matched`` (`--draft`); a draft
-    model named by alias or path is pulled if need be. ``verify_curve``: what
-    `localrun tune` measured a verify batch to cost here (the controller's prior)."""
+    """The speculation for the run's resolved draft choice on ``engine`` (the
+    model ``resolved.target`` names), closed at the end, its controller
+    starting from the verify-cost curve `localrun tune` measured here. `auto`
+    uses the matched draft when it is on disk, or pulls it first with
+    ``pull_matched`` (`--draft`); a draft model named by alias or path is
+    pulled if need be."""
     from localrun.speculative import open_speculation
 
+    choice, target, verify_curve = resolved.settings.draft, resolved.target, resolved.verify_curve
     path = None
     if choice == "auto":
         path = _matched(target, offline=offline, pull=pull_matched)

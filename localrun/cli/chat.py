@@ -92,14 +92,7 @@ def chat(
     env = current()
     with (
         opt.load(resolved) as engine,
-        open_draft(
-            resolved.settings.draft,
-            engine,
-            resolved.target,
-            offline=offline,
-            pull_matched=draft,
-            verify_curve=resolved.verify_curve,
-        ) as speculation,
+        open_draft(resolved, engine, offline=offline, pull_matched=draft) as speculation,
     ):
         session = ChatSession(
             engine,

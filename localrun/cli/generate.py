@@ -161,14 +161,7 @@ def generate(
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
         renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.settings.as_dict())
-        drafting = open_draft(
-            resolved.settings.draft,
-            engine,
-            resolved.target,
-            offline=offline,
-            pull_matched=draft,
-            verify_curve=resolved.verify_curve,
-        )
+        drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
         with ctrl_c_stops(engine), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             events = decoding.generate(

@@ -380,19 +380,8 @@ class AdaptiveController:
             self.explored += max(seconds - tokens / plan.best_rate, 0.0)
 
 
-@dataclass
-class FixedController:
-    """Always the same drafter and draft length when it has something to
-    offer, else a plain step: fixed settings, for comparison."""
-
-    drafter: int
-    n: int
-
-    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
-        for offer in offers:
-            if offer.drafter == self.drafter and room >= 1:
-                return Plan(offer, min(self.n, offer.max_len, room))
-        return PLAIN
+class Unobserving:
+    """A controller's observations, ignored: for controllers whose way is fixed."""
 
     def observe_plain(self, seconds: float) -> None:
         pass
@@ -408,3 +397,18 @@ class FixedController:
 
     def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
         pass
+
+
+@dataclass
+class FixedController(Unobserving):
+    """Always the same drafter and draft length when it has something to
+    offer, else a plain step: fixed settings, for comparison."""
+
+    drafter: int
+    n: int
+
+    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+        for offer in offers:
+            if offer.drafter == self.drafter and room >= 1:
+                return Plan(offer, min(self.n, offer.max_len, room))
+        return PLAIN
