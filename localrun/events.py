@@ -59,6 +59,9 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not evaluated
     prompt_cache: str | None = None  # "hit" or "miss" when a prompt cache was used
     draft: DraftStats | None = None  # speculative decoding's figures, when it ran
+    valid: bool | None = None  # structured output: the text follows the schema or grammar (None: none given)
+    invalid: str | None = None  # ... and why not
+    forced_tokens: int | None = None  # steps where the grammar left exactly one token
     threads: int | None = None  # CPU threads decoding when the run ended
 
 

@@ -37,6 +37,7 @@ class ExitCode(IntEnum):
     BAD_CONFIG = 6
     DOWNLOAD_FAILED = 7
     BATCH_FAILED = 8  # generate --batch: some lines failed (each has an error record)
+    INVALID_OUTPUT = 9  # --schema/--grammar: the text does not follow it (cut by --max-tokens, or failed the check)
     INTERRUPTED = 130
 
 

@@ -16,6 +16,7 @@ from localrun.errors import UsageError
 from localrun.settings import Options
 
 if TYPE_CHECKING:
+    from localrun.structured.spec import OutputSpec
     from localrun.ui.stream import Renderer
 
 
@@ -92,6 +93,19 @@ def generate(
             show_default=False,
         ),
     ] = None,
+    schema: Annotated[
+        str | None,
+        typer.Option(
+            "--schema",
+            help="The output must be JSON following this JSON Schema (inline, a file, or the concise form "
+            "'name, age int, tags list[str]').",
+            show_default=False,
+        ),
+    ] = None,
+    grammar: Annotated[
+        Path | None,
+        typer.Option("--grammar", help="The output must follow this grammar file (GBNF or Lark).", show_default=False),
+    ] = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: opt.Verbose = False,
@@ -112,6 +126,7 @@ def generate(
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
+    output = structured_output(schema, grammar, speculation)
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -128,6 +143,8 @@ def generate(
         from localrun.runtime.batch.plan import BatchSettings
 
         _refuse_with_batch(speculation, prompt_cache, as_json)
+        if output is not None:
+            raise UsageError("--batch does not take --schema or --grammar", hint="run the prompts one by one")
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
         tuned = resolved.settings.sources["parallel"] == "wisdom"
         settings = BatchSettings(
@@ -152,6 +169,7 @@ def generate(
     from localrun.runtime.generate import PLAIN, Decoding
     from localrun.runtime.prompt import build_prompt
     from localrun.runtime.promptcache import checkpoint_for
+    from localrun.structured.constraint import Constraint
 
     instruction, material = read_prompt(prompt)
     chars = sum(len(text) for text in (instruction, material, system) if text)
@@ -163,9 +181,16 @@ def generate(
         renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.settings.as_dict())
         drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
         with ctrl_c_stops(engine), drafting as speculative:
-            decoding: Decoding = speculative or PLAIN
+            decoding: Decoding = speculative if speculative is not None and output is None else PLAIN
+            constraint = Constraint(engine, output) if output is not None else None
             events = decoding.generate(
-                engine, built.tokens, sampling, max_tokens=max_tokens, stop=stops, checkpoint=checkpoint
+                engine,
+                built.tokens,
+                sampling,
+                max_tokens=max_tokens,
+                stop=stops,
+                checkpoint=checkpoint,
+                constraint=constraint,
             )
             final = renderer.render(events)
         for warning in checkpoint.warnings if checkpoint else ():
@@ -174,4 +199,25 @@ def generate(
             out().note(f"note: the context of {engine.n_ctx} tokens is full; --ctx N gives a longer one")
     if draft_model is not None and final.draft is not None and not final.draft.proposed:
         out().note(f"note: {draft_model} drafted nothing: plain decoding measured faster at every step")
-    return ExitCode.INTERRUPTED if final.stop_reason == "interrupted" else ExitCode.OK
+    if final.stop_reason == "interrupted":
+        return ExitCode.INTERRUPTED
+    if final.valid is False:
+        cut = " (--max-tokens cut it short)" if final.stop_reason == "length" else ""
+        out().warn(f"the output does not follow {output.source if output else 'the grammar'}{cut}: {final.invalid}")
+        return ExitCode.INVALID_OUTPUT
+    return ExitCode.OK
+
+
+def structured_output(schema: str | None, grammar: Path | None, speculation: str | None) -> OutputSpec | None:
+    """`--schema` or `--grammar`, checked before any model loads."""
+    from localrun.structured.spec import parse_grammar, parse_schema
+
+    if schema is None and grammar is None:
+        return None
+    if schema is not None and grammar is not None:
+        raise UsageError("--schema and --grammar are two ways to say one thing", hint="give one of them")
+    if speculation not in (None, "auto", "none"):
+        raise UsageError(
+            "--schema and --grammar decode without speculation", hint="drop --spec, --draft and --draft-model"
+        )
+    return parse_schema(schema) if schema is not None else parse_grammar(grammar)  # type: ignore[arg-type]

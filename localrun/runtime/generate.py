@@ -22,6 +22,7 @@ from localrun.runtime.threads import ThreadMeter
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
+    from localrun.structured.constraint import Constraint
 
 
 class GenerateOptions(TypedDict, total=False):
@@ -32,6 +33,7 @@ class GenerateOptions(TypedDict, total=False):
     ignore_eos: bool
     decoder: Decoder | None
     checkpoint: Checkpoint | None
+    constraint: Constraint | None
 
 
 class Generation:
@@ -51,8 +53,10 @@ class Generation:
         ignore_eos: bool = False,
         decoder: Decoder | None = None,
         checkpoint: Checkpoint | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         engine.check_fits(len(prompt_tokens))
+        self.constraint = constraint
         self.engine = engine
         self.prompt_tokens = prompt_tokens
         self.checkpoint = checkpoint
@@ -71,6 +75,16 @@ class Generation:
             status, cached = self.decoder.prefill(self.prompt_tokens, self.checkpoint)
             self.out.prompt_done(cached)
         return self.note(status)
+
+    def sample(self) -> int:
+        """The next token from the last batch's last row: masked first to what
+        the grammar allows, when there is one."""
+        if self.constraint is None:
+            return self.decoder.sample(self.sampler)
+        self.constraint.apply(self.decoder.logits(-1))
+        token = self.decoder.sample(self.sampler)
+        self.constraint.consume(token)
+        return token
 
     def step(self, token: int) -> DecodeStatus:
         """Evaluate one decided token: a single-token step, which the thread governor times."""
@@ -104,7 +118,14 @@ class Generation:
         self.meter.finish()
         threads = self.threads
         for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, **extra):
-            yield replace(event, threads=threads) if isinstance(event, TokenEvent) else event
+            if isinstance(event, TokenEvent):
+                yield replace(event, threads=threads)
+            elif self.constraint is not None:  # the whole text is known now: check it
+                checked = self.constraint.check(self.out.text)
+                stats = replace(event.stats, valid=checked.valid, invalid=checked.error)
+                yield replace(event, stats=replace(stats, forced_tokens=self.constraint.forced))
+            else:
+                yield event
 
     def __enter__(self) -> Generation:
         return self
@@ -129,7 +150,7 @@ def generate(
             if engine.abort_requested:
                 run.reason = "interrupted"
                 break
-            token = run.decoder.sample(run.sampler)
+            token = run.sample()
             event = run.out.push(token)
             if event is not None:
                 yield replace(event, threads=run.threads)

@@ -93,6 +93,11 @@ class JsonRenderer:
                     record["draft"] = stats.draft.as_dict()
                 if stats.threads is not None:
                     record["threads"] = stats.threads
+                if stats.valid is not None:  # structured output: checked against its schema or grammar
+                    record["valid"] = stats.valid
+                    record["forced_tokens"] = stats.forced_tokens
+                    if stats.invalid:
+                        record["invalid"] = stats.invalid
                 if self.settings is not None:
                     record["settings"] = self.settings
                 self.out.write(json.dumps(record) + "\n")

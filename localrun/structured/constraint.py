@@ -1,0 +1,97 @@
+"""llguidance on a running engine: the tokens the grammar allows at each
+step, applied to the logits before sampling (greedy or not), and the check of
+the finished text.
+
+The tokenizer is built once per loaded model from the model's own vocabulary
+(`llguidance.llamacpp`), never downloaded. End of generation is a token like
+any other: the mask allows it only where the grammar accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from localrun.structured.spec import OutputSpec
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+_tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def tokenizer_for(engine: Engine) -> Any:
+    """llguidance's tokenizer for the engine's vocabulary (about a second to build; kept per engine)."""
+    tok = _tokenizers.get(engine)
+    if tok is None:
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        tok = lltokenizer_from_vocab(engine.vocab, n_vocab=engine.n_vocab)
+        _tokenizers[engine] = tok
+    return tok
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the finished text is: ``valid`` None where there is no schema to validate against."""
+
+    valid: bool | None
+    error: str | None = None
+
+
+class Constraint:
+    """One generation's grammar state. `apply` before each sample, `consume`
+    each token the output keeps; `stopped` once the grammar allows nothing more."""
+
+    def __init__(self, engine: Engine, spec: OutputSpec) -> None:
+        import llguidance
+        import llguidance.numpy as llnp
+
+        self.spec = spec
+        self.matcher = llguidance.LLMatcher(tokenizer_for(engine), spec.grammar)
+        if self.matcher.is_error():
+            raise ValueError(self.matcher.get_error())
+        self._llnp = llnp
+        self._mask = llnp.allocate_token_bitmask(1, engine.n_vocab)
+        self.forced = 0  # steps where the grammar left exactly one token
+
+    def apply(self, logits: np.ndarray[Any, Any]) -> None:
+        """Mask ``logits`` (one row, in place): what the grammar does not allow cannot be sampled."""
+        self._llnp.fill_next_token_bitmask(self.matcher, self._mask, 0)
+        words = self._mask[0]
+        nonzero = np.flatnonzero(words)
+        if len(nonzero) == 1 and int(words[nonzero[0]]).bit_count() == 1:
+            self.forced += 1
+        self._llnp.apply_token_bitmask_inplace(logits[None, :], self._mask)
+
+    def consume(self, token: int) -> None:
+        if not self.matcher.is_stopped():
+            self.matcher.consume_token(token)
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.matcher.is_stopped())
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self.matcher.is_accepting())
+
+    def check(self, text: str) -> Checked:
+        """Validate the finished text: JSON against the schema; a grammar's text by the grammar's own end."""
+        if self.spec.schema is None:
+            return Checked(True) if self.accepting else Checked(False, "the text ends before the grammar does")
+        import jsonschema
+
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return Checked(False, f"not JSON: {exc.msg}")
+        try:
+            jsonschema.validate(document, self.spec.schema)
+        except jsonschema.ValidationError as exc:
+            return Checked(False, exc.message)
+        return Checked(True)

@@ -1,0 +1,98 @@
+"""--schema and --grammar: checked before the model loads, enforced by
+llguidance's masks on a real (tiny) model, and the result validated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localrun.errors import UsageError
+from localrun.structured.spec import concise_schema, parse_grammar, parse_schema
+from tests.helpers import cli
+
+
+def test_the_concise_form() -> None:
+    schema = concise_schema("name, age int, tags list[str], kind cat|dog, ok bool, score float")
+    assert schema["required"] == ["name", "age", "tags", "kind", "ok", "score"]
+    assert schema["properties"]["age"] == {"type": "integer"}
+    assert schema["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
+    assert schema["properties"]["kind"] == {"enum": ["cat", "dog"]}
+    assert schema["additionalProperties"] is False
+    with pytest.raises(UsageError, match="unknown type 'integer!'"):
+        concise_schema("age integer!")
+    with pytest.raises(UsageError, match="given twice"):
+        concise_schema("a, a int")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('{"type": "object",', "not valid JSON"),
+        ('{"type": "objec"}', "not a valid JSON Schema at type"),
+        ('{"type": "string", "format": "zzz"}', "zzz"),
+        ("[1, 2]", "a JSON Schema is an object"),
+    ],
+)
+def test_an_unusable_schema_is_a_usage_error(value: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_schema(value)
+
+
+def test_schema_from_a_file_and_grammars(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text('{"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}')
+    assert parse_schema(str(path)).schema == json.loads(path.read_text())
+    gbnf, lark, bad = tmp_path / "g.gbnf", tmp_path / "g.lark", tmp_path / "bad.gbnf"
+    gbnf.write_text('root ::= "yes" | "no"\n')
+    lark.write_text('start: "x" NUM\nNUM: /[0-9]+/\n')
+    bad.write_text("root ::= missing\n")
+    assert parse_grammar(gbnf).kind == parse_grammar(lark).kind == "grammar"
+    with pytest.raises(UsageError, match="missing"):
+        parse_grammar(bad)
+
+
+def test_a_bad_schema_fails_before_the_model_loads() -> None:
+    res = cli("generate", "-m", "/nonexistent/model.gguf", "--schema", '{"type": "objec"}', "hi")
+    assert res.returncode == 2 and "not a valid JSON Schema" in res.stderr
+
+
+def _run(model: Path, *args: str) -> tuple[int, str, dict[str, object]]:
+    res = cli("generate", "-m", str(model), "--json", *args, "Describe a pet.")
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    text = "".join(str(e["text"]) for e in events if e["type"] == "token")
+    return res.returncode, text, events[-1]
+
+
+@pytest.mark.parametrize("temperature", ["0", "1.0"])
+def test_the_output_follows_the_schema(tiny_model: Path, temperature: str) -> None:
+    code, text, done = _run(
+        tiny_model, "--schema", "kind cat|dog, n int", "-n", "200", "--temperature", temperature, "--seed", "3"
+    )
+    assert code == 0, done
+    record = json.loads(text)
+    assert record["kind"] in ("cat", "dog") and isinstance(record["n"], int) and set(record) == {"kind", "n"}
+    assert done["valid"] is True and done["stop_reason"] == "eos"
+    assert isinstance(done["forced_tokens"], int) and done["forced_tokens"] > 0  # the keys, the braces
+
+
+def test_cut_short_is_kept_and_said(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "--schema", "kind cat|dog, n int", "-n", "3", "-t", "0", "hi")
+    assert res.returncode == 9 and res.stdout.startswith("{") and "cut it short" in res.stderr
+    code, _text, done = _run(tiny_model, "--schema", "kind cat|dog, n int", "-n", "3")
+    assert code == 9 and done["valid"] is False and done["stop_reason"] == "length"
+
+
+def test_the_output_follows_a_grammar(tiny_model: Path, tmp_path: Path) -> None:
+    grammar = tmp_path / "yn.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    code, text, done = _run(tiny_model, "--grammar", str(grammar), "-n", "50", "--temperature", "0.8", "--seed", "1")
+    assert code == 0 and text in ("yes", "no") and done["valid"] is True
+
+
+def test_schema_refuses_what_it_cannot_do_yet(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "--schema", "a", "--spec", "lookup", "hi")
+    assert res.returncode == 2 and "without speculation" in res.stderr
+    res = cli("generate", "-m", str(tiny_model), "--schema", "a", "--grammar", "g.gbnf", "hi")
+    assert res.returncode == 2
