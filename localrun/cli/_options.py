@@ -4,6 +4,7 @@ run settings, a loaded engine and sampling parameters."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.sampling import SamplingParams
+    from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
 
 Model = Annotated[
@@ -75,6 +77,19 @@ FlashAttn = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Newline-delimited JSON events on stdout.")]
+Schema = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="The output must be JSON following this JSON Schema (inline, a file, or the concise form "
+        "'name, age int, tags list[str]').",
+        show_default=False,
+    ),
+]
+GrammarFile = Annotated[
+    Path | None,
+    typer.Option("--grammar", help="The output must follow this grammar file (GBNF or Lark).", show_default=False),
+]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
 
 
@@ -192,6 +207,24 @@ def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
     prompt = prompt_chars // 3 + 16  # the chat template's tokens
     room = max_tokens if max_tokens is not None else DEFAULT_CTX
     return prompt + room, prompt + min(room, 1024) // 2
+
+
+def structured_output(schema: str | None, grammar: Path | None, speculation: str | None) -> OutputSpec | None:
+    """`--schema` or `--grammar`, checked before any model loads."""
+    from localrun.structured.spec import parse_grammar, parse_schema
+
+    if schema is None and grammar is None:
+        return None
+    if schema is not None and grammar is not None:
+        raise UsageError("--schema and --grammar are two ways to say one thing", hint="give one of them")
+    if speculation not in (None, "auto", "none"):
+        raise UsageError(
+            "--schema and --grammar decode without speculation", hint="drop --spec, --draft and --draft-model"
+        )
+    if schema is not None:
+        return parse_schema(schema)
+    assert grammar is not None
+    return parse_grammar(grammar)
 
 
 def title(resolved: Resolved) -> str:

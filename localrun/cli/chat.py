@@ -64,6 +64,8 @@ def chat(
     spec: Spec = None,
     draft: Draft = False,
     draft_model: DraftModel = None,
+    schema: opt.Schema = None,
+    grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
     verbose: opt.Verbose = False,
@@ -78,6 +80,8 @@ def chat(
     opt.check_positive(max_tokens=max_tokens)
     saved = read_conversation(load) if load else None
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    drafting = draft_choice(spec, draft, draft_model)
+    output = opt.structured_output(schema, grammar, drafting)
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -86,7 +90,7 @@ def chat(
         flash_attn=flash_attn,
         threads=threads,
         system=system,
-        draft=draft_choice(spec, draft, draft_model),
+        draft=drafting,
     )
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose)
     env = current()
@@ -101,6 +105,7 @@ def chat(
             system=resolved.settings.system,
             max_tokens=max_tokens,
             speculation=speculation,
+            output=output,
         )
         if saved is not None:
             session.system = system if system is not None else saved[0]

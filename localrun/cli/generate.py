@@ -16,7 +16,6 @@ from localrun.errors import UsageError
 from localrun.settings import Options
 
 if TYPE_CHECKING:
-    from localrun.structured.spec import OutputSpec
     from localrun.ui.stream import Renderer
 
 
@@ -93,19 +92,8 @@ def generate(
             show_default=False,
         ),
     ] = None,
-    schema: Annotated[
-        str | None,
-        typer.Option(
-            "--schema",
-            help="The output must be JSON following this JSON Schema (inline, a file, or the concise form "
-            "'name, age int, tags list[str]').",
-            show_default=False,
-        ),
-    ] = None,
-    grammar: Annotated[
-        Path | None,
-        typer.Option("--grammar", help="The output must follow this grammar file (GBNF or Lark).", show_default=False),
-    ] = None,
+    schema: opt.Schema = None,
+    grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: opt.Verbose = False,
@@ -126,7 +114,7 @@ def generate(
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
-    output = structured_output(schema, grammar, speculation)
+    output = opt.structured_output(schema, grammar, speculation)
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -206,18 +194,3 @@ def generate(
         out().warn(f"the output does not follow {output.source if output else 'the grammar'}{cut}: {final.invalid}")
         return ExitCode.INVALID_OUTPUT
     return ExitCode.OK
-
-
-def structured_output(schema: str | None, grammar: Path | None, speculation: str | None) -> OutputSpec | None:
-    """`--schema` or `--grammar`, checked before any model loads."""
-    from localrun.structured.spec import parse_grammar, parse_schema
-
-    if schema is None and grammar is None:
-        return None
-    if schema is not None and grammar is not None:
-        raise UsageError("--schema and --grammar are two ways to say one thing", hint="give one of them")
-    if speculation not in (None, "auto", "none"):
-        raise UsageError(
-            "--schema and --grammar decode without speculation", hint="drop --spec, --draft and --draft-model"
-        )
-    return parse_schema(schema) if schema is not None else parse_grammar(grammar)  # type: ignore[arg-type]

@@ -47,6 +47,9 @@ class Repl:
             "/system": Command("/system [TEXT]", "show or set the system prompt (new conversation)", self._system),
             "/retry": Command("/retry", "generate the last reply again", self._retry),
             "/draft": Command("/draft on|off", "speculative decoding on or off", self._draft),
+            "/schema": Command(
+                "/schema SCHEMA|off", "every reply follows a JSON Schema (a file, inline, concise)", self._schema
+            ),
             "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
             "/load": Command("/load FILE", "load a saved conversation", self._load),
             "/exit": Command("/exit", "end the session (also Ctrl-D)", lambda _: False),
@@ -206,6 +209,20 @@ class Repl:
         self.session.use_draft = arg != "off"
         label = self.session.speculation.label if self.session.speculation else ""
         self.console.print(f"speculative decoding {'on (' + label + ')' if self.session.use_draft else 'off'}")
+        return True
+
+    def _schema(self, arg: str) -> bool:
+        from localrun.structured.spec import parse_schema
+
+        if not arg:
+            source = self.session.output.source if self.session.output else "off"
+            self.console.print(f"schema: {source}; /schema SCHEMA|off")
+        elif arg == "off":
+            self.session.output = None
+            self.console.print("replies are free text")
+        else:
+            self.session.output = parse_schema(arg)
+            self.console.print(f"every reply follows {self.session.output.source}", style="dim")
         return True
 
     def _save(self, arg: str) -> bool:

@@ -26,6 +26,8 @@ from localrun.runtime.prompt import render_messages, tokenize_rendered
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import Message
 from localrun.speculative import Speculation
+from localrun.structured.constraint import Constraint
+from localrun.structured.spec import OutputSpec
 
 REPLY_RESERVE = 512  # context kept free for a reply when older turns must go
 
@@ -81,6 +83,7 @@ class ChatSession:
     totals: SessionTotals = field(default_factory=SessionTotals)
     speculation: Speculation | None = None  # drafters; kept across turns so their measurements carry over
     use_draft: bool = True
+    output: OutputSpec | None = None  # every reply follows this schema or grammar (--schema, /schema)
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.engine)
@@ -89,8 +92,10 @@ class ChatSession:
 
     @property
     def decoding(self) -> Decoding:
-        """The speculation while drafting is on (/draft), else plain decoding."""
-        return self.speculation if self.speculation is not None and self.use_draft else PLAIN
+        """The speculation while drafting is on (/draft), else plain decoding
+        (always for a reply that follows a schema or grammar)."""
+        drafting = self.speculation is not None and self.use_draft and self.output is None
+        return self.speculation if drafting and self.speculation is not None else PLAIN
 
     # -- conversation --
 
@@ -142,8 +147,14 @@ class ChatSession:
         generated, even when interrupted."""
         turn = self.turns[-1]
         self.engine.abort_requested = False
+        constraint = Constraint(self.engine, self.output) if self.output is not None else None
         events = self.decoding.generate(
-            self.engine, plan.tokens, self.sampling, max_tokens=self.max_tokens, decoder=self.decoder
+            self.engine,
+            plan.tokens,
+            self.sampling,
+            max_tokens=self.max_tokens,
+            decoder=self.decoder,
+            constraint=constraint,
         )
         for event in events:
             if isinstance(event, TokenEvent):

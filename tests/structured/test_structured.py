@@ -96,3 +96,34 @@ def test_schema_refuses_what_it_cannot_do_yet(tiny_model: Path) -> None:
     assert res.returncode == 2 and "without speculation" in res.stderr
     res = cli("generate", "-m", str(tiny_model), "--schema", "a", "--grammar", "g.gbnf", "hi")
     assert res.returncode == 2
+
+
+def test_chat_replies_follow_the_schema(tiny_model: Path) -> None:
+    res = cli("chat", "-m", str(tiny_model), "--schema", "kind cat|dog", "--json", "-n", "60", input="hi\nagain\n")
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    for turn in (1, 2):
+        text = "".join(e["text"] for e in events if e["type"] == "token" and e["turn"] == turn)
+        done = next(e for e in events if e["type"] == "done" and e["turn"] == turn)
+        assert json.loads(text)["kind"] in ("cat", "dog") and done["valid"] is True
+
+
+def test_the_schema_command_of_a_chat(tiny_model: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.repl import Repl
+    from localrun.runtime.chat import ChatSession
+    from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.prompt import chat_template
+    from localrun.runtime.sampling import SamplingParams
+
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512)) as engine:
+        session = ChatSession(engine, chat_template(engine, None), SamplingParams(temperature=0))
+        repl = Repl(session, Console(file=io.StringIO()), history=tiny_model.parent / "history")
+        repl._command("/schema kind a|b")
+        assert session.output is not None and session.output.schema is not None
+        assert session.output.schema["properties"] == {"kind": {"enum": ["a", "b"]}}
+        repl._command("/schema off")
+        assert session.output is None
