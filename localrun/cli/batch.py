@@ -73,7 +73,8 @@ def run(
     resume: Path | None = None,
     show_stats: bool = False,
 ) -> ExitCode:
-    """Run the batch: OK, BATCH_FAILED when a line failed, INTERRUPTED on Ctrl-C."""
+    """Run the batch: OK, BATCH_FAILED when a line failed, INVALID_OUTPUT when a
+    result does not follow its schema, INTERRUPTED on Ctrl-C."""
     check_settings(settings)
     if resume is not None:
         check_resume(resume)
@@ -91,7 +92,7 @@ def run(
             writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
             for job in plan.failed:
                 writer.add(job.position, error_record(job.line.id, job.error or ""))
-            final = _run_plan(plan, settings, weights, config, writer, bar) if plan.runnable else None
+            final, invalid = _run_plan(plan, settings, weights, config, writer, bar) if plan.runnable else (None, 0)
     failed = len(plan.failed)
     if final is not None and (show_stats or final.interrupted or env.stderr_isatty):
         out().note(summary(final, failed))
@@ -99,7 +100,11 @@ def run(
         out().warn(f"{failed} of {len(jobs)} lines failed; see their error records")
     if final is not None and final.interrupted:
         return ExitCode.INTERRUPTED
-    return ExitCode.BATCH_FAILED if failed else ExitCode.OK
+    if invalid:
+        out().warn(f'{invalid} result{"s do" if invalid > 1 else " does"} not follow the schema; see "valid"')
+    if failed:
+        return ExitCode.BATCH_FAILED
+    return ExitCode.INVALID_OUTPUT if invalid else ExitCode.OK
 
 
 def _run_plan(
@@ -109,15 +114,18 @@ def _run_plan(
     config: EngineConfig,
     writer: JsonlWriter,
     bar: BatchProgressBar,
-) -> BatchProgress:
-    """Run the plan's runnable lines, writing each result as it comes; the last progress."""
+) -> tuple[BatchProgress, int]:
+    """Run the plan's runnable lines, writing each result as it comes; the
+    last progress, and how many results do not follow their schema."""
     lines = {job.position: job.line for job in plan.runnable}
     final: BatchProgress | None = None
+    invalid = 0
     with running(plan, settings, weights, config) as (engine, events), ctrl_c_stops(engine):
         try:
             for ev in events:
                 if isinstance(ev, SequenceDone):
                     writer.add(ev.index, result_record(lines[ev.index].id, ev))
+                    invalid += ev.stats.valid is False
                 else:
                     bar.update(ev)
                     final = ev
@@ -126,4 +134,4 @@ def _run_plan(
                 writer.flush_finished()
     if final is None:
         raise LocalrunError("the batch ended without a summary")
-    return final
+    return final, invalid

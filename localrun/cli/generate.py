@@ -131,8 +131,6 @@ def generate(
         from localrun.runtime.batch.plan import BatchSettings
 
         _refuse_with_batch(speculation, prompt_cache, as_json)
-        if output is not None:
-            raise UsageError("--batch does not take --schema or --grammar", hint="run the prompts one by one")
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
         tuned = resolved.settings.sources["parallel"] == "wisdom"
         settings = BatchSettings(
@@ -148,6 +146,7 @@ def generate(
             # a count the user asked for must fit; a tuned one is capped by what fits
             parallel=None if tuned else resolved.settings.parallel,
             tuned_parallel=resolved.settings.parallel if tuned else None,
+            output=output,
         )
         return batch_cli.run(batch, settings, resolved.config, unordered=unordered, resume=resume, show_stats=stats)
     if parallel is not None or unordered or resume is not None:

@@ -102,9 +102,14 @@ def _compiled(grammar: str, source: str) -> str:
 
 
 def parse_schema(value: str) -> OutputSpec:
+    schema, source = _schema_document(value)
+    return schema_spec(schema, source)
+
+
+def schema_spec(schema: dict[str, Any], source: str) -> OutputSpec:
+    """A JSON Schema document (already parsed) as an OutputSpec."""
     import llguidance
 
-    schema, source = _schema_document(value)
     _check_schema(schema, source)
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
@@ -129,3 +134,23 @@ def parse_grammar(path: Path) -> OutputSpec:
     except Exception as exc:  # the converter raises a bare Exception for an undefined rule
         raise UsageError(f"--grammar {path}: cannot be used: {exc}") from None
     return OutputSpec("grammar", _compiled(llguidance.LLMatcher.grammar_from_lark(lark), str(path)), None, str(path))
+
+
+def response_format(value: Any, source: str = "response_format") -> OutputSpec | None:
+    """OpenAI's ``response_format``: ``{"type": "text"}`` (None),
+    ``{"type": "json_object"}`` (any JSON object) or ``{"type": "json_schema",
+    "json_schema": {"schema": {...}}}``. Anything else is an error naming the field."""
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise UsageError(f"{source} must be an object with a 'type'")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return schema_spec({"type": "object"}, source)
+    if kind == "json_schema":
+        body = value.get("json_schema")
+        schema = body.get("schema") if isinstance(body, dict) else None
+        if not isinstance(schema, dict):
+            raise UsageError(f"{source}.json_schema.schema must be a JSON Schema object")
+        return schema_spec(schema, f"{source}.json_schema")
+    raise UsageError(f"{source}.type {kind!r} is not text, json_object or json_schema")

@@ -24,15 +24,19 @@ Record = dict[str, Any]
 
 def result_record(line_id: LineId, done: SequenceDone) -> Record:
     s = done.stats
-    return {
-        "id": line_id,
-        "text": done.text,
-        "stop_reason": s.stop_reason,
-        "prompt_tokens": s.prompt_tokens,
-        "generated_tokens": s.generated_tokens,
-        "ttft_s": round(s.ttft_s, 4),
-        "elapsed_s": round(s.elapsed_s, 4),
-    }
+    return (
+        {
+            "id": line_id,
+            "text": done.text,
+            "stop_reason": s.stop_reason,
+            "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
+            "ttft_s": round(s.ttft_s, 4),
+            "elapsed_s": round(s.elapsed_s, 4),
+        }
+        | ({"valid": s.valid, "forced_tokens": s.forced_tokens} if s.valid is not None else {})
+        | ({"invalid": s.invalid} if s.invalid else {})
+    )
 
 
 def error_record(line_id: LineId, message: str) -> Record:

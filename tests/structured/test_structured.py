@@ -127,3 +127,47 @@ def test_the_schema_command_of_a_chat(tiny_model: Path) -> None:
         assert session.output.schema["properties"] == {"kind": {"enum": ["a", "b"]}}
         repl._command("/schema off")
         assert session.output is None
+
+
+def test_batch_lines_follow_their_own_schema(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    lines = [
+        {
+            "id": "a",
+            "prompt": "one",
+            "schema": {
+                "type": "object",
+                "properties": {"x": {"enum": ["p", "q"]}},
+                "required": ["x"],
+                "additionalProperties": False,
+            },
+        },
+        {"id": "b", "prompt": "two", "schema": "kind cat|dog"},
+        {
+            "id": "c",
+            "prompt": "three",
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["yes", "no"]}}},
+        },
+        {"id": "d", "prompt": "four"},
+        {"id": "e", "prompt": "five", "schema": {"type": "objec"}},
+        {"id": "f", "prompt": "six", "response_format": {"type": "xml"}},
+    ]
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    res = cli("generate", "-m", str(tiny_model), "--batch", str(src), "-n", "60", "-t", "0")
+    assert res.returncode == 8, res.stderr  # e and f cannot run
+    records = {r["id"]: r for r in map(json.loads, res.stdout.splitlines())}
+    assert json.loads(records["a"]["text"])["x"] in ("p", "q") and records["a"]["valid"] is True
+    assert json.loads(records["b"]["text"])["kind"] in ("cat", "dog") and records["b"]["valid"] is True
+    assert json.loads(records["c"]["text"]) in ("yes", "no") and records["c"]["valid"] is True
+    assert "valid" not in records["d"]
+    assert "not a valid JSON Schema" in records["e"]["error"] and "xml" in records["f"]["error"]
+
+
+def test_batch_with_the_command_lines_schema(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    res = cli("generate", "-m", str(tiny_model), "--batch", str(src), "--schema", "kind cat|dog", "-n", "60")
+    assert res.returncode == 0, res.stderr
+    assert all(json.loads(r["text"])["kind"] in ("cat", "dog") for r in map(json.loads, res.stdout.splitlines()))
+    cut = cli("generate", "-m", str(tiny_model), "--batch", str(src), "--schema", "kind cat|dog", "-n", "2")
+    assert cut.returncode == 9 and all(json.loads(r)["valid"] is False for r in cut.stdout.splitlines())

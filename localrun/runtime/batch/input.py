@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localrun.errors import UsageError
+from localrun.structured.spec import OutputSpec
+
 LineId = str | int
 
 # per-line settings (each overrides the command-line option of the same name) and the type each must have
@@ -30,7 +33,7 @@ SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
     "seed": _INT,
     "system": _STR,
 }
-KEYS = {"id", "prompt", "messages", "stop", *SETTINGS}
+KEYS = {"id", "prompt", "messages", "stop", "schema", "response_format", *SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class BatchLine:
     messages: list[dict[str, str]] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # overrides of the command line's settings
     stop: tuple[str, ...] | None = None
+    output: OutputSpec | None = None  # the line's schema or response_format
     error: str | None = None
 
 
@@ -77,6 +81,27 @@ def _stop(value: Any) -> tuple[str, ...]:
     raise _BadLine("'stop' must be a string or a list of strings")
 
 
+def _output(obj: dict[str, Any]) -> OutputSpec | None:
+    """The line's ``schema`` (a JSON Schema object, or a string as `--schema`
+    takes it) or ``response_format`` (OpenAI's)."""
+    from localrun.structured.spec import parse_schema, response_format, schema_spec
+
+    if "schema" in obj and "response_format" in obj:
+        raise _BadLine("give either 'schema' or 'response_format'")
+    try:
+        if "response_format" in obj:
+            return response_format(obj["response_format"])
+        if "schema" not in obj:
+            return None
+        value = obj["schema"]
+        if isinstance(value, dict):
+            return schema_spec(value, "'schema'")
+        _check("schema", value, _STR)
+        return parse_schema(value)
+    except UsageError as exc:
+        raise _BadLine(exc.message) from None
+
+
 def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901  one check per key of a line
     line_id: LineId = number
     try:
@@ -109,7 +134,8 @@ def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901  one check 
         if settings.get("max_tokens", 1) < 1:
             raise _BadLine("'max_tokens' must be at least 1")
         stop = _stop(obj["stop"]) if "stop" in obj else None
-        return BatchLine(number, line_id, prompt=prompt, messages=messages, settings=settings, stop=stop)
+        output = _output(obj)
+        return BatchLine(number, line_id, prompt=prompt, messages=messages, settings=settings, stop=stop, output=output)
     except _BadLine as exc:
         return BatchLine(number, line_id, error=str(exc))
 

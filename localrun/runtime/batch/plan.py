@@ -28,6 +28,7 @@ from localrun.runtime.sizing import (
     sequence_context,
 )
 from localrun.settings import check_context
+from localrun.structured.spec import OutputSpec
 
 _LINE_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 
@@ -46,6 +47,7 @@ class BatchSettings:
     ctx_limit: int | None = None  # the most a sized context may be (the model's default context), besides training
     parallel: int | None = None  # the user's --parallel (or config); None: tuned_parallel, else llama-server's default
     tuned_parallel: int | None = None  # what `localrun tune` measured fastest on this machine
+    output: OutputSpec | None = None  # --schema/--grammar: every line's, unless the line has its own
 
 
 @dataclass
@@ -163,6 +165,7 @@ def requests_for(plan: BatchPlan, settings: BatchSettings) -> list[BatchRequest]
             ),
             max_tokens=job.max_tokens,
             stop=job.line.stop if job.line.stop is not None else settings.stop,
+            output=job.line.output if job.line.output is not None else settings.output,
         )
         for job in plan.runnable
     ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import llama_cpp
 
@@ -29,7 +29,9 @@ from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
-from localrun.runtime.sampling import Sampler, SamplingParams
+from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.structured.constraint import Constraint
+from localrun.structured.spec import OutputSpec
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class BatchRequest:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    output: OutputSpec | None = None  # the text must follow this schema or grammar
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -66,6 +69,7 @@ class _Slot:
         self.pos = start
         self.cached = start
         self.sampler = Sampler(request.sampling, engine.n_vocab)
+        self.constraint = Constraint(engine, request.output) if request.output is not None else None
         self.out = TokenOutput(engine, n_prompt=len(request.tokens), stop=request.stop, ignore_eos=request.ignore_eos)
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
@@ -160,7 +164,11 @@ class _BatchRun:
         for seq_id, s in enumerate(self.slots):
             if s is None or s.row < 0:
                 continue
+            if s.constraint is not None:
+                s.constraint.apply(logits(self.engine, s.row))
             token = s.sampler.sample(self.engine, s.row)
+            if s.constraint is not None:
+                s.constraint.consume(token)
             before = s.out.n_gen
             s.out.push(token)
             self.generated += s.out.n_gen - before
@@ -171,12 +179,16 @@ class _BatchRun:
 
     def _finish(self, seq_id: int, s: _Slot) -> SequenceDone:
         done = [ev for ev in s.out.finish("length") if isinstance(ev, DoneEvent)]
+        stats = done[-1].stats
+        if s.constraint is not None:  # the whole text is known now: check it
+            checked = s.constraint.check(s.out.text)
+            stats = replace(stats, valid=checked.valid, invalid=checked.error, forced_tokens=s.constraint.forced)
         s.sampler.close()
         self.slots[seq_id] = None
         self.done += 1
         # forget the sequence but keep the shared prefix for the next one in this slot
         llama_cpp.llama_memory_seq_rm(self.memory, seq_id, len(self.prefix_tokens), -1)
-        return SequenceDone(s.request.index, s.out.text, done[-1].stats)
+        return SequenceDone(s.request.index, s.out.text, stats)
 
     def _progress(self, *, final: bool = False, interrupted: bool = False) -> BatchProgress:
         return BatchProgress(
