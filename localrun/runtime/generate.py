@@ -86,6 +86,22 @@ class Generation:
         self.constraint.consume(token)
         return token
 
+    def emit(self, tokens: Sequence[int]) -> Iterator[Event]:
+        """Put ``tokens`` in the output, with their text events, until it ends."""
+        for token in tokens:
+            event = self.out.push(token)
+            if event is not None:
+                yield replace(event, threads=self.threads)
+            if self.ended():
+                return
+
+    def fast_forward(self) -> list[int]:
+        """The tokens that must follow, where the grammar leaves exactly one way
+        on (jump-forward); at most as many as the output may still take."""
+        if self.constraint is None:
+            return []
+        return self.constraint.fast_forward(self.limit - self.out.n_gen)
+
     def step(self, token: int) -> DecodeStatus:
         """Evaluate one decided token: a single-token step, which the thread governor times."""
         meter = self.meter
@@ -108,7 +124,6 @@ class Generation:
             self.reason = "interrupted"
         return status
 
-    @property
     def ended(self) -> bool:
         """The output reached its end (end of generation, a stop string) or the token limit."""
         return self.out.reason is not None or self.out.n_gen >= self.limit
@@ -146,17 +161,26 @@ def generate(
     a ``checkpoint`` restores (or stores) a prefix from a prompt cache."""
     with Generation(engine, prompt_tokens, sampling, **options) as run:
         status = run.prefill()
-        while status == DecodeStatus.OK and run.out.n_gen < run.limit:
+        forced = run.fast_forward() if status == DecodeStatus.OK else []  # a text the grammar starts with
+        if forced:
+            yield from run.emit(forced)
+            status = run.note(run.decoder.evaluate(forced)) if not run.ended() else DecodeStatus.OK
+        while status == DecodeStatus.OK and run.out.n_gen < run.limit and not run.ended():
             if engine.abort_requested:
                 run.reason = "interrupted"
                 break
             token = run.sample()
-            event = run.out.push(token)
-            if event is not None:
-                yield replace(event, threads=run.threads)
-            if run.ended:
+            yield from run.emit((token,))
+            if run.ended():
                 break
-            status = run.step(token)
+            forced = run.fast_forward()  # tokens the grammar leaves no choice about: no sampling step for them
+            if not forced:
+                status = run.step(token)
+                continue
+            yield from run.emit(forced)
+            if run.ended():
+                break
+            status = run.note(run.decoder.evaluate((token, *forced)))  # one batch: the sampled and the forced
         yield from run.finish()
 
 

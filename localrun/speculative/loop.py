@@ -93,9 +93,9 @@ def generate_speculative(
                 event = run.out.push(token)
                 if event is not None:
                     yield replace(event, draft=step.tally.snapshot(), threads=run.threads)
-                if run.ended:
+                if run.ended():
                     break
-            if run.ended:
+            if run.ended():
                 break
             if engine.abort_requested:
                 run.reason = "interrupted"

@@ -57,7 +57,7 @@ class Constraint:
             raise ValueError(self.matcher.get_error())
         self._llnp = llnp
         self._mask = llnp.allocate_token_bitmask(1, engine.n_vocab)
-        self.forced = 0  # steps where the grammar left exactly one token
+        self.forced = 0  # tokens the grammar left no choice about (jump-forward, or a mask of one)
 
     def apply(self, logits: np.ndarray[Any, Any]) -> None:
         """Mask ``logits`` (one row, in place): what the grammar does not allow cannot be sampled."""
@@ -67,6 +67,17 @@ class Constraint:
         if len(nonzero) == 1 and int(words[nonzero[0]]).bit_count() == 1:
             self.forced += 1
         self._llnp.apply_token_bitmask_inplace(logits[None, :], self._mask)
+
+    def fast_forward(self, room: int) -> list[int]:
+        """The tokens the grammar forces next (none, or a key, punctuation, the
+        rest of an enum value), at most ``room``, consumed as if sampled."""
+        if room < 1 or self.matcher.is_stopped():
+            return []
+        forced = list(self.matcher.compute_ff_tokens())[:room]
+        if forced:
+            self.matcher.consume_tokens(forced)
+            self.forced += len(forced)
+        return forced
 
     def consume(self, token: int) -> None:
         if not self.matcher.is_stopped():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_a_bad_schema_fails_before_the_model_loads() -> None:
     assert res.returncode == 2 and "not a valid JSON Schema" in res.stderr
 
 
-def _run(model: Path, *args: str) -> tuple[int, str, dict[str, object]]:
+def _run(model: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
     res = cli("generate", "-m", str(model), "--json", *args, "Describe a pet.")
     events = [json.loads(line) for line in res.stdout.splitlines()]
     text = "".join(str(e["text"]) for e in events if e["type"] == "token")
@@ -171,3 +172,13 @@ def test_batch_with_the_command_lines_schema(tiny_model: Path, tmp_path: Path) -
     assert all(json.loads(r["text"])["kind"] in ("cat", "dog") for r in map(json.loads, res.stdout.splitlines()))
     cut = cli("generate", "-m", str(tiny_model), "--batch", str(src), "--schema", "kind cat|dog", "-n", "2")
     assert cut.returncode == 9 and all(json.loads(r)["valid"] is False for r in cut.stdout.splitlines())
+
+
+def test_a_fixed_text_is_forced_not_sampled(tiny_model: Path, tmp_path: Path) -> None:
+    grammar = tmp_path / "fixed.lark"
+    grammar.write_text('start: "hello, structured world"\n')
+    for temperature in ("0", "1.5"):
+        code, text, done = _run(tiny_model, "--grammar", str(grammar), "-n", "100", "--temperature", temperature)
+        assert code == 0 and text == "hello, structured world" and done["valid"] is True
+        # jump-forward: every token of the text, then the end of generation, the one token allowed
+        assert done["forced_tokens"] == done["generated_tokens"] + 1
