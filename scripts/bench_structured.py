@@ -18,7 +18,7 @@ applying it to the logits of the model's vocabulary) against a plain step.
 Then validity: each workload at temperature 0.8 with --seeds seeds, every
 output parsed and validated against its schema.
 
-Not yet here: `--schema` with speculation, and llama.cpp's `--json-schema`.
+Not yet here: columns for `--schema` with speculation and for llama.cpp's `--json-schema`.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
     return prompt + room, prompt + min(room, 1024) // 2
 
 
-def structured_output(schema: str | None, grammar: Path | None, speculation: str | None) -> OutputSpec | None:
+def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:
     """`--schema` or `--grammar`, checked before any model loads."""
     from localrun.structured.spec import parse_grammar, parse_schema
 
@@ -217,10 +217,6 @@ def structured_output(schema: str | None, grammar: Path | None, speculation: str
         return None
     if schema is not None and grammar is not None:
         raise UsageError("--schema and --grammar are two ways to say one thing", hint="give one of them")
-    if speculation not in (None, "auto", "none"):
-        raise UsageError(
-            "--schema and --grammar decode without speculation", hint="drop --spec, --draft and --draft-model"
-        )
     if schema is not None:
         return parse_schema(schema)
     assert grammar is not None

@@ -81,7 +81,7 @@ def chat(
     saved = read_conversation(load) if load else None
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     drafting = draft_choice(spec, draft, draft_model)
-    output = opt.structured_output(schema, grammar, drafting)
+    output = opt.structured_output(schema, grammar)
     options = Options(
         ctx=ctx,
         kv=kv,

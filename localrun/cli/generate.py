@@ -114,7 +114,7 @@ def generate(
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
-    output = opt.structured_output(schema, grammar, speculation)
+    output = opt.structured_output(schema, grammar)
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -168,7 +168,7 @@ def generate(
         renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.settings.as_dict())
         drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
         with ctrl_c_stops(engine), drafting as speculative:
-            decoding: Decoding = speculative if speculative is not None and output is None else PLAIN
+            decoding: Decoding = speculative or PLAIN
             constraint = Constraint(engine, output) if output is not None else None
             events = decoding.generate(
                 engine,

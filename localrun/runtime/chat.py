@@ -92,10 +92,8 @@ class ChatSession:
 
     @property
     def decoding(self) -> Decoding:
-        """The speculation while drafting is on (/draft), else plain decoding
-        (always for a reply that follows a schema or grammar)."""
-        drafting = self.speculation is not None and self.use_draft and self.output is None
-        return self.speculation if drafting and self.speculation is not None else PLAIN
+        """The speculation while drafting is on (/draft), else plain decoding."""
+        return self.speculation if self.speculation is not None and self.use_draft else PLAIN
 
     # -- conversation --
 

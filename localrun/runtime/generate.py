@@ -76,13 +76,13 @@ class Generation:
             self.out.prompt_done(cached)
         return self.note(status)
 
-    def sample(self) -> int:
-        """The next token from the last batch's last row: masked first to what
-        the grammar allows, when there is one."""
+    def sample(self, row: int = -1) -> int:
+        """The next token from ``row`` of the last batch: masked first to what
+        the grammar allows, when there is one (which then takes the token)."""
         if self.constraint is None:
-            return self.decoder.sample(self.sampler)
-        self.constraint.apply(self.decoder.logits(-1))
-        token = self.decoder.sample(self.sampler)
+            return self.decoder.sample(self.sampler, row)
+        self.constraint.apply(self.decoder.logits(row))
+        token = self.decoder.sample(self.sampler, row)
         self.constraint.consume(token)
         return token
 

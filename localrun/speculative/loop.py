@@ -38,11 +38,10 @@ import numpy as np
 
 from localrun.errors import LocalrunError
 from localrun.events import DraftStats, Event
-from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions, Generation
 from localrun.runtime.llama import DecodeStatus
-from localrun.runtime.sampling import Sampler, SamplingParams
+from localrun.runtime.sampling import SamplingParams
 from localrun.speculative.base import Draft, Offer
 from localrun.speculative.control import Plan
 from localrun.speculative.sampling import check_draft, target_probs
@@ -120,7 +119,7 @@ class _Stepper:
     def first(self) -> list[int]:
         for drafter in self.speculation.drafters:
             drafter.begin(self.context)
-        return [self.run.decoder.sample(self.run.sampler)]
+        return [self.run.sample()]
 
     def next(self) -> list[int]:
         """The tokens the next step decides (none when decoding must stop)."""
@@ -134,6 +133,10 @@ class _Stepper:
         plan = control.choose(offers, room)
         t0 = time.perf_counter()
         draft = _make_draft(self.speculation, plan, context, self.sampling, self.rng)
+        if draft is not None and run.constraint is not None:  # cut at the first token the grammar rejects
+            keep = run.constraint.allowed_prefix(draft.tokens)
+            draft.tokens = draft.tokens[:keep]
+            draft.probs = draft.probs[:keep] if draft.probs is not None else None
         if draft is None or not draft.tokens:
             return self._plain(plan, t0)
         return self._verify(plan, draft, t0)
@@ -143,7 +146,7 @@ class _Stepper:
         t1 = time.perf_counter()
         if run.step(self.context[-1]) != DecodeStatus.OK:  # timed for the thread governor
             return []
-        decided = [run.decoder.sample(run.sampler)]
+        decided = [run.sample()]
         t2 = time.perf_counter()
         self.speculation.controller.observe_plain(t2 - t1)
         self.speculation.controller.observe_round(plan, t2 - t0, 1)
@@ -157,7 +160,7 @@ class _Stepper:
         if run.note(status) != DecodeStatus.OK:
             run.decoder.rollback(len(context) - 1)
             return []
-        decided = _verify(run.decoder, run.sampler, self.sampling, draft, self.rng, run.out.tokens)
+        decided = _verify(run, self.sampling, draft, self.rng)
         accepted = len(decided) - 1
         run.decoder.rollback(len(context) + accepted)  # forget the rejected drafts
         t2 = time.perf_counter()
@@ -185,30 +188,30 @@ def _make_draft(
     return draft
 
 
-def _verify(
-    decoder: Decoder,
-    sampler: Sampler,
-    sampling: SamplingParams,
-    draft: Draft,
-    rng: np.random.Generator,
-    generated: list[int],
-) -> list[int]:
+def _verify(run: Generation, sampling: SamplingParams, draft: Draft, rng: np.random.Generator) -> list[int]:
     """Check the drafted tokens against the batch's rows: the tokens kept,
-    then the token the first failing row (or the last row) decides."""
+    then the token the first failing row (or the last row) decides. With a
+    grammar, each row is masked to what it allows after the tokens before it."""
+    decoder, sampler, constraint = run.decoder, run.sampler, run.constraint
     decided: list[int] = []
     for row, token in enumerate(draft.tokens):
         if draft.probs is None or sampling.greedy:
-            chosen = decoder.sample(sampler, row)  # a deterministic draft: kept if the target agrees
+            chosen = run.sample(row)  # a deterministic draft: kept if the target agrees
             decided.append(chosen)
             if chosen != token:
                 return decided
         else:
-            p = target_probs(decoder.logits(row), sampling, [*generated, *decided])
+            logits = decoder.logits(row)
+            if constraint is not None:
+                constraint.apply(logits)
+            p = target_probs(logits, sampling, [*run.out.tokens, *decided])
             replacement = check_draft(p, token, draft.probs[row], rng)
             chosen = token if replacement is None else replacement
             sampler.accept(chosen)  # the native chain's penalty window follows every decided token
+            if constraint is not None:
+                constraint.consume(chosen)
             decided.append(chosen)
             if replacement is not None:
                 return decided
-    decided.append(decoder.sample(sampler, len(draft.tokens)))
+    decided.append(run.sample(len(draft.tokens)))
     return decided

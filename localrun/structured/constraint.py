@@ -79,6 +79,11 @@ class Constraint:
             self.forced += len(forced)
         return forced
 
+    def allowed_prefix(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts from here (a draft
+        is cut at the first one it rejects); the state does not change."""
+        return int(self.matcher.validate_tokens(tokens)) if tokens else 0
+
     def consume(self, token: int) -> None:
         if not self.matcher.is_stopped():
             self.matcher.consume_token(token)
