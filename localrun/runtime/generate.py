@@ -161,11 +161,13 @@ def generate(
     a ``checkpoint`` restores (or stores) a prefix from a prompt cache."""
     with Generation(engine, prompt_tokens, sampling, **options) as run:
         status = run.prefill()
-        forced = run.fast_forward() if status == DecodeStatus.OK else []  # a text the grammar starts with
-        if forced:
-            yield from run.emit(forced)
-            status = run.note(run.decoder.evaluate(forced)) if not run.ended() else DecodeStatus.OK
-        while status == DecodeStatus.OK and run.out.n_gen < run.limit and not run.ended():
+        decided = run.fast_forward() if status == DecodeStatus.OK else []  # a text the grammar starts with
+        yield from run.emit(decided)
+        while status == DecodeStatus.OK and not run.ended():
+            if decided:  # one batch: the sampled token and those the grammar forced after it
+                status = run.step(decided[0]) if len(decided) == 1 else run.note(run.decoder.evaluate(decided))
+                if status != DecodeStatus.OK:
+                    break
             if engine.abort_requested:
                 run.reason = "interrupted"
                 break
@@ -174,13 +176,8 @@ def generate(
             if run.ended():
                 break
             forced = run.fast_forward()  # tokens the grammar leaves no choice about: no sampling step for them
-            if not forced:
-                status = run.step(token)
-                continue
             yield from run.emit(forced)
-            if run.ended():
-                break
-            status = run.note(run.decoder.evaluate((token, *forced)))  # one batch: the sampled and the forced
+            decided = [token, *forced]
         yield from run.finish()
 
 

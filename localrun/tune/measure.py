@@ -37,6 +37,7 @@ from localrun.gguf.info import describe
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
 from localrun.system import cpu_count, physical_cores
+from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, spread
 from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, kv_label
 
@@ -66,15 +67,12 @@ class _Context:
     """One engine context with PROMPT tokens in every sequence, and the
     timed operations the phases need."""
 
-    def __init__(self, weights: Weights, config: EngineConfig, tokens: Sequence[int]) -> None:
+    def __init__(self, weights: Weights, config: EngineConfig, tokens: Sequence[int] = ()) -> None:
         self.engine = Engine(config, weights=weights)
-        self.tokens = tokens
+        self.tokens = tokens or self.engine.tokenize(TEXT * 8, add_special=False) or [0]
         self.batch = Batch(max(LLAMA_UBATCH, MAX_ROWS))
         self.depth = 0  # tokens sequence 0 holds
         self.fill(PROMPT)
-
-    def set_threads(self, n: int) -> None:
-        llama_cpp.llama_set_n_threads(self.engine.ctx, n, n)
 
     def _token(self, pos: int) -> int:
         return self.tokens[pos % len(self.tokens)]
@@ -93,14 +91,12 @@ class _Context:
         for s in range(seqs):
             llama_cpp.llama_memory_seq_rm(self.engine.memory, s, pos, -1)
 
-    def fill(self, depth: int, chunk: int = LLAMA_UBATCH) -> float:
-        """Evaluate sequence 0 up to ``depth``; tokens per second."""
-        spent, n = 0.0, depth - self.depth
+    def fill(self, depth: int, chunk: int = LLAMA_UBATCH) -> None:
+        """Evaluate sequence 0 up to ``depth``."""
         while self.depth < depth:
             k = min(chunk, depth - self.depth)
-            spent += self._run([(self.depth + i, 0, i == k - 1) for i in range(k)])
+            self._run([(self.depth + i, 0, i == k - 1) for i in range(k)])
             self.depth += k
-        return n / spent if spent > 0 else 0.0
 
     def step_s(self, steps: int) -> float:
         """Seconds per single-token decode step at the current depth."""
@@ -206,15 +202,14 @@ class Tuner:
         self._report("loading the model")
         with Weights(self.model) as weights:
             shape = describe(weights.info)
-            vocab = llama_cpp.llama_model_get_vocab(weights.handle)
-            tokens = _tokens(vocab, TEXT * 8)
             type_k, type_v = self.kv
             fa_base = "on" if type_v != "f16" else "auto"
-            main = _Context(weights, self._config(2 * LLAMA_UBATCH, type_k, type_v, fa_base, cpu_count()), tokens)
+            main = _Context(weights, self._config(2 * LLAMA_UBATCH, type_k, type_v, fa_base, cpu_count()))
+            tokens = main.tokens
             try:
                 threads = self._threads(main)
                 best_threads = threads.value if isinstance(threads.value, int) else physical_cores()
-                main.set_threads(best_threads)
+                main.engine.set_threads(best_threads)
                 verify_ms = self._verify(main)
                 parallel = self._parallel(main)
                 n_ubatch, pp_rate = self._ubatch(main)
@@ -223,7 +218,7 @@ class Tuner:
             attention, kv_cost, depth = self._depths(weights, shape, tokens, best_threads, pp_rate)
         self._report("done")
         return Wisdom(
-            machine=_machine(),
+            machine=this_machine(),
             model=ModelKey.of(self.model),
             kv=kv_label(*self.kv),
             measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -251,7 +246,7 @@ class Tuner:
         candidates = thread_candidates()
 
         def sample(n: int) -> float:
-            ctx.set_threads(n)
+            ctx.engine.set_threads(n)
             return ctx.step_s(steps)
 
         race = Race(candidates).run(sample, deadline=deadline)
@@ -345,20 +340,6 @@ def _busy_share(run: Callable[[], object], threads: int) -> float:
     after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return max(0.0, 1.0 - cpu / (wall * threads)) if wall > 0 else 0.0
-
-
-def _tokens(vocab: Any, text: str) -> list[int]:
-    data = text.encode()
-    buf = (llama_cpp.llama_token * (len(data) + 8))()
-    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(data) + 8, False, False)
-    tokens = list(buf[: max(n, 0)])
-    return tokens or [0]
-
-
-def _machine() -> Any:
-    from localrun.tune.machine import this_machine
-
-    return this_machine()
 
 
 def tune(
