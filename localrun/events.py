@@ -83,6 +83,14 @@ class SequenceDone:
 
 
 @dataclass(frozen=True)
+class SequenceText:
+    """New text of one prompt of a batch, as it is produced (when the run streams)."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
 class BatchProgress:
     """Where a batch run stands, after each shared decode and once at the end."""
 

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from localrun.errors import ContextOverflowError
-from localrun.events import BatchProgress, SequenceDone, Stats
+from localrun.events import BatchProgress, SequenceDone, SequenceText, Stats
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.batch.input import finished_ids, read_lines
-from localrun.runtime.batch.scheduler import BatchRequest, run_batch, shared_prefix
+from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch, run_batch, shared_prefix
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
+from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import LLAMA_PARALLEL, default_parallel, parallel_that_fits, slot_context
@@ -182,6 +183,79 @@ def test_abort_reports_only_finished_sequences(tiny_model: Path) -> None:
 def test_prompt_longer_than_a_sequence_context(tiny_model: Path) -> None:
     with batch_engine(tiny_model, 2) as engine, pytest.raises(ContextOverflowError, match="holds 256"):
         run_batch(engine, [BatchRequest(0, engine.tokenize("word " * 300))])
+
+
+def drain(
+    run: ContinuousBatch, steps: int | None = None, streamed: dict[int, str] | None = None
+) -> tuple[dict[int, str], dict[int, SequenceDone]]:
+    """Step ``run`` until it is idle (or ``steps`` times): each request's streamed text, and its end."""
+    streamed = {} if streamed is None else streamed
+    done: dict[int, SequenceDone] = {}
+    while run.busy and (steps is None or steps > 0):
+        steps = None if steps is None else steps - 1
+        status, events = run.step()
+        assert status == DecodeStatus.OK
+        for ev in events:
+            if isinstance(ev, SequenceText):
+                streamed[ev.index] = streamed.get(ev.index, "") + ev.text
+            else:
+                done[ev.index] = ev
+    return streamed, done
+
+
+def test_requests_join_a_running_batch_and_stream(tiny_model: Path, single: Engine) -> None:
+    """A request submitted while others decode joins at the next step; the
+    streamed pieces add up to the final text, which is what it gives alone."""
+    with batch_engine(tiny_model, 2) as engine:
+        run = ContinuousBatch(engine, 2, 256, stream=True)
+        tokens = [prompt_tokens(engine, p) for p in PROMPTS[:3]]
+        run.submit(BatchRequest(0, tokens[0], GREEDY, max_tokens=12))
+        streamed, _ = drain(run, steps=3)
+        run.submit(BatchRequest(1, tokens[1], GREEDY, max_tokens=9))
+        run.submit(BatchRequest(2, tokens[2], GREEDY, max_tokens=5, stop=("e",)))
+        _, done = drain(run, streamed=streamed)
+        run.close()
+    for i, limit in enumerate((12, 9, 5)):
+        text, _ = alone(single, tokens[i], max_tokens=limit, stop=("e",) if i == 2 else ())
+        assert done[i].text == streamed.get(i, "") == text, f"request {i}"
+    assert (run.done, run.total) == (3, 3)
+
+
+def test_cancel_frees_the_slot_for_the_next_request(tiny_model: Path) -> None:
+    with batch_engine(tiny_model, 1) as engine:
+        run = ContinuousBatch(engine, 1, 256)
+        run.submit(BatchRequest(0, engine.tokenize("long one"), GREEDY, max_tokens=200))
+        run.submit(BatchRequest(1, engine.tokenize("queued"), GREEDY, max_tokens=3))
+        run.submit(BatchRequest(2, engine.tokenize("next"), GREEDY, max_tokens=3))
+        run.step()
+        assert run.active == 1 and len(run.queue) == 2
+        assert run.cancel(1) and run.cancel(0)  # one waiting, one decoding
+        assert run.active == 0 and not run.cancel(0)
+        _, done = drain(run)
+        run.close()
+    assert list(done) == [2] and done[2].stats.generated_tokens == 3
+    assert (run.cancelled, run.done) == (2, 1)
+
+
+def test_reuse_prefix_picks_the_slot_holding_the_longest_prefix(tiny_model: Path, single: Engine) -> None:
+    """A chat client re-sends its history: the new request goes to the free
+    slot holding its start and only its new tokens are evaluated; the text is
+    what it gives alone."""
+    with batch_engine(tiny_model, 2) as engine:
+        run = ContinuousBatch(engine, 2, 256, reuse_prefix=True)
+        first = prompt_tokens(engine, "the cat sat on the mat and then")
+        other = prompt_tokens(engine, "x y z")
+        run.submit(BatchRequest(0, first, GREEDY, max_tokens=12))
+        run.submit(BatchRequest(1, other, GREEDY, max_tokens=3))  # ends first: its slot is the least recently used
+        _, done = drain(run)
+        follow = [*first, *single.tokenize(done[0].text, add_special=False), *single.tokenize(" and more")]
+        run.submit(BatchRequest(2, follow, GREEDY, max_tokens=8))
+        _, again = drain(run)
+        run.close()
+    held = len(first) + len(single.tokenize(done[0].text, add_special=False)) - 1  # the last sample is not decoded
+    assert again[2].stats.cached_tokens >= len(first)
+    assert again[2].stats.cached_tokens <= held
+    assert again[2].text == alone(single, follow, max_tokens=8)[0]
 
 
 # ----------------------------------------------------------------- input --

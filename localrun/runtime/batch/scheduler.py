@@ -12,6 +12,13 @@ next tokens.
 A prefix that every prompt shares (a system prompt, an instruction) is
 evaluated once, in sequence 0, and copied to the other sequences. A slot keeps
 it when its sequence ends, so each later prompt evaluates only its own part.
+
+`ContinuousBatch` is the scheduler itself, for a caller that keeps it running
+(the server): requests are submitted while it runs and join at the next step,
+one can be cancelled (its slot is free at once), its text can be streamed, and
+with ``reuse_prefix`` a finished slot keeps its whole sequence so that a new
+request goes to the free slot holding the longest prefix of it and only its
+new tokens are evaluated. `run_batch` runs a fixed list of prompts through it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import llama_cpp
 
 from localrun.errors import ContextOverflowError, EngineError
-from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone
+from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone, SequenceText, TokenEvent
 from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
@@ -66,7 +73,8 @@ class _Slot:
         self.seq_id = seq_id
         self.request = request
         self.pending = list(request.tokens[start:])  # prompt tokens not yet decoded
-        self.pos = start
+        self.context = list(request.tokens)  # the prompt, then each sampled token that will be decoded
+        self.pos = start  # the cells of the sequence hold context[:pos]
         self.cached = start
         self.sampler = Sampler(request.sampling, engine.n_vocab)
         self.constraint = Constraint(engine, request.output) if request.output is not None else None
@@ -78,18 +86,91 @@ class _Slot:
         self.row = -1  # its logits' row in the current batch, -1 for none
 
 
-class _BatchRun:
-    def __init__(self, engine: Engine, requests: Sequence[BatchRequest], prefix: int, capacity: int) -> None:
+SlotEvent = SequenceText | SequenceDone
+
+
+class ContinuousBatch:
+    """The scheduler: ``slots`` sequences (at most `engine.n_seq_max`) of
+    ``capacity`` tokens each, fed from a queue that may grow while it runs.
+
+    ``prefix_tokens`` (a prefix every request shares) is evaluated once by
+    `evaluate_prefix` and kept in every slot. ``reuse_prefix``: a slot keeps
+    its whole sequence when it ends, and a new request takes the free slot
+    holding the longest prefix of its tokens. ``stream``: `step` reports each
+    sequence's text as it comes (`SequenceText`), not only at the end."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        slots: int,
+        capacity: int,
+        *,
+        prefix_tokens: Sequence[int] = (),
+        reuse_prefix: bool = False,
+        stream: bool = False,
+    ) -> None:
         self.engine = engine
         self.memory = engine.memory
-        self.queue = deque(requests)
-        self.total = len(requests)
-        self.prefix_tokens = list(requests[0].tokens[:prefix]) if prefix else []
+        self.queue: deque[BatchRequest] = deque()
+        self.total = 0
+        self.prefix_tokens = list(prefix_tokens)
         self.capacity = capacity
-        self.slots: list[_Slot | None] = [None] * min(engine.n_seq_max, len(requests))
-        self.done = self.generated = self.evaluated = 0
+        self.reuse_prefix = reuse_prefix
+        self.stream = stream
+        self.slots: list[_Slot | None] = [None] * min(engine.n_seq_max, slots)
+        self.held: list[list[int]] = [[] for _ in self.slots]  # what a free slot's cells hold (reuse_prefix)
+        self.last_used = [0] * len(self.slots)
+        self.steps = 0
+        self.done = self.cancelled = self.generated = self.evaluated = 0
         self.t0 = time.perf_counter()
         self.batch = Batch(engine.n_batch)
+
+    # -- requests --
+
+    def check(self, request: BatchRequest) -> None:
+        """Refuse a request that cannot run: no tokens, or a prompt the slot's context cannot hold."""
+        if not request.tokens:
+            raise ValueError(f"request {request.index} has no prompt tokens")
+        if len(request.tokens) >= self.capacity:
+            raise ContextOverflowError(
+                f"prompt {request.index} is {len(request.tokens)} tokens; each sequence's context holds {self.capacity}"
+            )
+
+    def submit(self, request: BatchRequest) -> None:
+        """Queue ``request``: it takes a slot at the next step that has one free."""
+        self.check(request)
+        self.queue.append(request)
+        self.total += 1
+
+    def cancel(self, index: int) -> bool:
+        """Drop request ``index``, queued or running (its slot is free for the
+        next step); False when it is neither (it has finished)."""
+        for request in self.queue:
+            if request.index == index:
+                self.queue.remove(request)
+                self.cancelled += 1
+                return True
+        for seq_id, s in enumerate(self.slots):
+            if s is not None and s.request.index == index:
+                self._release(seq_id, s)
+                self.cancelled += 1
+                return True
+        return False
+
+    def cancel_all(self) -> list[int]:
+        """Drop every request, queued or running; their indexes."""
+        dropped = [r.index for r in self.queue] + [s.request.index for s in self.slots if s is not None]
+        for index in dropped:
+            self.cancel(index)
+        return dropped
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or any(s is not None for s in self.slots)
+
+    @property
+    def active(self) -> int:
+        return sum(s is not None for s in self.slots)
 
     # -- the batch --
 
@@ -99,7 +180,7 @@ class _BatchRun:
             raise EngineError(f"llama_decode found no room in the KV cache for a batch of {self.batch.n} tokens")
         return status
 
-    def _evaluate_prefix(self) -> DecodeStatus:
+    def evaluate_prefix(self) -> DecodeStatus:
         """The shared prefix, once, into sequence 0; then copied to the other sequences."""
         step = self.engine.n_batch
         for start in range(0, len(self.prefix_tokens), step):
@@ -116,11 +197,25 @@ class _BatchRun:
 
     # -- the loop --
 
+    def _place(self, request: BatchRequest, free: list[int]) -> tuple[int, int]:
+        """(the free slot for ``request``, how many of its tokens that slot holds already)."""
+        if not self.reuse_prefix:
+            return free[0], len(self.prefix_tokens)
+        limit = len(request.tokens) - 1  # the last prompt token is evaluated: its logits give the first sample
+        seq_id = max(free, key=lambda i: (common_prefix(self.held[i], request.tokens, limit), -self.last_used[i]))
+        keep = common_prefix(self.held[seq_id], request.tokens, limit)
+        if not llama_cpp.llama_memory_seq_rm(self.memory, seq_id, keep, -1):  # a cache that cannot cut midway
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            keep = 0
+        return seq_id, keep
+
     def _fill_slots(self) -> None:
-        for seq_id, slot in enumerate(self.slots):
-            if slot is None and self.queue:
-                request = self.queue.popleft()
-                self.slots[seq_id] = _Slot(self.engine, seq_id, request, len(self.prefix_tokens), self.capacity)
+        free = [seq_id for seq_id, slot in enumerate(self.slots) if slot is None]
+        while free and self.queue:
+            request = self.queue.popleft()
+            seq_id, start = self._place(request, free)
+            free.remove(seq_id)
+            self.slots[seq_id] = _Slot(self.engine, seq_id, request, start, self.capacity)
 
     def _step(self) -> DecodeStatus:  # noqa: C901  the scheduler's one step: kept whole
         """One shared decode: each decoding sequence's next token, and prompt
@@ -160,7 +255,7 @@ class _BatchRun:
                 s.pos += 1
         return status
 
-    def _sample(self) -> Iterator[SequenceDone]:
+    def _sample(self) -> Iterator[SlotEvent]:
         for seq_id, s in enumerate(self.slots):
             if s is None or s.row < 0:
                 continue
@@ -170,27 +265,46 @@ class _BatchRun:
             if s.constraint is not None:
                 s.constraint.consume(token)
             before = s.out.n_gen
-            s.out.push(token)
+            event = s.out.push(token)
             self.generated += s.out.n_gen - before
+            if event is not None and self.stream:
+                yield SequenceText(s.request.index, event.text)
             if s.out.reason is None and s.out.n_gen < s.limit:
                 s.next_token = token
+                s.context.append(token)
                 continue
-            yield self._finish(seq_id, s)
+            yield from self._finish(seq_id, s)
 
-    def _finish(self, seq_id: int, s: _Slot) -> SequenceDone:
-        done = [ev for ev in s.out.finish("length") if isinstance(ev, DoneEvent)]
-        stats = done[-1].stats
+    def _finish(self, seq_id: int, s: _Slot) -> Iterator[SlotEvent]:
+        events = list(s.out.finish("length"))
+        if self.stream:
+            yield from (SequenceText(s.request.index, ev.text) for ev in events if isinstance(ev, TokenEvent))
+        stats = [ev for ev in events if isinstance(ev, DoneEvent)][-1].stats
         if s.constraint is not None:  # the whole text is known now: check it
             checked = s.constraint.check(s.out.text)
             stats = replace(stats, valid=checked.valid, invalid=checked.error, forced_tokens=s.constraint.forced)
+        self._release(seq_id, s)
+        self.done += 1
+        yield SequenceDone(s.request.index, s.out.text, stats)
+
+    def _release(self, seq_id: int, s: _Slot) -> None:
         s.sampler.close()
         self.slots[seq_id] = None
-        self.done += 1
-        # forget the sequence but keep the shared prefix for the next one in this slot
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, len(self.prefix_tokens), -1)
-        return SequenceDone(s.request.index, s.out.text, stats)
+        self.last_used[seq_id] = self.steps
+        if self.reuse_prefix:  # the cells stay for a later request that starts the same way
+            self.held[seq_id] = s.context[: s.pos]
+        else:  # forget the sequence but keep the shared prefix for the next one in this slot
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, len(self.prefix_tokens), -1)
 
-    def _progress(self, *, final: bool = False, interrupted: bool = False) -> BatchProgress:
+    def step(self) -> tuple[DecodeStatus, list[SlotEvent]]:
+        """Give free slots to queued requests, decode once, sample each
+        sequence: the decode's status, and the text and ends it produced."""
+        self._fill_slots()
+        self.steps += 1
+        status = self._step()
+        return status, list(self._sample()) if status == DecodeStatus.OK else []
+
+    def progress(self, *, final: bool = False, interrupted: bool = False) -> BatchProgress:
         return BatchProgress(
             done=self.done,
             total=self.total,
@@ -204,20 +318,20 @@ class _BatchRun:
         )
 
     def events(self) -> Iterator[BatchEvent]:
+        """Run until every submitted request is done (or `engine.abort_requested`)."""
         llama_cpp.llama_memory_clear(self.memory, False)
         self.t0 = time.perf_counter()
         try:
-            status = self._evaluate_prefix()
-            while status == DecodeStatus.OK and (self.queue or any(self.slots)):
-                self._fill_slots()
+            status = self.evaluate_prefix()
+            while status == DecodeStatus.OK and self.busy:
                 if self.engine.abort_requested:
                     status = DecodeStatus.ABORTED
                     break
-                status = self._step()
+                status, finished = self.step()
                 if status == DecodeStatus.OK:
-                    yield from self._sample()
-                    yield self._progress()
-            yield self._progress(final=True, interrupted=status == DecodeStatus.ABORTED)
+                    yield from (ev for ev in finished if isinstance(ev, SequenceDone))
+                    yield self.progress()
+            yield self.progress(final=True, interrupted=status == DecodeStatus.ABORTED)
         finally:
             self.close()
 
@@ -245,4 +359,7 @@ def run_batch(engine: Engine, requests: Sequence[BatchRequest], *, share_prefix:
     if not requests:
         return iter([BatchProgress(0, 0, 0, 0, 0, 0.0, final=True)])
     prefix = shared_prefix([r.tokens for r in requests]) if share_prefix and len(requests) > 1 else 0
-    return _BatchRun(engine, requests, prefix, capacity).events()
+    run = ContinuousBatch(engine, len(requests), capacity, prefix_tokens=requests[0].tokens[:prefix])
+    for request in requests:
+        run.submit(request)
+    return run.events()
