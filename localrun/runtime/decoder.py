@@ -52,17 +52,19 @@ class Decoder:
             self.tokens.extend(chunk)
         return DecodeStatus.OK
 
-    def evaluate_rows(self, tokens: Sequence[int], *, abortable: bool = True) -> DecodeStatus:
+    def evaluate_rows(self, tokens: Sequence[int], *, abortable: bool = True, first: int = 0) -> DecodeStatus:
         """Decode ``tokens`` (at most n_batch) at the current position with
-        logits for every row: what a verify step or a perplexity run needs.
-        Read them with `logits`. ``abortable=False`` for a short batch: the
-        abort check is a Python callback between graph nodes, which costs."""
+        logits for every row from ``first`` on: what a verify step or a
+        perplexity run needs (rows before ``first``, tokens already decided,
+        skip the output layer). Read them with `logits` by their row in the
+        batch. ``abortable=False`` for a short batch: the abort check is a
+        Python callback between graph nodes, which costs."""
         n = len(tokens)
-        if not 0 < n <= self.engine.n_batch:
-            raise ValueError(f"evaluate_rows takes 1 to {self.engine.n_batch} tokens, got {n}")
+        if not 0 < n <= self.engine.n_batch or not 0 <= first < n:
+            raise ValueError(f"evaluate_rows takes 1 to {self.engine.n_batch} tokens and a row of them, got {n}")
         with Batch(n) as batch:
             for i, token in enumerate(tokens):
-                batch.add(token, len(self.tokens) + i, 0, True)
+                batch.add(token, len(self.tokens) + i, 0, i >= first)
             status = batch.decode(self.engine, abortable=abortable)
         if status == DecodeStatus.OK:
             self.tokens.extend(tokens)

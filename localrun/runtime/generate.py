@@ -102,13 +102,14 @@ class Generation:
             return []
         return self.constraint.fast_forward(self.limit - self.out.n_gen)
 
-    def step(self, token: int) -> DecodeStatus:
-        """Evaluate one decided token: a single-token step, which the thread governor times."""
+    def step(self, tokens: Sequence[int]) -> DecodeStatus:
+        """Evaluate decided tokens (one, or one and those the grammar forced
+        after it) in one batch; a single-token step is timed for the thread governor."""
         meter = self.meter
-        if not meter.active:
-            return self.note(self.decoder.evaluate((token,)))
+        if not meter.active or len(tokens) != 1:
+            return self.note(self.decoder.evaluate(tokens))
         meter.begin()
-        status = self.decoder.evaluate((token,))
+        status = self.decoder.evaluate(tokens)
         if status == DecodeStatus.OK:
             meter.end()
         return self.note(status)
@@ -165,7 +166,7 @@ def generate(
         yield from run.emit(decided)
         while status == DecodeStatus.OK and not run.ended():
             if decided:  # one batch: the sampled token and those the grammar forced after it
-                status = run.step(decided[0]) if len(decided) == 1 else run.note(run.decoder.evaluate(decided))
+                status = run.step(decided)
                 if status != DecodeStatus.OK:
                     break
             if engine.abort_requested:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,6 +52,21 @@ class Draft:
     steps_s: float = 0.0  # the rest of the drafting time
 
 
+class Mask(Protocol):
+    """What the grammar allows, for drafting under it (a fork of the output's
+    state: `localrun.structured.constraint.Constraint.fork`)."""
+
+    n_vocab: int
+
+    def apply(self, logits: Any) -> None:
+        """Mask one row of logits in place to what the grammar allows next."""
+
+    def consume(self, token: int) -> None: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+
 class Drafter(Protocol):
     profile: Profile
 
@@ -61,7 +76,16 @@ class Drafter(Protocol):
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         """What it could draft after ``context`` now, cheaply; None: nothing."""
 
-    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
-        """Up to ``n`` tokens to follow ``context``."""
+    def draft(
+        self,
+        context: Sequence[int],
+        n: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        mask: Mask | None = None,
+    ) -> Draft:
+        """Up to ``n`` tokens to follow ``context``; a drafter that runs a model
+        drafts under ``mask`` when there is one (the loop cuts any draft at the
+        first token the grammar rejects)."""
 
     def close(self) -> None: ...

@@ -13,6 +13,11 @@ token is kept with probability a, given the ones before it were), draft(n)
 the drafter's measured cost for n tokens (plus any catch-up or loading), and
 verify(n) the target's measured cost for a batch of n rows.
 
+With structured output, the f tokens the grammar forces next ride in the
+step's batch before the draft, as drafts that cannot be rejected: a step
+yields f + E(a, n) tokens in draft(n) + verify(f + n + 1), and a plain step
+f + 1 tokens in verify(f + 1).
+
 The cost of a verify batch need not grow smoothly with its rows: kernels can
 take rows in groups, so a batch can cost as much as a larger one, and where
 that happens differs from machine to machine. Each size measured keeps its
@@ -93,8 +98,10 @@ PLAIN = Plan()
 
 
 class Controller(Protocol):
-    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
-        """The way to take this step; drafts at most ``room`` tokens."""
+    def choose(self, offers: Sequence[Offer], room: int, forced: int = 0) -> Plan:
+        """The way to take this step; drafts at most ``room`` tokens.
+        ``forced``: tokens the grammar decided that ride in the step's batch
+        before the draft (drafts that cannot be rejected)."""
 
     def observe_plain(self, seconds: float) -> None: ...
 
@@ -275,7 +282,7 @@ class AdaptiveController:
         catch_up = self.catch_up[d].get(profile.catch_up_cost * c1)
         return self.setup_cost(d) + max(offer.catch_up - 2, 0) * catch_up + n * step
 
-    def lengths(self, offer: Offer, room: int) -> list[tuple[int, float]]:
+    def lengths(self, offer: Offer, room: int, forced: int = 0) -> list[tuple[int, float]]:
         """The draft lengths worth choosing, with their step's time (drafting
         and verifying, seconds, without the one-time setup): up to the room
         left and the offer's longest, less every length whose step takes as
@@ -283,7 +290,7 @@ class AdaptiveController:
         as a larger one)."""
         setup = self.setup_cost(offer.drafter)
         limit = min(offer.max_len, room)
-        times = [self.draft_cost(offer, n) - setup + self.verify_cost(n + 1) for n in range(1, limit + 1)]
+        times = [self.draft_cost(offer, n) - setup + self.verify_cost(forced + n + 1) for n in range(1, limit + 1)]
         kept: list[tuple[int, float]] = []
         quickest_longer = math.inf  # of the lengths kept: ties do not chain, so none costs more than TIE
         for n in range(limit, 0, -1):
@@ -293,28 +300,28 @@ class AdaptiveController:
                 quickest_longer = t
         return kept[::-1]
 
-    def best_length(self, offer: Offer, room: int) -> tuple[float, int]:
-        """(expected tokens/s, draft length) of the offer's best length."""
+    def best_length(self, offer: Offer, room: int, forced: int = 0) -> tuple[float, int]:
+        """(expected tokens/s, draft length) of the offer's best length, after ``forced`` tokens."""
         a = self.acceptance(offer.drafter, offer.bucket)
         setup = self.setup_cost(offer.drafter)
         best_rate, best_n = 0.0, 0
-        for n, t in self.lengths(offer, room):
-            rate = expected_tokens(a, n) / (setup + t)
+        for n, t in self.lengths(offer, room, forced):
+            rate = (forced + expected_tokens(a, n)) / (setup + t)
             if rate > best_rate:  # not one peak: some batch sizes run faster kernels than smaller ones
                 best_rate, best_n = rate, n
         return best_rate, best_n
 
     # -- choice --
 
-    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+    def choose(self, offers: Sequence[Offer], room: int, forced: int = 0) -> Plan:
         self.rounds += 1
         if self.plain.value is None or room < 1 or not offers:
             return PLAIN  # the first step measures a plain step
-        best_rate = 1.0 / self.plain_cost()
+        best_rate = (forced + 1) / self.verify_cost(forced + 1)  # forced tokens: drafts that cannot be rejected
         best = PLAIN
         rated: list[tuple[Offer, float, int]] = []
         for offer in offers:
-            rate, n = self.best_length(offer, room)
+            rate, n = self.best_length(offer, room, forced)
             rated.append((offer, rate, n))
             if n and rate > best_rate:
                 best_rate, best = rate, Plan(offer, n)
@@ -324,11 +331,11 @@ class AdaptiveController:
             key = (offer.drafter, offer.bucket)
             if self.rounds - self.last_used.get(key, -MAX_GAP) < self.gap.get(key, MIN_GAP) or not best_n:
                 continue
-            allowed = [n for n, _ in self.lengths(offer, room)]
+            allowed = [n for n, _ in self.lengths(offer, room, forced)]
             short = [n for n in allowed if n <= min(best_n, PROBE_MAX)]
             n = short[-1] if short else allowed[0]  # short, unless a longer step is as quick
-            cost = self.draft_cost(offer, n) + self.verify_cost(n + 1)
-            regret = max(cost - expected_tokens(self.acceptance(*key), n) / best_rate, 0.0)
+            cost = self.draft_cost(offer, n) + self.verify_cost(forced + n + 1)
+            regret = max(cost - (forced + expected_tokens(self.acceptance(*key), n)) / best_rate, 0.0)
             if self.explored + regret <= self.explore_share * self.elapsed:
                 self.gap[key] = min(self.gap.get(key, MIN_GAP) * 2, MAX_GAP)
                 self.last_used[key] = self.rounds
@@ -407,7 +414,7 @@ class FixedController(Unobserving):
     drafter: int
     n: int
 
-    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+    def choose(self, offers: Sequence[Offer], room: int, forced: int = 0) -> Plan:
         for offer in offers:
             if offer.drafter == self.drafter and room >= 1:
                 return Plan(offer, min(self.n, offer.max_len, room))

@@ -19,7 +19,7 @@ from localrun.runtime.decoder import Decoder, common_prefix
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import SamplingParams
-from localrun.speculative.base import MODEL_MAX, Draft, Offer, Profile
+from localrun.speculative.base import MODEL_MAX, Draft, Mask, Offer, Profile
 from localrun.speculative.sampling import Probs, sample, target_probs
 
 SPEC_VOCAB_MAX_DIFF = 128  # llama.cpp's rule for a usable draft
@@ -168,35 +168,44 @@ class DraftModelDrafter:
             return Offer(index, 0, MODEL_MAX, catch_up=len(context))
         return Offer(index, 0, MODEL_MAX, catch_up=max(len(context) - self._common(context), 1))
 
-    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: Sequence[int],
+        n: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        mask: Mask | None = None,
+    ) -> Draft:
+        """Up to ``n`` tokens, each the draft's choice among what ``mask`` allows
+        (when its vocabulary is the target's size, as the mask is)."""
         t0 = time.perf_counter()
         n_sync = self._sync(context)
         decoder = self.decoder
-        assert decoder is not None
+        assert decoder is not None and self.engine is not None
         t1 = time.perf_counter()
         if n_sync < 0:
             return Draft([], None, 0, t1 - t0)
+        if mask is not None and mask.n_vocab != self.engine.n_vocab:
+            mask = None  # the loop cuts the draft where the grammar rejects it
         tokens: list[int] = []
         probs: list[Probs] | None = None if sampling.greedy else []
-        recent: list[int] = []
+        recent = [] if sampling.greedy else list(context[self._n_prompt :])  # the penalty window: generated tokens
         for i in range(n):
             logits: Any = decoder.logits(-1)
-            if probs is None:
-                token = int(np.argmax(logits))
-                confidence = 1.0 / float(np.exp(logits - logits[token]).sum())
-            else:
-                if not recent:
-                    recent = list(context[self._n_prompt :])  # the penalty window: generated tokens
-                q = target_probs(logits, sampling, recent)
-                token = sample(q, rng)
-                confidence = float(q.max())
-                probs.append(q)
-                recent.append(token)
+            if mask is not None:
+                if mask.stopped:
+                    break
+                mask.apply(logits)  # the draft engine's own buffer: nothing else reads it
+            token, q = _pick(logits, sampling, rng, recent)
+            confidence = 1.0 / float(np.exp(logits - logits[token]).sum()) if q is None else float(q.max())
             if confidence < self.p_min and i > 0:
-                if probs is not None:
-                    probs.pop()
                 break
             tokens.append(token)
+            if probs is not None:
+                probs.append(q)
+                recent.append(token)
+            if mask is not None:
+                mask.consume(token)
             if i + 1 < n and decoder.evaluate((token,)) != DecodeStatus.OK:
                 break
         self._known = decoder.n_past
@@ -206,3 +215,12 @@ class DraftModelDrafter:
         if self.engine is not None:
             self.engine.close()
         self.engine = self.decoder = None
+
+
+def _pick(logits: Any, sampling: SamplingParams, rng: np.random.Generator, recent: list[int]) -> tuple[int, Probs]:
+    """The draft's token for one row: its argmax when greedy (no distribution),
+    else a sample and the distribution it was drawn from."""
+    if sampling.greedy:
+        return int(np.argmax(logits)), None
+    q = target_probs(logits, sampling, recent)
+    return sample(q, rng), q

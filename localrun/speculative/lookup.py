@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from localrun.runtime.sampling import SamplingParams
-from localrun.speculative.base import LOOKUP_MAX, Draft, Offer, Profile
+from localrun.speculative.base import LOOKUP_MAX, Draft, Mask, Offer, Profile
 
 _WINDOW = 32  # how far back a source and the cursor are compared
 _CANDIDATES = 16  # the latest occurrences of the last two tokens that are compared
@@ -98,7 +98,14 @@ class PromptLookupDrafter:
         self._source, self._cursor = best, n
         return Offer(index, bucket, LOOKUP_MAX)
 
-    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: Sequence[int],
+        n: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        mask: Mask | None = None,
+    ) -> Draft:
         t0 = time.perf_counter()
         seen, start, length = self._seen, self._source, len(self._seen)
         out: list[int] = []

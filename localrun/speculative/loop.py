@@ -10,6 +10,13 @@ with n = 0, through the single-token path plain decoding uses; only those
 steps are timed for the thread governor (localrun.runtime.threads), since a
 verify step's time depends on its rows.
 
+With a grammar (structured output), the tokens it forces next (jump-forward:
+a key, punctuation) join the pending token at the head of the batch, without
+logits of their own, and the draft follows them: drafters draft after the
+forced text, the draft model under the grammar's mask, and any draft is cut
+at the first token the grammar rejects. The controller counts the forced
+tokens as drafts that cannot be rejected.
+
 Lossless: with greedy sampling every kept token is the target's argmax for
 its row, so the text is the one plain decoding produces as long as llama.cpp
 computes a batch's rows bit-identically to single steps. It does on the tiny
@@ -48,6 +55,7 @@ from localrun.speculative.sampling import check_draft, target_probs
 
 if TYPE_CHECKING:
     from localrun.speculative import Speculation
+    from localrun.structured.constraint import Constraint
 
 
 class _Tally:
@@ -117,68 +125,90 @@ class _Stepper:
         self.context = list(run.prompt_tokens)  # the prompt and every token decided so far
 
     def first(self) -> list[int]:
+        """The first tokens: a text the grammar starts with (evaluated by the
+        next step), else the first sample."""
         for drafter in self.speculation.drafters:
             drafter.begin(self.context)
-        return [self.run.sample()]
+        return self.run.fast_forward() or [self.run.sample()]
 
     def next(self) -> list[int]:
-        """The tokens the next step decides (none when decoding must stop)."""
-        run, control, context = self.run, self.speculation.controller, self.context
-        room = min(run.limit - run.out.n_gen - 1, run.engine.n_ctx - len(context), run.engine.n_batch - 1)
+        """The tokens the next step decides (none when decoding must stop):
+        first any the grammar forces (jump-forward), which ride in the step's
+        batch ahead of the draft and need no logits of their own."""
+        run, control = self.run, self.speculation.controller
+        forced = run.fast_forward()
+        context = [*self.context, *forced] if forced else self.context
+        left = run.limit - run.out.n_gen - len(forced)  # tokens the output may take after the forced ones
+        if left < 1:
+            return forced
+        pending = context[run.decoder.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
+        room = min(left - 1, run.engine.n_ctx - len(context), run.engine.n_batch - len(pending))
         offers = [
             offer
             for i, drafter in enumerate(self.speculation.drafters)
             if i not in self.speculation.disabled and (offer := drafter.offer(context, i)) is not None
         ]
-        plan = control.choose(offers, room)
+        plan = control.choose(offers, room, forced=len(pending) - 1)
         t0 = time.perf_counter()
-        draft = _make_draft(self.speculation, plan, context, self.sampling, self.rng)
+        draft = _make_draft(self.speculation, plan, context, self.sampling, self.rng, run.constraint)
         if draft is not None and run.constraint is not None:  # cut at the first token the grammar rejects
             keep = run.constraint.allowed_prefix(draft.tokens)
             draft.tokens = draft.tokens[:keep]
             draft.probs = draft.probs[:keep] if draft.probs is not None else None
         if draft is None or not draft.tokens:
-            return self._plain(plan, t0)
-        return self._verify(plan, draft, t0)
+            decided = self._plain(plan, pending, t0)
+        else:
+            decided = self._verify(plan, len(context), pending, draft, t0)
+        return [*forced, *decided] if decided else []
 
-    def _plain(self, plan: Plan, t0: float) -> list[int]:
-        run = self.run
+    def _plain(self, plan: Plan, pending: list[int], t0: float) -> list[int]:
+        run, control = self.run, self.speculation.controller
         t1 = time.perf_counter()
-        if run.step(self.context[-1]) != DecodeStatus.OK:  # timed for the thread governor
+        if run.step(pending) != DecodeStatus.OK:
             return []
         decided = [run.sample()]
         t2 = time.perf_counter()
-        self.speculation.controller.observe_plain(t2 - t1)
-        self.speculation.controller.observe_round(plan, t2 - t0, 1)
+        if len(pending) == 1:
+            control.observe_plain(t2 - t1)
+        else:
+            control.observe_verify(len(pending), t2 - t1)
+        control.observe_round(plan, t2 - t0, len(pending) - 1 + len(decided))
         return decided
 
-    def _verify(self, plan: Plan, draft: Draft, t0: float) -> list[int]:
-        run, control, context = self.run, self.speculation.controller, self.context
+    def _verify(self, plan: Plan, n_context: int, pending: list[int], draft: Draft, t0: float) -> list[int]:
+        run, control = self.run, self.speculation.controller
         assert plan.offer is not None
         t1 = time.perf_counter()
-        status = run.decoder.evaluate_rows([context[-1], *draft.tokens], abortable=False)  # short: no callback
+        first = len(pending) - 1  # the row that decides the first drafted token
+        status = run.decoder.evaluate_rows([*pending, *draft.tokens], abortable=False, first=first)  # short
         if run.note(status) != DecodeStatus.OK:
-            run.decoder.rollback(len(context) - 1)
+            run.decoder.rollback(run.decoder.n_past)
             return []
-        decided = _verify(run, self.sampling, draft, self.rng)
+        decided = _verify(run, self.sampling, draft, self.rng, first)
         accepted = len(decided) - 1
-        run.decoder.rollback(len(context) + accepted)  # forget the rejected drafts
+        run.decoder.rollback(n_context + accepted)  # forget the rejected drafts
         t2 = time.perf_counter()
-        control.observe_verify(len(draft.tokens) + 1, t2 - t1)
+        control.observe_verify(len(pending) + len(draft.tokens), t2 - t1)
         control.observe_outcome(plan.offer, len(draft.tokens), accepted)
-        control.observe_round(plan, t2 - t0, len(decided))
+        control.observe_round(plan, t2 - t0, first + len(decided))
         self.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
         return decided
 
 
 def _make_draft(
-    speculation: Speculation, plan: Plan, context: list[int], sampling: SamplingParams, rng: np.random.Generator
+    speculation: Speculation,
+    plan: Plan,
+    context: list[int],
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    constraint: Constraint | None,
 ) -> Draft | None:
     offer: Offer | None = plan.offer
     if offer is None or plan.n < 1:
         return None
+    mask = constraint.fork() if constraint is not None else None
     try:
-        draft = speculation.drafters[offer.drafter].draft(context, plan.n, sampling, rng)
+        draft = speculation.drafters[offer.drafter].draft(context, plan.n, sampling, rng, mask)
     except LocalrunError:  # a draft model that cannot load here (memory): go on without it
         speculation.disabled.add(offer.drafter)
         with suppress(LocalrunError):
@@ -188,13 +218,17 @@ def _make_draft(
     return draft
 
 
-def _verify(run: Generation, sampling: SamplingParams, draft: Draft, rng: np.random.Generator) -> list[int]:
-    """Check the drafted tokens against the batch's rows: the tokens kept,
-    then the token the first failing row (or the last row) decides. With a
-    grammar, each row is masked to what it allows after the tokens before it."""
+def _verify(
+    run: Generation, sampling: SamplingParams, draft: Draft, rng: np.random.Generator, first: int = 0
+) -> list[int]:
+    """Check the drafted tokens against the batch's rows from ``first`` on:
+    the tokens kept, then the token the first failing row (or the last row)
+    decides. With a grammar, each row is masked to what it allows after the
+    tokens before it."""
     decoder, sampler, constraint = run.decoder, run.sampler, run.constraint
     decided: list[int] = []
-    for row, token in enumerate(draft.tokens):
+    for i, token in enumerate(draft.tokens):
+        row = first + i
         if draft.probs is None or sampling.greedy:
             chosen = run.sample(row)  # a deterministic draft: kept if the target agrees
             decided.append(chosen)
@@ -213,5 +247,5 @@ def _verify(run: Generation, sampling: SamplingParams, draft: Draft, rng: np.ran
             decided.append(chosen)
             if replacement is not None:
                 return decided
-    decided.append(run.sample(len(draft.tokens)))
+    decided.append(run.sample(first + len(draft.tokens)))
     return decided

@@ -22,7 +22,7 @@ import numpy as np
 
 from localrun.runtime.engine import Engine
 from localrun.runtime.sampling import SamplingParams
-from localrun.speculative.base import LOOKUP_MAX, Draft, Offer, Profile
+from localrun.speculative.base import LOOKUP_MAX, Draft, Mask, Offer, Profile
 
 BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there
 SYNC_CHARS = 10  # non-space characters that must match the source to take up copying it
@@ -231,7 +231,14 @@ class TextLookupDrafter:
             parts.append(src[k])
         return leads, "".join(parts)
 
-    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: Sequence[int],
+        n: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        mask: Mask | None = None,
+    ) -> Draft:
         t0 = time.perf_counter()
         leads, rest = self.continuation(DRAFT_CHARS)
         last = self.piece(context[-1])

@@ -56,8 +56,18 @@ class Constraint:
         if self.matcher.is_error():
             raise ValueError(self.matcher.get_error())
         self._llnp = llnp
+        self.n_vocab = engine.n_vocab
         self._mask = llnp.allocate_token_bitmask(1, engine.n_vocab)
         self.forced = 0  # tokens the grammar left no choice about (jump-forward, or a mask of one)
+
+    def fork(self) -> Constraint:
+        """A copy of the state that moves on its own (a draft model drafts
+        under it; the output's state stays where it is)."""
+        copy = object.__new__(Constraint)
+        copy.spec, copy._llnp, copy.n_vocab, copy.forced = self.spec, self._llnp, self.n_vocab, 0
+        copy.matcher = self.matcher.deep_copy()
+        copy._mask = self._llnp.allocate_token_bitmask(1, self.n_vocab)
+        return copy
 
     def apply(self, logits: np.ndarray[Any, Any]) -> None:
         """Mask ``logits`` (one row, in place): what the grammar does not allow cannot be sampled."""

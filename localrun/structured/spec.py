@@ -14,13 +14,20 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from localrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 _SCALARS = {"str": "string", "string": "string", "int": "integer", "float": "number", "bool": "boolean"}
 _FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\s+(\S.*))?$")
 _LIST = re.compile(r"^list\[(\w+)\]$")
+# JSON on one line, laid out as Python's json.dumps lays it out: with no choice of
+# whitespace the grammar decides every key and separator (jump-forward takes them
+# without a sampling step); a schema's own "x-guidance" options take precedence
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ def schema_spec(schema: dict[str, Any], source: str) -> OutputSpec:
 
     _check_schema(schema, source)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as exc:
         raise UsageError(f"{source}: cannot be used: {exc}") from None
     return OutputSpec("json_schema", _compiled(grammar, source), schema, source)

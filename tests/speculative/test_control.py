@@ -116,3 +116,14 @@ def test_a_draft_models_step_counts_in_the_tie() -> None:
         control.observe_outcome(offer, 8, 2)  # 67% accepted
     assert [n for n, _ in control.lengths(offer, 8)] == list(range(1, 9))
     assert 1 <= control.choose([offer], 8).n <= 3
+
+
+def test_forced_tokens_count_as_drafts_that_cannot_be_rejected() -> None:
+    """Tokens the grammar forced ride at the head of the batch: a plain step
+    already costs their rows, so drafts that fill the batch to a cheap size pay."""
+    control = _lookup(BUMPY, 9)  # 90%: alone, only short drafts pay
+    assert control.choose([LOOKUP], 32).n <= 2
+    assert control.choose([LOOKUP], 32, forced=8).n == 7  # 9 rows cost about what 16 do: fill them
+    assert control.choose([LOOKUP], 5, forced=8).n <= 5  # never past the room left
+    steep = _lookup(STEEP, 4)  # where no draft pays, forced tokens do not make one pay
+    assert steep.choose([LOOKUP], 32, forced=8).n == 0

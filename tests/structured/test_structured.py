@@ -7,11 +7,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+import llguidance
+import numpy as np
 import pytest
 
 from localrun.errors import UsageError
-from localrun.structured.spec import concise_schema, parse_grammar, parse_schema
-from tests.helpers import cli
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
+from localrun.speculative import Speculation
+from localrun.speculative.control import FixedController
+from localrun.speculative.draftmodel import DraftModelDrafter
+from localrun.structured.constraint import Constraint
+from localrun.structured.spec import OutputSpec, concise_schema, parse_grammar, parse_schema, schema_spec
+from tests.helpers import cli, collect
 
 
 def test_the_concise_form() -> None:
@@ -200,3 +209,59 @@ def test_a_fixed_text_is_forced_not_sampled(tiny_model: Path, tmp_path: Path) ->
         assert code == 0 and text == "hello, structured world" and done["valid"] is True
         # jump-forward: every token of the text, then the end of generation, the one token allowed
         assert done["forced_tokens"] == done["generated_tokens"] + 1
+
+
+def test_json_is_one_line_with_its_separators_forced(tiny_model: Path) -> None:
+    """No choice of whitespace: the layout of Python's json.dumps, every key and separator forced."""
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}}, "required": ["a", "b"], "additionalProperties": false}'  # noqa: E501
+    for seed in range(3):
+        code, text, done = _run(tiny_model, "--schema", schema, "-n", "200", "--temperature", "1", "--seed", str(seed))
+        assert code == 0, text
+        assert json.dumps(json.loads(text)) == text
+        assert done["forced_tokens"] >= 4  # at least {"a": and , "b": [
+
+
+def _fixed(engine: Engine, text: str) -> Constraint:
+    return Constraint(engine, OutputSpec("grammar", llguidance.LLMatcher.grammar_from_lark(f'start: "{text}"\n')))
+
+
+def test_the_draft_model_drafts_under_the_mask(tiny_model: Path) -> None:
+    """A draft model's tokens follow the grammar (the tiny model left alone
+    never writes this text), and drafting leaves the output's state as it was."""
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512, n_threads=2)) as engine:
+        drafter = DraftModelDrafter(tiny_model, engine, eager=True, p_min=0.0)
+        try:
+            context = engine.tokenize("the fixed text:")
+            drafter.begin(context)
+            constraint = _fixed(engine, "hello, structured world")
+            greedy = SamplingParams(temperature=0.0)
+            for sampling in (greedy, SamplingParams(temperature=1.0, seed=3)):
+                rng = np.random.default_rng(0)
+                draft = drafter.draft(context, 6, sampling, rng, constraint.fork())
+                spelled = engine.detokenize(draft.tokens)
+                assert len(draft.tokens) == 6 and "hello, structured world".startswith(spelled), spelled
+            free = engine.detokenize(drafter.draft(context, 6, greedy, np.random.default_rng(0)).tokens)
+            assert not "hello, structured world".startswith(free)
+            assert constraint.allowed_prefix(draft.tokens) == 6  # the output's state did not move
+        finally:
+            drafter.close()
+
+
+def test_a_self_draft_under_a_schema_is_always_accepted(tiny_model: Path) -> None:
+    """The target drafting for itself under the mask proposes the target's own
+    masked choices: every draft is kept, with the forced tokens riding ahead of
+    it in the batch, and the text is plain decoding's."""
+    schema = schema_spec(concise_schema("name, size int, tags list[str], kind cat|dog"), "test")
+    greedy = SamplingParams(temperature=0.0)
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=1024, n_threads=2)) as engine:
+        prompt = engine.tokenize("describe a pet as JSON")
+        plain, plain_stats = collect(
+            generate(engine, prompt, greedy, max_tokens=120, constraint=Constraint(engine, schema))
+        )
+        drafter = DraftModelDrafter(tiny_model, engine, eager=True, p_min=0.0)
+        with Speculation([drafter], FixedController(0, 4)) as spec:
+            events = spec.generate(engine, prompt, greedy, max_tokens=120, constraint=Constraint(engine, schema))
+            text, stats = collect(events)
+    assert text == plain and stats.valid is plain_stats.valid
+    assert stats.forced_tokens == plain_stats.forced_tokens and (stats.forced_tokens or 0) > 5
+    assert stats.draft is not None and stats.draft.proposed > 10 and stats.draft.accepted == stats.draft.proposed
