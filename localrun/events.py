@@ -61,7 +61,7 @@ class Stats:
     draft: DraftStats | None = None  # speculative decoding's figures, when it ran
     valid: bool | None = None  # structured output: the text follows the schema or grammar (None: none given)
     invalid: str | None = None  # ... and why not
-    forced_tokens: int | None = None  # steps where the grammar left exactly one token
+    forced_tokens: int | None = None  # tokens of the text the grammar left no choice about
     threads: int | None = None  # CPU threads decoding when the run ended
 
 

@@ -89,6 +89,7 @@ from localrun.system import default_threads
 from localrun.ui.stream import LiveRenderer, PlainRenderer
 from scripts._load import cpu_load
 from scripts._models import HelpFormatter, model_path
+from scripts._native import timings
 from scripts._stats import median_ratio, ratio_summary
 
 PROMPT = (
@@ -132,8 +133,6 @@ def bench_stock(llm: llama_cpp.Llama, tokens: list[int], n: int) -> Figures:
     return (count - 1) / (t_last - t_first), len(tokens) / (t_first - t0)
 
 
-_PERF = re.compile(r"(prompt eval|\beval) time\s*=\s*([\d.]+) ms /\s*(\d+)")
-_SAMPLING = re.compile(r"sampling time\s*=\s*([\d.]+) ms")
 _THREADS = re.compile(r"system_info: n_threads = (\d+)")
 _FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)")
 
@@ -152,19 +151,11 @@ class Native:
         cmd = [self.binary, "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv"]
         cmd += ["--no-warmup", *options]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
-        found = {m.group(1): (float(m.group(2)), int(m.group(3))) for m in _PERF.finditer(out.stderr)}
-        sampling = _SAMPLING.search(out.stderr)
-        if "eval" not in found or "prompt eval" not in found or sampling is None:
-            raise RuntimeError("could not read llama-completion's timings:\n" + out.stderr[-2000:])
+        figures = timings(out.stderr)
         if threads := _THREADS.search(out.stderr):
             self.threads[column] = int(threads.group(1))
-        (eval_ms, runs), (prompt_ms, prompt_n) = found["eval"], found["prompt eval"]
-        # its "eval" figure counts llama_decode alone; localrun's decode rate is
-        # the wall clock from the first sampled token to the last, sampling
-        # included, so the runs' share of the sampling time (runs + 1 samples) is added
-        sample_ms = float(sampling.group(1)) * runs / (runs + 1)
-        self.shares.append(sample_ms / (eval_ms + sample_ms))
-        return (1000 * runs / (eval_ms + sample_ms), 1000 * prompt_n / prompt_ms), out.stderr
+        self.shares.append(figures.sampling_share)
+        return (figures.decode_per_s, figures.prompt_per_s), out.stderr
 
     def default_fa(self, model: Path) -> str:
         """The flash-attention mode llama-completion's default (auto) settles on

@@ -1,49 +1,63 @@
 #!/usr/bin/env python3
 """Measure structured output side by side with free text, in one run.
 
-    .venv/bin/python scripts/bench_structured.py [MODEL] [--draft MODEL] [--rounds 2] [--seeds 20] [--tokens 256]
+    .venv/bin/python scripts/bench_structured.py [MODEL] [--draft MODEL]
+        [--native PATH/TO/llama-completion] [--rounds 2] [--seeds 20] [--tokens 256]
 
 Five extraction workloads of different shapes (fields from a paragraph,
 records from a table, a label from an enum, a nested object, a long array of
-objects with repeated keys), each run greedy:
+objects with repeated keys), each run greedy, with the model's chat template:
 
-  free     the same prompt, unconstrained (localrun's plain loop)
-  schema   with the workload's JSON Schema (`--schema`: llguidance's mask at
-           every step, jump-forward over forced tokens)
-  schema+auto  with --draft: the same with `--spec auto` (prompt lookup and the
-           draft model, drafts cut where the grammar rejects them, verify rows masked)
+  free         the same prompt, unconstrained (localrun's plain loop)
+  schema       with the workload's JSON Schema (`--schema`: llguidance's mask
+               at every step, jump-forward over forced tokens)
+  schema+auto  with --draft: the same with `--spec auto` (prompt lookup and
+               the draft model, which drafts under the mask; forced tokens ride
+               in the verify batch ahead of the draft)
+  llama.cpp    with --native: llama.cpp's `llama-completion --json-schema`, the
+               same rendered prompt, localrun's thread count, its other
+               defaults; its decode rate counts its sampling (where its grammar
+               works), as localrun's counts the mask
 
 It prints decode tokens/sec (the median of --rounds interleaved rounds), the
-ratio schema / free within each round, the share of tokens the grammar forced,
-and the mask's cost: microseconds per masked step (filling the bitmask and
-applying it to the logits of the model's vocabulary) against a plain step.
-Then validity: each workload at temperature 0.8 with --seeds seeds, every
-output parsed and validated against its schema.
-
-Not yet here: a column for llama.cpp's `--json-schema`.
+ratio of each column to free text (and schema+auto to llama.cpp) within each
+round, the share of tokens the grammar forced, and the mask's cost:
+microseconds per masked step (filling the bitmask and applying it to the
+logits of the model's vocabulary) against a plain step. Every constrained
+output of the rounds is validated too. Then validity at temperature 0.8:
+each workload with --seeds seeds (localrun, --schema) and --native-seeds
+seeds (llama.cpp), every output parsed and validated against its schema,
+with --validity-tokens tokens at most.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import jsonschema
+
 from localrun.events import DoneEvent, Stats, TokenEvent
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import PLAIN, Decoding
-from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.prompt import chat_template, render_messages, tokenize_rendered
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import open_speculation
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec, schema_spec
 from scripts._models import HelpFormatter, model_path
+from scripts._native import timings
 from scripts._stats import ratio_summary
 
 PERSON = {
@@ -122,6 +136,7 @@ WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
         "List the first twelve chemical elements as JSON: a list of objects with number, symbol and name.",
         {
             "type": "array",
+            "maxItems": 12,
             "items": {
                 "type": "object",
                 "properties": {
@@ -135,6 +150,14 @@ WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def run(
@@ -163,6 +186,27 @@ def run(
     return text, stats
 
 
+class Native:
+    """llama-completion --json-schema on one rendered prompt per workload."""
+
+    def __init__(self, binary: str, model: Path, threads: int, prompts: dict[str, str]) -> None:
+        self.binary, self.model, self.threads = binary, model, threads
+        self.dir = tempfile.TemporaryDirectory()
+        self.files: dict[str, Path] = {}
+        for name, text in prompts.items():
+            self.files[name] = Path(self.dir.name) / f"{name}.txt"
+            self.files[name].write_text(text, encoding="utf-8")
+
+    def run(self, name: str, schema: dict[str, Any], n: int, temperature: float, seed: int = 0) -> tuple[str, float]:
+        """(the text, decode tokens/sec)."""
+        cmd = [self.binary, "-m", str(self.model), "-f", str(self.files[name]), "-n", str(n), "-c", "2048"]
+        cmd += ["-t", str(self.threads), "--temp", str(temperature), "--seed", str(seed), "-no-cnv"]
+        cmd += ["--no-display-prompt", "--no-warmup", "--json-schema", json.dumps(schema)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+        text = out.stdout.rstrip("\n").removesuffix(" [end of text]")
+        return text, timings(out.stderr).decode_per_s
+
+
 def mask_cost_us(engine: Engine, decoder: Decoder, tokens: list[int], spec: OutputSpec, steps: int = 50) -> float:
     """Microseconds per mask (fill the bitmask, apply it) on the logits of a real step."""
     decoder.prefill(tokens)
@@ -174,80 +218,125 @@ def mask_cost_us(engine: Engine, decoder: Decoder, tokens: list[int], spec: Outp
     return (time.perf_counter() - t0) / steps * 1e6
 
 
-def print_speeds(rates: dict[tuple[str, str], list[float]], columns: tuple[str, ...], forced: dict[str, float]) -> None:
-    """Each workload's median rate per column, the share forced, and the ratios to free text."""
-    print(f"{'workload':9} " + " ".join(f"{c:>11}" for c in columns) + "  forced  ratios to free")
+def print_speeds(
+    rates: dict[tuple[str, str], list[float]], columns: tuple[str, ...], forced: dict[str, float]
+) -> dict[str, list[float]]:
+    """Each workload's median rate per column, the share forced, and the ratios
+    to free text (and schema+auto to llama.cpp); returns the ratios by column."""
+    pairs = [(c, "free") for c in columns if c != "free"]
+    if "schema+auto" in columns and "llama.cpp" in columns:
+        pairs.append(("schema+auto", "llama.cpp"))
+    print(f"{'workload':9} " + " ".join(f"{c:>11}" for c in columns) + "  forced  ratios within a round")
     ratios: dict[str, list[float]] = {}
     for name in WORKLOADS:
-        free = rates[name, "free"]
-        cells, notes = [], []
-        for column in columns:
-            cells.append(f"{statistics.median(rates[name, column]):11.2f}")
-            if column != "free":
-                ratios.setdefault(column, []).append(
-                    statistics.median(a / b for a, b in zip(rates[name, column], free, strict=True))
-                )
-                notes.append(f"{column} {ratio_summary(rates[name, column], free)}")
+        cells = [f"{statistics.median(rates[name, column]):11.2f}" for column in columns]
+        notes = []
+        for a, b in pairs:
+            ratios.setdefault(f"{a}/{b}", []).append(
+                statistics.median(x / y for x, y in zip(rates[name, a], rates[name, b], strict=True))
+            )
+            notes.append(f"{a}/{b} {ratio_summary(rates[name, a], rates[name, b])}")
         print(f"{name:9} {' '.join(cells)}  {forced.get(name, 0.0):5.0%}  {'; '.join(notes)}")
-    for column, values in ratios.items():
-        print(f"median workload: {column}/free {statistics.median(values):.3f}x")
+    for pair, values in ratios.items():
+        print(f"median workload: {pair} {statistics.median(values):.3f}x")
+    return ratios
 
 
-def validity(
+def speed_rounds(
+    args: argparse.Namespace,
+    columns: tuple[str, ...],
     engine: Engine,
     decoder: Decoder,
     prompts: dict[str, list[int]],
     specs: dict[str, OutputSpec],
-    seeds: int,
-    tokens: int,
-) -> tuple[int, int]:
-    """(valid, in all): every workload at temperature 0.8 with each seed."""
-    valid = total = 0
+    draft: Path | None,
+    native: Native | None,
+) -> tuple[dict[tuple[str, str], list[float]], dict[str, float], list[str]]:
+    """Greedy rounds, every column on every workload in rotating order: the
+    rates, the share of tokens forced (schema column), and the outputs not valid."""
+    rates: dict[tuple[str, str], list[float]] = {}
+    forced: dict[str, float] = {}
+    invalid: list[str] = []
+    greedy = SamplingParams(temperature=0.0)
+    for r in range(args.rounds):
+        for name, (_, schema) in WORKLOADS.items():
+            k = (r + len(rates)) % len(columns)
+            for column in columns[k:] + columns[:k]:
+                if column == "llama.cpp":
+                    assert native is not None
+                    text, rate = native.run(name, schema, args.tokens, 0.0)
+                else:
+                    spec = specs[name] if column != "free" else None
+                    spec_draft = draft if column == "schema+auto" else None
+                    text, stats = run(engine, decoder, prompts[name], greedy, args.tokens, spec, spec_draft)
+                    rate = stats.decode_tokens_per_s
+                    if column == "schema" and stats.generated_tokens:
+                        forced[name] = (stats.forced_tokens or 0) / stats.generated_tokens
+                rates.setdefault((name, column), []).append(rate)
+                if column != "free" and not valid(text, schema):
+                    invalid.append(f"{name} {column} round {r + 1}: {text[-80:]!r}")
+    return rates, forced, invalid
+
+
+def validity(check: Callable[[str, int], bool], seeds: int, label: str) -> None:
+    """Every workload with each seed: how many outputs parse and validate."""
+    good = total = 0
     for name in WORKLOADS:
         for seed in range(seeds):
-            hot = SamplingParams(temperature=0.8, seed=seed)
-            _text, stats = run(engine, decoder, prompts[name], hot, tokens, specs[name])
             total += 1
-            valid += bool(stats.valid)
-            if not stats.valid:
-                print(f"  {name} seed {seed}: not valid ({stats.invalid}; stop {stats.stop_reason})")
-    return valid, total
+            good += check(name, seed)
+    print(f"validity at temperature 0.8, {label}: {good}/{total} outputs parse and validate")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("model", nargs="?", default="qwen2.5-coder:1.5b", help="model name or GGUF path")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the speed comparison")
-    ap.add_argument("--seeds", type=int, default=20, help="seeds per workload for the validity check (t 0.8)")
-    ap.add_argument("--tokens", type=int, default=256, help="tokens at most per output")
+    ap.add_argument("--seeds", type=int, default=20, help="seeds per workload for localrun's validity (t 0.8)")
+    ap.add_argument("--native-seeds", type=int, default=20, help="seeds per workload for llama.cpp's validity")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens at most per output of the speed rounds")
+    ap.add_argument("--validity-tokens", type=int, default=512, help="tokens at most per output of the validity runs")
     ap.add_argument("--draft", help="a draft model: adds the column schema+auto (`--schema --spec auto`)")
+    ap.add_argument("--native", help="llama.cpp's llama-completion binary: adds the column llama.cpp")
     args = ap.parse_args()
     draft = model_path(args.draft) if args.draft else None
-    columns = ("free", "schema", "schema+auto") if draft else ("free", "schema")
-    engine = Engine(EngineConfig(model_path=model_path(args.model), n_ctx=2048))
+    columns = ("free", "schema") + (("schema+auto",) if draft else ()) + (("llama.cpp",) if args.native else ())
+    path = model_path(args.model)
+    engine = Engine(EngineConfig(model_path=path, n_ctx=2048))
     decoder = Decoder(engine)
-    greedy = SamplingParams(temperature=0.0)
     specs = {name: schema_spec(schema, name) for name, (_, schema) in WORKLOADS.items()}
-    prompts = {name: prompt_tokens(engine, text) for name, (text, _) in WORKLOADS.items()}
-    rates: dict[tuple[str, str], list[float]] = {}
-    forced: dict[str, float] = {}
-    print(f"{engine.info.path.name}, {engine.n_vocab} tokens in the vocabulary, greedy, {args.rounds} round(s)")
-    for r in range(args.rounds):
-        for name in WORKLOADS:
-            k = (r + len(rates)) % len(columns)
-            for column in columns[k:] + columns[:k]:
-                spec = specs[name] if column != "free" else None
-                spec_draft = draft if column == "schema+auto" else None
-                _text, stats = run(engine, decoder, prompts[name], greedy, args.tokens, spec, spec_draft)
-                rates.setdefault((name, column), []).append(stats.decode_tokens_per_s)
-                if column == "schema" and stats.generated_tokens:
-                    forced[name] = (stats.forced_tokens or 0) / stats.generated_tokens
+    template = chat_template(engine)
+    rendered = {
+        name: render_messages(engine, template, [{"role": "user", "content": text}])
+        for name, (text, _) in WORKLOADS.items()
+    }
+    prompts = {name: tokenize_rendered(engine, text) for name, text in rendered.items()}
+    native = Native(args.native, path, engine.threads, rendered) if args.native else None
+    print(f"{path.name}, {engine.n_vocab} tokens in the vocabulary, {engine.threads} threads, greedy")
+    rates, forced, invalid = speed_rounds(args, columns, engine, decoder, prompts, specs, draft, native)
     print_speeds(rates, columns, forced)
-    plain_us = 1e6 / statistics.median(rates["label", "free"])
+    for line in invalid:
+        print(f"  not valid: {line}")
+    plain_us = 1e6 / statistics.median(statistics.median(rates[name, "free"]) for name in WORKLOADS)
     mask_us = statistics.median(mask_cost_us(engine, decoder, prompts[n], specs[n]) for n in WORKLOADS)
     print(f"mask: {mask_us:.0f} us per step on {engine.n_vocab} tokens, {mask_us / plain_us:.1%} of a plain step")
-    valid, total = validity(engine, decoder, prompts, specs, args.seeds, args.tokens)
-    print(f"validity at temperature 0.8: {valid}/{total} outputs parse and validate")
+
+    def ours(name: str, seed: int) -> bool:
+        hot = SamplingParams(temperature=0.8, seed=seed)
+        text, stats = run(engine, decoder, prompts[name], hot, args.validity_tokens, specs[name])
+        if not (stats.valid and valid(text, WORKLOADS[name][1])):
+            print(f"  {name} seed {seed}: not valid ({stats.invalid}; stop {stats.stop_reason})")
+            return False
+        return True
+
+    validity(ours, args.seeds, "localrun --schema")
+    if native is not None:
+
+        def theirs(name: str, seed: int) -> bool:
+            text, _ = native.run(name, WORKLOADS[name][1], args.validity_tokens, 0.8, seed)
+            return valid(text, WORKLOADS[name][1])
+
+        validity(theirs, args.native_seeds, "llama-completion --json-schema")
 
 
 if __name__ == "__main__":

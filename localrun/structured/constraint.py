@@ -58,13 +58,20 @@ class Constraint:
         self._llnp = llnp
         self.n_vocab = engine.n_vocab
         self._mask = llnp.allocate_token_bitmask(1, engine.n_vocab)
-        self.forced = 0  # tokens the grammar left no choice about (jump-forward, or a mask of one)
+        self._ends = frozenset(tokenizer_for(engine).eos_tokens)
+        self.forced = 0  # tokens of the text the grammar left no choice about (jump-forward, or a mask of one)
 
     def fork(self) -> Constraint:
         """A copy of the state that moves on its own (a draft model drafts
         under it; the output's state stays where it is)."""
         copy = object.__new__(Constraint)
-        copy.spec, copy._llnp, copy.n_vocab, copy.forced = self.spec, self._llnp, self.n_vocab, 0
+        copy.spec, copy._llnp, copy.n_vocab, copy._ends, copy.forced = (
+            self.spec,
+            self._llnp,
+            self.n_vocab,
+            self._ends,
+            0,
+        )
         copy.matcher = self.matcher.deep_copy()
         copy._mask = self._llnp.allocate_token_bitmask(1, self.n_vocab)
         return copy
@@ -74,8 +81,8 @@ class Constraint:
         self._llnp.fill_next_token_bitmask(self.matcher, self._mask, 0)
         words = self._mask[0]
         nonzero = np.flatnonzero(words)
-        if len(nonzero) == 1 and int(words[nonzero[0]]).bit_count() == 1:
-            self.forced += 1
+        if len(nonzero) == 1 and (word := int(words[nonzero[0]]) & 0xFFFFFFFF).bit_count() == 1:
+            self.forced += int(nonzero[0]) * 32 + word.bit_length() - 1 not in self._ends  # the end is not text
         self._llnp.apply_token_bitmask_inplace(logits[None, :], self._mask)
 
     def fast_forward(self, room: int) -> list[int]:
