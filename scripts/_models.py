@@ -1,5 +1,6 @@
 """What the benchmark scripts share: model names resolved through localrun's
-store, and a --help that shows every option's default.
+store, a model loaded as `localrun generate` loads it here, and a --help that
+shows every option's default.
 
 A model name is anything localrun accepts: a registry alias
 (`qwen2.5-coder:1.5b`), `owner/repo:QUANT`, `hf://owner/repo/file.gguf`, or a
@@ -14,7 +15,13 @@ from pathlib import Path
 
 from localrun import store
 from localrun.errors import LocalrunError
+from localrun.gguf.info import N_UBATCH, describe
+from localrun.gguf.reader import read_gguf
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
+from localrun.system import cpu_count
+from localrun.tune.apply import apply, find
 
 
 def model_path(name: str) -> Path:
@@ -43,3 +50,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "%(default)" in text:
             return text
         return text + " (default: %(default)s)"
+
+
+def tuned_engine(target: Path, threads: int | None, n_ctx: int = 4096) -> tuple[Engine, tuple[float, ...] | None]:
+    """The target as `localrun generate` runs it on this machine: its wisdom's
+    threads, flash attention and prompt batch (`localrun tune`), with a
+    context of ``n_ctx`` tokens; and the verify-cost curve the speculative
+    controller starts from."""
+    wisdom = find(target, hint_once=False).wisdom
+    settings = apply(resolve(Options(ctx=str(n_ctx), threads=threads)), describe(read_gguf(target)), wisdom)
+    config = EngineConfig(
+        model_path=target,
+        n_ctx=settings.n_ctx,
+        n_threads=settings.threads,
+        adapt_threads=threads is None,
+        max_threads=None if threads else cpu_count(),
+        type_k=settings.type_k,
+        type_v=settings.type_v,
+        flash_attn=settings.flash_attn,
+        n_ubatch=settings.n_ubatch or N_UBATCH,
+    )
+    return Engine(config), wisdom.verify_curve if wisdom is not None else None

@@ -70,21 +70,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import DraftStats, Event, Stats, TokenEvent
-from localrun.gguf.info import N_UBATCH, describe
-from localrun.gguf.reader import read_gguf
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import chat_template, prompt_tokens, render_messages
 from localrun.runtime.sampling import SamplingParams
-from localrun.settings import Options, resolve
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.base import Offer
 from localrun.speculative.control import PLAIN, FixedController, Plan, Unobserving
 from localrun.speculative.draftmodel import DraftModelDrafter
-from localrun.system import cpu_count, default_threads
-from localrun.tune.apply import apply, find
-from scripts._models import HelpFormatter, model_path
+from localrun.system import default_threads
+from scripts._models import HelpFormatter, model_path, tuned_engine
 from scripts._stats import median_ratio
 
 TARGET = "qwen2.5-coder:1.5b"
@@ -218,7 +214,7 @@ class FixedWay(Unobserving):
     n: int
     capped: bool = True
 
-    def choose(self, offers: Sequence[Offer], room: int) -> Plan:
+    def choose(self, offers: Sequence[Offer], room: int, forced: int = 0) -> Plan:
         for offer in sorted(offers, key=lambda o: o.drafter):
             if offer.drafter in self.drafters and room >= 1:
                 return Plan(offer, min(self.n, offer.max_len if self.capped else self.n, room))
@@ -380,27 +376,6 @@ def parse_args() -> argparse.Namespace:
         if name in chosen and (not args.quick or quick)
     }
     return args
-
-
-def tuned_engine(target: Path, threads: int | None) -> tuple[Engine, tuple[float, ...] | None]:
-    """The target as `localrun generate` runs it on this machine: its wisdom's
-    threads, flash attention and prompt batch (`localrun tune`), with a
-    4,096-token context; and the verify-cost curve the auto column's
-    controller starts from."""
-    wisdom = find(target, hint_once=False).wisdom
-    settings = apply(resolve(Options(ctx="4096", threads=threads)), describe(read_gguf(target)), wisdom)
-    config = EngineConfig(
-        model_path=target,
-        n_ctx=settings.n_ctx,
-        n_threads=settings.threads,
-        adapt_threads=threads is None,
-        max_threads=None if threads else cpu_count(),
-        type_k=settings.type_k,
-        type_v=settings.type_v,
-        flash_attn=settings.flash_attn,
-        n_ubatch=settings.n_ubatch or N_UBATCH,
-    )
-    return Engine(config), wisdom.verify_curve if wisdom is not None else None
 
 
 def make_columns(

@@ -49,14 +49,14 @@ import jsonschema
 
 from localrun.events import DoneEvent, Stats, TokenEvent
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import PLAIN, Decoding
 from localrun.runtime.prompt import chat_template, render_messages, tokenize_rendered
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import open_speculation
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec, schema_spec
-from scripts._models import HelpFormatter, model_path
+from scripts._models import HelpFormatter, model_path, tuned_engine
 from scripts._native import timings
 from scripts._stats import ratio_summary
 
@@ -168,10 +168,12 @@ def run(
     n: int,
     spec: OutputSpec | None,
     draft: Path | None = None,
+    curve: tuple[float, ...] | None = None,
 ) -> tuple[str, Stats]:
-    """One output; with ``draft``, speculatively (`--spec auto` with that draft model)."""
+    """One output; with ``draft``, speculatively (`--spec auto` with that draft
+    model, the controller starting from the verify ``curve`` tuned here)."""
     constraint = Constraint(engine, spec) if spec is not None else None
-    speculation = open_speculation(engine, "auto", draft) if draft is not None else None
+    speculation = open_speculation(engine, "auto", draft, curve) if draft is not None else None
     decoding: Decoding = speculation or PLAIN
     text, stats = "", None
     events = decoding.generate(engine, tokens, sampling, max_tokens=n, decoder=decoder, constraint=constraint)
@@ -251,6 +253,7 @@ def speed_rounds(
     specs: dict[str, OutputSpec],
     draft: Path | None,
     native: Native | None,
+    curve: tuple[float, ...] | None,
 ) -> tuple[dict[tuple[str, str], list[float]], dict[str, float], list[str]]:
     """Greedy rounds, every column on every workload in rotating order: the
     rates, the share of tokens forced (schema column), and the outputs not valid."""
@@ -268,7 +271,7 @@ def speed_rounds(
                 else:
                     spec = specs[name] if column != "free" else None
                     spec_draft = draft if column == "schema+auto" else None
-                    text, stats = run(engine, decoder, prompts[name], greedy, args.tokens, spec, spec_draft)
+                    text, stats = run(engine, decoder, prompts[name], greedy, args.tokens, spec, spec_draft, curve)
                     rate = stats.decode_tokens_per_s
                     if column == "schema" and stats.generated_tokens:
                         forced[name] = (stats.forced_tokens or 0) / stats.generated_tokens
@@ -302,7 +305,7 @@ def main() -> None:
     draft = model_path(args.draft) if args.draft else None
     columns = ("free", "schema") + (("schema+auto",) if draft else ()) + (("llama.cpp",) if args.native else ())
     path = model_path(args.model)
-    engine = Engine(EngineConfig(model_path=path, n_ctx=2048))
+    engine, curve = tuned_engine(path, None, 2048)  # as `localrun generate` runs it here
     decoder = Decoder(engine)
     specs = {name: schema_spec(schema, name) for name, (_, schema) in WORKLOADS.items()}
     template = chat_template(engine)
@@ -312,8 +315,9 @@ def main() -> None:
     }
     prompts = {name: tokenize_rendered(engine, text) for name, text in rendered.items()}
     native = Native(args.native, path, engine.threads, rendered) if args.native else None
-    print(f"{path.name}, {engine.n_vocab} tokens in the vocabulary, {engine.threads} threads, greedy")
-    rates, forced, invalid = speed_rounds(args, columns, engine, decoder, prompts, specs, draft, native)
+    tuned = "the verify curve tuned here" if curve else "no tuned verify curve"
+    print(f"{path.name}, {engine.n_vocab} tokens in the vocabulary, {engine.threads} threads, greedy, {tuned}")
+    rates, forced, invalid = speed_rounds(args, columns, engine, decoder, prompts, specs, draft, native, curve)
     print_speeds(rates, columns, forced)
     for line in invalid:
         print(f"  not valid: {line}")
