@@ -24,8 +24,31 @@ class BadModelError(LocalrunError):
     """The file exists but is not a model llama.cpp can load."""
 
 
+class InvalidRequestError(UsageError):
+    """A request to the server that cannot be served as sent: ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.param = param
+
+
 class ContextOverflowError(LocalrunError):
-    """The prompt does not fit in the context window."""
+    """The prompt does not fit in the context window (``n_prompt`` tokens, ``n_ctx`` the window, when known)."""
+
+    def __init__(
+        self, message: str, hint: str | None = None, *, n_prompt: int | None = None, n_ctx: int | None = None
+    ) -> None:
+        super().__init__(message, hint)
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+
+
+class ServerBusyError(LocalrunError):
+    """Every slot is busy and the queue is full: try again later."""
+
+
+class AuthenticationError(LocalrunError):
+    """A request without the server's API key."""
 
 
 class EngineError(LocalrunError):

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from localrun import __version__
-from localrun.cli import _env, bench, cache, chat, generate, models, quantize, tune
+from localrun.cli import _env, bench, cache, chat, generate, models, quantize, serve, tune
 from localrun.cli._errors import bounded, set_debug
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 app.command("generate")(bounded(generate.generate))
 app.command("chat")(bounded(chat.chat))
+app.command("serve")(bounded(serve.serve_command))
 app.command("pull")(bounded(models.pull))
 app.command("list")(bounded(models.list_models))
 app.command("rm")(bounded(models.rm))

@@ -133,7 +133,10 @@ class ContinuousBatch:
             raise ValueError(f"request {request.index} has no prompt tokens")
         if len(request.tokens) >= self.capacity:
             raise ContextOverflowError(
-                f"prompt {request.index} is {len(request.tokens)} tokens; each sequence's context holds {self.capacity}"
+                f"prompt {request.index} is {len(request.tokens)} tokens; "
+                f"each sequence's context holds {self.capacity}",
+                n_prompt=len(request.tokens),
+                n_ctx=self.capacity,
             )
 
     def submit(self, request: BatchRequest) -> None:
@@ -162,6 +165,16 @@ class ContinuousBatch:
         dropped = [r.index for r in self.queue] + [s.request.index for s in self.slots if s is not None]
         for index in dropped:
             self.cancel(index)
+        return dropped
+
+    def reset(self) -> list[int]:
+        """Drop every request and empty the KV cache, shared prefix included
+        (after a failed decode); their indexes. They do not count as cancelled."""
+        cancelled = self.cancelled
+        dropped = self.cancel_all()
+        self.cancelled = cancelled
+        llama_cpp.llama_memory_clear(self.memory, False)
+        self.held = [[] for _ in self.slots]
         return dropped
 
     @property

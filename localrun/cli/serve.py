@@ -1,0 +1,186 @@
+"""`localrun serve`: resolve and load the models as `generate` does, then
+serve the OpenAI-compatible API (localrun/serve) until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from localrun.cli import _options as opt
+from localrun.cli._env import current
+from localrun.cli._errors import ExitCode
+from localrun.errors import UsageError
+from localrun.runtime.templates import BUILTIN_TEMPLATES
+from localrun.settings import Options
+
+if TYPE_CHECKING:
+    from localrun.serve.served import ModelPlan, ServedModel
+    from localrun.store import Target
+
+Models = Annotated[
+    list[str] | None,
+    typer.Option(
+        "-m",
+        "--model",
+        help="A model to serve (repeatable): alias, owner/repo:QUANT, hf://... or a GGUF path. "
+        "Default: LOCALRUN_MODEL, else the registry's default.",
+        show_default=False,
+    ),
+]
+
+
+def model_id(target: Target) -> str:
+    """What a request names the model by: its registry alias, else the file's name without .gguf."""
+    if target.entry is not None:
+        return target.entry.alias
+    if target.path is not None:
+        return target.path.stem
+    return target.label
+
+
+def _plans(
+    names: list[str | None], options: Options, *, offline: bool, verbose: bool, queue: int, template: str | None
+) -> list[ModelPlan]:
+    from localrun.runtime.sizing import DEFAULT_CTX, LLAMA_PARALLEL
+    from localrun.serve.served import ModelPlan
+    from localrun.settings import parse_ctx
+
+    slot_ctx = parse_ctx(options.ctx) if options.ctx else None
+    need = (slot_ctx or DEFAULT_CTX) * (options.parallel or LLAMA_PARALLEL)  # for --kv auto: every slot full
+    plans: list[ModelPlan] = []
+    for name in names:
+        resolved = opt.resolve_engine(name, options, offline=offline, verbose=verbose, with_draft=False, need=need)
+        settings = resolved.settings
+        tuned = settings.sources["parallel"] == "wisdom"
+        ident = model_id(resolved.target)
+        if any(p.id == ident for p in plans):
+            raise UsageError(f"two models would both be called {ident!r}", hint="serve each once")
+        given = {name, resolved.target.label} if name and not name.endswith(".gguf") else set()
+        plans.append(
+            ModelPlan(
+                id=ident,
+                names=frozenset(given - {ident}),
+                config=resolved.config,
+                info=resolved.info,
+                slot_ctx=settings.n_ctx,
+                parallel=None if tuned else settings.parallel,
+                tuned=settings.parallel if tuned else None,
+                max_queue=queue,
+                template=template,
+                system=settings.system,
+            )
+        )
+    return plans
+
+
+def _load(plans: list[ModelPlan]) -> list[ServedModel]:
+    from localrun.serve.served import load_model
+
+    loaded: list[ServedModel] = []
+    try:
+        for plan in plans:
+            loaded.append(load_model(plan))
+    except BaseException:
+        for model in loaded:
+            model.close()
+        raise
+    return loaded
+
+
+def serve_command(
+    model: Models = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; other than loopback needs --api-key or --no-auth.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8080,
+    parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--parallel",
+            help="Requests decoded together per model (default: what localrun tune measured, else 4, as fit).",
+            show_default=False,
+        ),
+    ] = None,
+    queue: Annotated[
+        int, typer.Option("--queue", help="Requests that may wait for a slot; more get 503 with Retry-After.")
+    ] = 16,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="LOCALRUN_API_KEY",
+            help="Requests need Authorization: Bearer KEY (also LOCALRUN_API_KEY).",
+            show_default=False,
+            show_envvar=False,
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="Serve a non-loopback --host without a key, on purpose.")
+    ] = False,
+    cors: Annotated[
+        list[str] | None,
+        typer.Option("--cors", help="Let web pages from this origin call the API (repeatable).", show_default=False),
+    ] = None,
+    grace: Annotated[
+        float, typer.Option("--grace", help="Seconds in-flight requests may finish after Ctrl-C or SIGTERM.")
+    ] = 10.0,
+    offline: opt.Offline = False,
+    system: opt.System = None,
+    template: Annotated[
+        str | None,
+        typer.Option(
+            "--template",
+            help=f"Chat template when the model has none: {', '.join(BUILTIN_TEMPLATES)}.",
+            show_default=False,
+        ),
+    ] = None,
+    ctx: Annotated[
+        str | None,
+        typer.Option("--ctx", help="Each slot's context in tokens (default: 4096, at most the trained context)."),
+    ] = None,
+    threads: opt.Threads = None,
+    kv: opt.Kv = None,
+    kv_k: opt.KvK = None,
+    kv_v: opt.KvV = None,
+    flash_attn: opt.FlashAttn = None,
+    verbose: opt.Verbose = False,
+) -> ExitCode:
+    """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
+    from localrun.serve.app import AppSettings
+    from localrun.serve.served import ModelTable
+    from localrun.serve.server import check_exposure, serve
+    from localrun.ui.serve import ServeView
+
+    opt.check_positive(parallel=parallel)
+    if not 0 <= port <= 65535:
+        raise UsageError("--port must be from 0 to 65535")
+    if queue < 0:
+        raise UsageError("--queue must be 0 or more")
+    if grace < 0:
+        raise UsageError("--grace must be 0 or more")
+    if ctx == "auto":
+        raise UsageError("--ctx auto gives one context all the memory; a server has slots", hint="use --ctx N")
+    if template is not None and template not in BUILTIN_TEMPLATES:
+        raise UsageError(f"unknown chat template {template!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
+    check_exposure(host, api_key, no_auth)
+    env = current()
+    names: list[str | None] = list(model) if model else [os.environ.get("LOCALRUN_MODEL") or None]
+    options = Options(
+        ctx=ctx,
+        kv=kv,
+        kv_k=kv_k,
+        kv_v=kv_v,
+        flash_attn=flash_attn,
+        threads=threads,
+        system=system,
+        draft="none",
+        parallel=parallel,
+    )
+    plans = _plans(names, options, offline=offline, verbose=verbose, queue=queue, template=template)
+    table = ModelTable(_load(plans), env.registry)
+    settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
+    with ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view:
+        serve(table, settings, host=host, port=port, grace_s=grace, on_event=view.handle)
+    return ExitCode.OK

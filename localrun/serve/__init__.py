@@ -1,0 +1,1 @@
+"""`localrun serve`: an OpenAI-compatible HTTP API over the continuous batching scheduler."""

@@ -1,0 +1,327 @@
+"""The HTTP API: OpenAI's /v1/models, /v1/chat/completions and
+/v1/completions, and /health, over the served models' engine threads.
+
+A request is parsed and checked (an unsupported field is refused by name),
+its prompt tokenized off the event loop, and handed to its model's worker;
+the worker's events come back through an asyncio queue and go out whole or
+as server-sent events. A client that goes away, streaming or not, has its
+request cancelled at once: its slot is free for the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localrun.errors import AuthenticationError, LocalrunError
+from localrun.events import SequenceDone, SequenceText, Stats
+from localrun.serve.errors import ApiError, api_error, http_error
+from localrun.serve.events import OnEvent, RequestDone
+from localrun.serve.prompts import prepare
+from localrun.serve.responses import DONE, Kind, Reply, sse
+from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
+from localrun.serve.served import ModelTable, ServedModel
+from localrun.serve.worker import Failed, JobEvent
+
+MAX_BODY = 16 * 2**20  # bytes a request body may have
+OPEN_PATHS = frozenset({"/health"})  # answered without the API key
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()  # origins allowed to call from a browser; none: no CORS headers at all
+    max_body: int = MAX_BODY
+
+
+# ------------------------------------------------------------- the guard --
+
+
+async def _send_error(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    await JSONResponse(error.body(), error.status, headers=error.headers)(scope, receive, send)
+
+
+class Guard:
+    """Before any route: the API key (when the server has one) and the body size limit."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+        self.app = app
+        self.key = api_key.encode() if api_key else None
+        self.max_body = max_body
+
+    def _authorized(self, scope: Scope) -> bool:
+        headers = dict(scope.get("headers") or [])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return self.key is not None and scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if (
+            self.key
+            and scope["path"] not in OPEN_PATHS
+            and scope["method"] != "OPTIONS"
+            and not self._authorized(scope)
+        ):
+            error = api_error(AuthenticationError("a valid API key is needed: Authorization: Bearer KEY"))
+            await _send_error(error, scope, receive, send)
+            return
+        too_large = http_error(413, f"the request body is over {self.max_body} bytes")
+        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_body:
+            await _send_error(too_large, scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise too_large
+            return message
+
+        await self.app(scope, limited, send)
+
+
+# ---------------------------------------------------------------- a job --
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class Job:
+    """One admitted request: its events from the engine thread, and its end, reported once."""
+
+    def __init__(self, model: ServedModel, index: int, request: Request, on_event: OnEvent | None) -> None:
+        self.model = model
+        self.index = index
+        self.queue: asyncio.Queue[JobEvent] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.method, self.path = request.method, request.url.path
+        self.t0 = time.perf_counter()
+        self.on_event = on_event
+        self.ended = False
+
+    def deliver(self, event: JobEvent) -> None:
+        """Called on the engine thread."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    def end(self, status: int, stats: Stats | None = None, outcome: str = "") -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if stats is None:  # disconnected or failed: its slot goes to the next request
+            self.model.worker.cancel(self.index)
+        if self.on_event is not None:
+            self.on_event(
+                RequestDone(
+                    self.method,
+                    self.path,
+                    status,
+                    self.model.id,
+                    stats.prompt_tokens if stats else 0,
+                    stats.cached_tokens if stats else 0,
+                    stats.generated_tokens if stats else 0,
+                    stats.decode_tokens_per_s if stats else 0.0,
+                    time.perf_counter() - self.t0,
+                    outcome or (stats.stop_reason if stats else ""),
+                )
+            )
+
+
+class EventStream(Response):
+    """Server-sent events from ``events``; the client going away stops them at
+    once (whatever the server's ASGI version), and ``on_close`` learns whether it did."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[bool], None]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # no body: no Content-Length
+        self.events = events
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = False
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    nonlocal gone
+                    await _until_disconnect(receive)
+                    gone = True
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                try:
+                    async for chunk in self.events:
+                        await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                except OSError:
+                    gone = True
+                group.cancel_scope.cancel()
+        finally:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+            self.on_close(gone)
+
+
+async def _stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+    if reply.kind == "chat":
+        yield reply.chunk("", first=True)
+    while True:
+        event = await job.queue.get()
+        if isinstance(event, SequenceText):
+            yield reply.chunk(event.text)
+        elif isinstance(event, SequenceDone):
+            yield reply.chunk(None, stats=event.stats)
+            if include_usage:
+                yield reply.chunk(None, stats=event.stats, only_usage=True)
+            yield DONE
+            job.end(200, event.stats)
+            return
+        else:
+            error = api_error(event.error)
+            yield sse({"error": error.body()["error"]})
+            job.end(error.status, outcome=error.message)
+            return
+
+
+async def _whole(job: Job, request: Request, reply: Reply) -> Response:
+    """Wait for the end (or the client leaving, which cancels the request)."""
+    result: SequenceDone | Failed | None = None
+    parts: list[str] = []
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            await _until_disconnect(request.receive)
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        while result is None:
+            event = await job.queue.get()
+            if isinstance(event, SequenceText):
+                parts.append(event.text)
+            else:
+                result = event
+        group.cancel_scope.cancel()
+    if result is None:
+        job.end(499, outcome="disconnected")
+        return Response(status_code=499)
+    if isinstance(result, Failed):
+        raise result.error
+    job.end(200, result.stats)
+    return JSONResponse(reply.whole(result.text, result.stats))
+
+
+# ---------------------------------------------------------------- the app --
+
+
+def _error_handlers(app: FastAPI, on_event: OnEvent | None) -> None:
+    """Every error in OpenAI's shape, reported like any other request."""
+
+    def report(request: Request, status: int, outcome: str) -> None:
+        if on_event is not None:
+            on_event(RequestDone(request.method, request.url.path, status, outcome=outcome))
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        error = api_error(exc)
+        report(request, error.status, error.message)
+        return JSONResponse(error.body(), error.status, headers=error.headers)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        error = http_error(exc.status_code, str(exc.detail))
+        report(request, error.status, error.message)
+        return JSONResponse(error.body(), error.status, headers=dict(exc.headers or {}))
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(LocalrunError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+
+
+async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: OnEvent | None) -> Response:
+    body = await request.body()
+    parsed: ChatRequest | CompletionRequest = (
+        parse(ChatRequest, body) if kind == "chat" else parse(CompletionRequest, body)
+    )
+    model = table.find(parsed.model)
+    index = model.worker.next_index()
+    batch_request = await run_in_threadpool(prepare, model, parsed, index)
+    job = Job(model, index, request, on_event)
+    model.worker.submit(batch_request, job.deliver)
+    reply = Reply(kind, model.id)
+    if not parsed.stream:
+        try:
+            return await _whole(job, request, reply)
+        finally:
+            job.end(500, outcome="failed")  # nothing when it ended already
+    include_usage = parsed.stream_options is not None and parsed.stream_options.include_usage
+    return EventStream(
+        _stream(job, reply, include_usage),
+        lambda gone: job.end(499, outcome="disconnected") if gone else job.end(503, outcome="cancelled"),
+    )
+
+
+def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(table, request, "chat", on_event)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(table, request, "text", on_event)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [m.describe() for m in table.models]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        status = table.status()
+        return {
+            "status": "ok",
+            "slots_idle": status.slots - status.busy,
+            "slots_processing": status.busy,
+            "queued": status.queued,
+            "requests_done": status.done,
+            "requests_cancelled": status.cancelled,
+        }
+
+
+def create_app(table: ModelTable, settings: AppSettings | None = None, on_event: OnEvent | None = None) -> FastAPI:
+    """The API over ``table``'s models; ``on_event`` hears of every request answered."""
+    settings = settings or AppSettings()
+    app = FastAPI(title="localrun", docs_url=None, redoc_url=None, openapi_url=None)
+    _error_handlers(app, on_event)
+    _routes(app, table, on_event)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
+    if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return app

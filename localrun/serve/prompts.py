@@ -1,0 +1,83 @@
+"""From a parsed request to what the scheduler runs: the prompt's tokens
+(the chat template as `localrun chat` applies it, or the raw text), the
+sampling settings, the limit, the stop strings and the output constraint."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from localrun.errors import ContextOverflowError, InvalidRequestError, UsageError
+from localrun.runtime.batch.scheduler import BatchRequest
+from localrun.runtime.prompt import render_messages, tokenize_rendered
+from localrun.runtime.sampling import SamplingParams
+from localrun.runtime.templates import Message
+from localrun.serve.schemas import ChatRequest, CompletionRequest
+from localrun.serve.served import ServedModel
+from localrun.structured.constraint import tokenizer_for
+from localrun.structured.spec import OutputSpec, response_format
+
+ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+
+
+def sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
+    """The request's sampling settings; what it leaves out is `localrun generate`'s default."""
+    fields = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+    given = {name: getattr(request, name) for name in fields if getattr(request, name) is not None}
+    return replace(SamplingParams(), **given)
+
+
+def chat_prompt(model: ServedModel, request: ChatRequest) -> list[int]:
+    if model.template is None:
+        raise InvalidRequestError(
+            f"{model.id} has no chat template: use /v1/completions, or start the server with --template", "messages"
+        )
+    messages: list[Message] = [{"role": ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages]
+    if model.system and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": model.system})
+    return tokenize_rendered(model.engine, render_messages(model.engine, model.template, messages))
+
+
+def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[int]:
+    prompt = request.prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        tokens = [int(t) for t in prompt]
+        if any(not 0 <= t < model.engine.n_vocab for t in tokens):
+            raise InvalidRequestError(f"prompt: token ids run from 0 to {model.engine.n_vocab - 1}", "prompt")
+        return tokens
+    text = prompt if isinstance(prompt, str) else str(prompt[0]) if prompt else ""
+    return model.engine.tokenize(text, add_special=model.engine.add_bos)
+
+
+def output_spec(model: ServedModel, request: ChatRequest | CompletionRequest) -> OutputSpec | None:
+    if request.response_format is None:
+        return None
+    try:
+        spec = response_format(request.response_format)
+    except UsageError as exc:
+        raise InvalidRequestError(exc.message, "response_format") from None
+    if spec is not None:
+        tokenizer_for(model.engine)  # built once per engine, here rather than on the engine thread
+    return spec
+
+
+def prepare(model: ServedModel, request: ChatRequest | CompletionRequest, index: int) -> BatchRequest:
+    """The scheduler's request, or an error naming the field: a prompt that
+    does not fit its slot gets the numbers (nothing is cut silently)."""
+    tokens = chat_prompt(model, request) if isinstance(request, ChatRequest) else completion_prompt(model, request)
+    if not tokens:
+        raise InvalidRequestError("the prompt is empty", "messages" if isinstance(request, ChatRequest) else "prompt")
+    if len(tokens) >= model.capacity:
+        raise ContextOverflowError(
+            f"the prompt is {len(tokens)} tokens; each slot's context holds {model.capacity}",
+            hint="shorten it, or start the server with a larger --ctx",
+            n_prompt=len(tokens),
+            n_ctx=model.capacity,
+        )
+    return BatchRequest(
+        index=index,
+        tokens=tokens,
+        sampling=sampling(request),
+        max_tokens=request.limit(),
+        stop=request.stops(),
+        output=output_spec(model, request),
+    )

@@ -1,0 +1,102 @@
+"""OpenAI's response shapes: a completion, a stream chunk, `usage`, and the
+`timings` object llama-server adds (prompt tokens, cached tokens, prompt ms,
+decode tokens per second)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from localrun.events import Stats
+
+Kind = Literal["chat", "text"]
+
+
+def finish_reason(stats: Stats) -> str:
+    return "length" if stats.stop_reason == "length" else "stop"
+
+
+def usage(stats: Stats) -> dict[str, Any]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def timings(stats: Stats) -> dict[str, Any]:
+    evaluated = stats.prompt_tokens - stats.cached_tokens
+    prompt_s = evaluated / stats.prompt_tokens_per_s if stats.prompt_tokens_per_s else stats.ttft_s
+    decode_s = max(stats.generated_tokens - 1, 0) / stats.decode_tokens_per_s if stats.decode_tokens_per_s else 0.0
+    return {
+        "prompt_n": evaluated,
+        "cache_n": stats.cached_tokens,
+        "prompt_ms": round(prompt_s * 1000, 3),
+        "prompt_per_second": round(stats.prompt_tokens_per_s, 3),
+        "predicted_n": stats.generated_tokens,
+        "predicted_ms": round(decode_s * 1000, 3),
+        "predicted_per_second": round(stats.decode_tokens_per_s, 3),
+        "ttft_ms": round(stats.ttft_s * 1000, 3),
+    }
+
+
+@dataclass
+class Reply:
+    """One response's identity: its id, when it was made, which model, which endpoint."""
+
+    kind: Kind
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
+        return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, stats: Stats) -> dict[str, Any]:
+        """The non-streaming response."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(stats), "logprobs": None}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return self._head(self.object) | {"choices": [choice], "usage": usage(stats), "timings": timings(stats)}
+
+    def chunk(
+        self, text: str | None, *, first: bool = False, stats: Stats | None = None, only_usage: bool = False
+    ) -> str:
+        """One SSE event: new ``text`` (chat: the role first); with ``stats``
+        the last choice chunk, carrying finish_reason, usage and timings; with
+        ``only_usage`` the `include_usage` chunk (no choices)."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        body = self._head(obj)
+        if only_usage:
+            assert stats is not None
+            return sse(body | {"choices": [], "usage": usage(stats)})
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(stats) if stats else None}
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        body["choices"] = [choice]
+        if stats is not None:
+            body |= {"usage": usage(stats), "timings": timings(stats)}
+        return sse(body)
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"

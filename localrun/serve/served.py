@@ -1,0 +1,173 @@
+"""The models a server was started with: each loaded once, sized into
+slots, with its engine thread; and the one way a request's ``model`` finds
+one of them (never a file, never a download)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, UsageError
+from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
+from localrun.gguf.reader import GGUFInfo
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.prompt import chat_template
+from localrun.runtime.sizing import DEFAULT_CTX, default_parallel, memory_budget, parallel_that_fits
+from localrun.serve.events import ServerStatus
+from localrun.serve.worker import Worker
+from localrun.store.registry import Registry
+
+DEFAULT_QUEUE = 16  # requests that may wait for a slot, per model, beyond the busy slots
+UNBOUNDED = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """How to serve one model: what the CLI resolved, before anything loads."""
+
+    id: str  # what /v1/models lists and requests name
+    names: frozenset[str]  # other names it answers to (its registry alias)
+    config: EngineConfig
+    info: GGUFInfo
+    slot_ctx: int | None = None  # each slot's context; None: DEFAULT_CTX, at most the trained context
+    parallel: int | None = None  # slots asked for: they must fit; None: `tuned`, else llama-server's default
+    tuned: int | None = None  # what `localrun tune` measured fastest
+    max_queue: int = DEFAULT_QUEUE
+    template: str | None = None  # a built-in chat template for a model without one
+    system: str | None = None  # put first in a conversation that has no system message
+
+
+@dataclass
+class ServedModel:
+    id: str
+    names: frozenset[str]
+    engine: Engine
+    worker: Worker
+    shape: ModelInfo
+    template: str | None  # None: the model has no chat template (chat requests are refused)
+    system: str | None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def capacity(self) -> int:
+        return self.worker.capacity
+
+    def describe(self) -> dict[str, Any]:
+        """Its /v1/models entry (with llama-server's `meta`)."""
+        return {
+            "id": self.id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "localrun",
+            "meta": {
+                "n_ctx": self.capacity,
+                "n_ctx_train": self.engine.n_ctx_train,
+                "n_params": self.shape.parameters,
+                "size": self.shape.weights_bytes,
+                "parallel": self.worker.parallel,
+                "quantization": self.shape.quantization,
+            },
+        }
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.engine.close()
+
+
+def slots_for(plan: ModelPlan, shape: ModelInfo) -> tuple[int, int]:
+    """(each slot's context, how many slots): the slots asked for must fit in
+    memory; by default the tuned count (else llama-server's), no more than fit."""
+    limit = shape.context_length or DEFAULT_CTX
+    slot_ctx = plan.slot_ctx if plan.slot_ctx is not None else min(DEFAULT_CTX, limit)
+    slot_ctx = -(-slot_ctx // CONTEXT_STEP) * CONTEXT_STEP
+    budget = memory_budget(plan.config.memory_budget)
+    fits = parallel_that_fits(shape, slot_ctx, plan.config.type_k, plan.config.type_v, budget) if budget else None
+    if fits == 0:
+        raise UsageError(
+            f"not even one slot of {slot_ctx} tokens fits in {budget / 2**30:.1f} GiB beside the weights",
+            hint="lower --ctx, or use --kv q8_0",
+        )
+    if plan.parallel is not None and fits is not None and plan.parallel > fits:
+        raise UsageError(
+            f"--parallel {plan.parallel} with {slot_ctx}-token slots does not fit in memory; {fits} do",
+            hint=f"use --parallel {fits}, a smaller --ctx, or --kv q8_0",
+        )
+    return slot_ctx, plan.parallel or default_parallel(UNBOUNDED, fits, plan.tuned)
+
+
+def load_model(plan: ModelPlan) -> ServedModel:
+    """Load the model, size its slots and start its engine thread."""
+    shape = describe(plan.info)
+    slot_ctx, parallel = slots_for(plan, shape)
+    config = replace(plan.config, n_ctx=slot_ctx * parallel, n_seq_max=parallel)
+    engine = Engine(config, plan.info)
+    try:
+        template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
+        capacity = engine.n_ctx // engine.n_seq_max
+        worker = Worker(engine, parallel, capacity, max_queue=plan.max_queue, name=plan.id)
+    except LocalrunError:
+        engine.close()
+        raise
+    worker.start()
+    return ServedModel(plan.id, plan.names, engine, worker, shape, template, plan.system)
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a request's ``model`` names a file rather than a model: it is refused."""
+    return (
+        name.endswith(".gguf")
+        or name.startswith(("/", "~", ".", "hf://", "file:"))
+        or "\\" in name
+        or name.count("/") > 1
+    )
+
+
+class ModelTable:
+    """The served models, found by id, by a name they answer to, or by a
+    registry alias of one of them."""
+
+    def __init__(self, models: Sequence[ServedModel], registry: Registry | None = None) -> None:
+        if not models:
+            raise ValueError("a server needs a model")
+        self.models = list(models)
+        self.registry = registry
+
+    def find(self, name: str | None) -> ServedModel:
+        if not name:
+            return self.models[0]
+        for model in self.models:
+            if name == model.id or name in model.names:
+                return model
+        if looks_like_path(name):
+            raise InvalidRequestError(
+                f"model {name!r} is a file path; a request names one of the models this server was started with",
+                "model",
+            )
+        if self.registry is not None and "/" not in name:
+            try:
+                alias = self.registry.resolve(name).alias
+            except ModelNotFoundError:
+                alias = None
+            for model in self.models:
+                if alias is not None and (alias == model.id or alias in model.names):
+                    return model
+        served = ", ".join(m.id for m in self.models)
+        raise ModelNotFoundError(f"model {name!r} is not served here", hint=f"served: {served}")
+
+    def status(self) -> ServerStatus:
+        """All models' slots and requests together."""
+        each = [m.worker.status() for m in self.models]
+        return ServerStatus(
+            slots=sum(s.parallel for s in each),
+            busy=sum(s.busy for s in each),
+            queued=sum(s.queued for s in each),
+            done=sum(s.done for s in each),
+            cancelled=sum(s.cancelled for s in each),
+            tokens_per_s=sum(s.tokens_per_s for s in each),
+        )
+
+    def close(self) -> None:
+        for model in self.models:
+            model.close()

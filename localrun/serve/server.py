@@ -1,0 +1,139 @@
+"""Running the API: bind, serve with uvicorn until Ctrl-C or SIGTERM, then
+stop accepting, let in-flight requests finish within a grace period (the
+rest are cancelled), stop the engine threads and free the models."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import signal
+import socket
+from collections.abc import Iterator
+from types import FrameType
+
+import uvicorn
+
+from localrun.errors import UsageError
+from localrun.serve.app import AppSettings, create_app
+from localrun.serve.events import Listening, OnEvent, Stopping
+from localrun.serve.served import ModelTable
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+GRACE_S = 10.0  # how long in-flight requests may run on after Ctrl-C or SIGTERM
+STATUS_TICKS = 5  # uvicorn ticks every 0.1 s: a status every half second
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, api_key: str | None, no_auth: bool) -> None:
+    """A server reachable from other machines needs a key, or an explicit --no-auth."""
+    if api_key is not None and no_auth:
+        raise UsageError("--api-key and --no-auth contradict each other", hint="give one of them")
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty")
+    if not is_loopback(host) and api_key is None and not no_auth:
+        raise UsageError(
+            f"--host {host} lets other machines call the server: it needs --api-key KEY",
+            hint="or --no-auth to serve without a key on purpose",
+        )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: one the system picks), or a usage error saying why not."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: {exc.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}", hint="choose another --port"
+        ) from None
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, reporting when it listens, how it stands, and when it stops."""
+
+    def __init__(self, config: uvicorn.Config, table: ModelTable, listening: Listening, on_event: OnEvent) -> None:
+        super().__init__(config)
+        self.table = table
+        self.listening = listening
+        self.on_event = on_event
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.on_event(self.listening)
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % STATUS_TICKS == 0:
+            self.on_event(self.table.status())
+        return await super().on_tick(counter)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            status = self.table.status()
+            self.on_event(Stopping(status.busy + status.queued, self.config.timeout_graceful_shutdown or 0.0))
+        super().handle_exit(sig, frame)
+
+
+@contextlib.contextmanager
+def _signals_handled() -> Iterator[None]:
+    """uvicorn raises the signal that stopped it again once it has shut down;
+    here that finds a handler that does nothing, so the models are freed and
+    the process exits normally."""
+    previous = {sig: signal.signal(sig, lambda s, f: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve(
+    table: ModelTable,
+    settings: AppSettings,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    grace_s: float = GRACE_S,
+    on_event: OnEvent,
+) -> None:
+    """Serve ``table``'s models until a signal stops the server; the models are closed on return."""
+    try:
+        sock = bind(host, port)
+        bound = sock.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        first = table.models[0]
+        listening = Listening(
+            url=f"http://{shown}:{bound}",
+            models=tuple(m.id for m in table.models),
+            parallel=sum(m.worker.parallel for m in table.models),
+            slot_ctx=first.capacity,
+            auth=settings.api_key is not None,
+        )
+        config = uvicorn.Config(
+            create_app(table, settings, on_event),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            timeout_graceful_shutdown=int(grace_s) if grace_s >= 1 else 1,
+        )
+        with sock, _signals_handled():
+            _Server(config, table, listening, on_event).run(sockets=[sock])
+    finally:
+        table.close()

@@ -1,0 +1,187 @@
+"""The engine thread: one per served model, driving its continuous batch.
+
+Requests arrive from the HTTP handlers (any thread) through `Worker.submit`;
+the thread hands them to the scheduler at its next step, so a new request
+joins the running batch without waiting for the others. Each request's text
+and end go back through the callback it was submitted with, called on the
+engine thread. `cancel` frees a request's slot before the next step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localrun.errors import EngineError, LocalrunError, ServerBusyError
+from localrun.events import SequenceDone, SequenceText
+from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
+from localrun.runtime.engine import Engine
+
+RATE_WINDOW_S = 5.0  # the aggregate decode rate is measured over this much recent time
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request ended by an error (a failed decode, the server shutting down)."""
+
+    index: int
+    error: LocalrunError
+
+
+JobEvent = SequenceText | SequenceDone | Failed
+Deliver = Callable[[JobEvent], None]
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    parallel: int
+    busy: int  # slots decoding or evaluating a prompt
+    queued: int  # requests admitted and waiting for a slot
+    done: int
+    cancelled: int
+    failed: int
+    generated_tokens: int
+    tokens_per_s: float  # all slots together, over the last RATE_WINDOW_S
+
+
+class Worker:
+    """``parallel`` slots of ``capacity`` tokens on ``engine``; at most
+    ``max_queue`` requests wait beyond the busy slots, more are refused
+    (`ServerBusyError`)."""
+
+    def __init__(self, engine: Engine, parallel: int, capacity: int, *, max_queue: int, name: str = "engine") -> None:
+        self.engine = engine
+        self.run = ContinuousBatch(engine, parallel, capacity, reuse_prefix=True, stream=True)
+        self.parallel = len(self.run.slots)
+        self.capacity = capacity
+        self.max_queue = max_queue
+        self._cond = threading.Condition()
+        self._incoming: list[BatchRequest] = []
+        self._cancels: list[int] = []
+        self._deliver: dict[int, Deliver] = {}  # every admitted request not yet ended
+        self._stopping = False
+        self._failed = 0
+        self._indexes = itertools.count()
+        self._samples: deque[tuple[float, int]] = deque(maxlen=64)
+        self._thread = threading.Thread(target=self._loop, name=f"localrun-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def next_index(self) -> int:
+        return next(self._indexes)
+
+    # -- from the handlers --
+
+    def submit(self, request: BatchRequest, deliver: Deliver) -> None:
+        """Admit ``request`` (its index from `next_index`), or refuse it: a
+        prompt the slot cannot hold, a full queue, a server shutting down."""
+        self.run.check(request)
+        with self._cond:
+            if self._stopping:
+                raise ServerBusyError("the server is shutting down")
+            if len(self._deliver) >= self.parallel + self.max_queue:
+                raise ServerBusyError(
+                    f"all {self.parallel} slots are busy and {self.max_queue} requests wait already",
+                    hint="retry later",
+                )
+            self._deliver[request.index] = deliver
+            self._incoming.append(request)
+            self._cond.notify()
+
+    def cancel(self, index: int) -> None:
+        """Drop request ``index`` (nothing if it has ended)."""
+        with self._cond:
+            if index in self._deliver:
+                self._cancels.append(index)
+                self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End every request still admitted and the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def status(self) -> WorkerStatus:
+        with self._cond:
+            admitted = len(self._deliver)
+        busy = self.run.active
+        return WorkerStatus(
+            parallel=self.parallel,
+            busy=busy,
+            queued=max(admitted - busy, 0),
+            done=self.run.done,
+            cancelled=self.run.cancelled,
+            failed=self._failed,
+            generated_tokens=self.run.generated,
+            tokens_per_s=self._rate(),
+        )
+
+    def _rate(self) -> float:
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in list(self._samples) if now - t <= RATE_WINDOW_S]
+        if not recent:
+            return 0.0
+        t0, n0 = recent[0]
+        return (self.run.generated - n0) / (now - t0) if now > t0 else 0.0
+
+    # -- the engine thread --
+
+    def _end(self, index: int, event: JobEvent | None) -> None:
+        with self._cond:
+            deliver = self._deliver.pop(index, None)
+        if deliver is not None and event is not None:
+            deliver(event)
+
+    def _take(self) -> tuple[list[BatchRequest], list[int], bool]:
+        with self._cond:
+            while not (self._incoming or self._cancels or self._stopping or self.run.busy):
+                self._cond.wait()
+            incoming, self._incoming = self._incoming, []
+            cancels, self._cancels = self._cancels, []
+            return incoming, cancels, self._stopping
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                incoming, cancels, stopping = self._take()
+                for request in incoming:
+                    self.run.submit(request)
+                for index in cancels:
+                    self.run.cancel(index)
+                    self._end(index, None)
+                if stopping:
+                    for index in self.run.cancel_all():
+                        self._end(index, Failed(index, ServerBusyError("the server is shutting down")))
+                    return
+                if self.run.busy:
+                    self._step()
+        finally:
+            self.run.close()
+
+    def _step(self) -> None:
+        try:
+            _, events = self.run.step()
+        except Exception as exc:  # a failed decode ends the running requests, not the server
+            error = exc if isinstance(exc, LocalrunError) else EngineError(f"the engine failed: {exc}")
+            for index in self.run.reset():
+                self._failed += 1
+                self._end(index, Failed(index, error))
+            return
+        now = time.perf_counter()
+        if not self._samples or now - self._samples[-1][0] >= RATE_WINDOW_S / 20:
+            self._samples.append((now, self.run.generated))
+        for event in events:
+            if isinstance(event, SequenceDone):
+                self._end(event.index, event)
+                continue
+            with self._cond:
+                deliver = self._deliver.get(event.index)
+            if deliver is not None:
+                deliver(event)
