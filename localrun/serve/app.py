@@ -11,6 +11,7 @@ request cancelled at once: its slot is free for the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Callable
@@ -121,7 +122,8 @@ class Job:
 
     def deliver(self, event: JobEvent) -> None:
         """Called on the engine thread."""
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
     def end(self, status: int, stats: Stats | None = None, outcome: str = "") -> None:
         if self.ended:
@@ -230,7 +232,9 @@ async def _whole(job: Job, request: Request, reply: Reply) -> Response:
         job.end(499, outcome="disconnected")
         return Response(status_code=499)
     if isinstance(result, Failed):
-        raise result.error
+        error = api_error(result.error)
+        job.end(error.status, outcome=error.message)
+        return JSONResponse(error.body(), error.status, headers=error.headers)
     job.end(200, result.stats)
     return JSONResponse(reply.whole(result.text, result.stats))
 
@@ -296,6 +300,10 @@ def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [m.describe() for m in table.models]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict[str, Any]:
+        return table.find(name).describe()
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

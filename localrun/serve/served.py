@@ -168,6 +168,11 @@ class ModelTable:
             tokens_per_s=sum(s.tokens_per_s for s in each),
         )
 
+    def stop(self) -> None:
+        """End every request still running or waiting (each gets an error saying why); no more are taken."""
+        for model in self.models:
+            model.worker.stop()
+
     def close(self) -> None:
         for model in self.models:
             model.close()

@@ -8,6 +8,7 @@ import contextlib
 import ipaddress
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from types import FrameType
 
@@ -21,6 +22,7 @@ from localrun.serve.served import ModelTable
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 GRACE_S = 10.0  # how long in-flight requests may run on after Ctrl-C or SIGTERM
+BACKSTOP_S = 5  # uvicorn cancels what still runs this long after the grace period
 STATUS_TICKS = 5  # uvicorn ticks every 0.1 s: a status every half second
 
 
@@ -67,8 +69,11 @@ def bind(host: str, port: int) -> socket.socket:
 class _Server(uvicorn.Server):
     """uvicorn's server, reporting when it listens, how it stands, and when it stops."""
 
-    def __init__(self, config: uvicorn.Config, table: ModelTable, listening: Listening, on_event: OnEvent) -> None:
+    def __init__(
+        self, config: uvicorn.Config, table: ModelTable, listening: Listening, on_event: OnEvent, grace_s: float
+    ) -> None:
         super().__init__(config)
+        self.grace_s = grace_s
         self.table = table
         self.listening = listening
         self.on_event = on_event
@@ -84,9 +89,14 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Stop accepting; what is in flight has the grace period, then ends
+        with an error saying why (uvicorn's own timeout, later, is a backstop)."""
         if not self.should_exit:
             status = self.table.status()
-            self.on_event(Stopping(status.busy + status.queued, self.config.timeout_graceful_shutdown or 0.0))
+            self.on_event(Stopping(status.busy + status.queued, self.grace_s))
+            timer = threading.Timer(self.grace_s, self.table.stop)
+            timer.daemon = True
+            timer.start()
         super().handle_exit(sig, frame)
 
 
@@ -131,9 +141,9 @@ def serve(
             access_log=False,
             lifespan="off",
             server_header=False,
-            timeout_graceful_shutdown=int(grace_s) if grace_s >= 1 else 1,
+            timeout_graceful_shutdown=int(grace_s) + BACKSTOP_S,
         )
         with sock, _signals_handled():
-            _Server(config, table, listening, on_event).run(sockets=[sock])
+            _Server(config, table, listening, on_event, grace_s).run(sockets=[sock])
     finally:
         table.close()

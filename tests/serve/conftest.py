@@ -92,6 +92,6 @@ def keyed(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def narrow(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One slot long enough to stay busy while a test looks, and a queue of one."""
+    """One slot long enough to stay busy while a test looks, a queue of one, a second of grace."""
     home = tmp_path_factory.mktemp("home")
-    yield from start(home, "-m", str(long_model), "--parallel", "1", "--queue", "1", "--ctx", "32768")
+    yield from start(home, "-m", str(long_model), "--parallel", "1", "--queue", "1", "--ctx", "32768", "--grace", "1")

@@ -252,9 +252,16 @@ def test_a_full_queue_answers_503(narrow: Server) -> None:
     idle(narrow)
 
 
-def test_sigterm_stops_the_server_cleanly(narrow: Server) -> None:
-    assert narrow.stop(signal.SIGTERM) == 0
-    assert "stopping" in narrow.log
+def test_sigterm_ends_what_runs_after_the_grace_period_and_exits_cleanly(narrow: Server) -> None:
+    idle(narrow)
+    stream = narrow.client().completions.create(model="tiny-long", prompt="go", max_tokens=30000, stream=True)
+    next(iter(stream))
+    narrow.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(openai.APIError, match="shutting down"):
+        for _ in stream:  # goes on through the grace period, then ends with the reason
+            pass
+    assert narrow.proc.wait(timeout=60) == 0
+    assert "1 request(s) in flight get up to 1s" in narrow.log
 
 
 # ---------------------------------------------------------------- the CLI --
