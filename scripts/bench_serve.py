@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""Measure `localrun serve` side by side with `--batch`, `generate` and (optionally) llama-server.
+
+    .venv/bin/python scripts/bench_serve.py [MODEL] [--clients 4,8] [--tokens 128]
+        [--rounds 1] [--turns 20] [--load 64] [--load-clients 16] [--threads N]
+        [--llama-server PATH/TO/llama-server] [--quick]
+
+1. throughput: for each N of --clients, N concurrent streaming clients (the
+   official `openai` client, greedy, one prompt each, up to --tokens) against
+   `localrun serve --parallel N`; aggregate tokens/sec = completion tokens of
+   all clients / wall time from the first request to the last end. Beside it,
+   the same prompts through `localrun generate --batch --parallel N` (its own
+   summary: generated tokens / generation time), and with --llama-server the
+   same clients against `llama-server -np N` on the same file. Ratios serve /
+   batch and serve / llama-server are taken within each round.
+2. single client: one streaming client, decode tokens/sec seen by the client
+   (tokens after the first / time from the first chunk to the last), against
+   `localrun generate --spec none --json` on the same prompt (its done event).
+3. chat: one client holds a --turns-turn conversation, re-sending the whole
+   history each turn; time to first token of each turn, turn --turns / turn 2,
+   and the cached tokens the server reports.
+4. load: --load requests from --load-clients concurrent clients, 10% of which
+   disconnect after a few chunks and 5% of which are malformed; it checks that
+   every well-formed request completed, every malformed one got 400, every slot
+   is free at the end, and reports the server's resident memory before and
+   after (before: after a warm-up of --load-clients requests).
+
+Servers are started by this script on 127.0.0.1 with a port the system picks.
+A shared machine is noisy: read the ranges. `--quick` (2 clients, 24 tokens,
+4 turns, 16 requests from 4 clients) is a smoke run.
+
+MODEL is any localrun model name (a registry alias, owner/repo:QUANT,
+hf://owner/repo/file.gguf or a GGUF path); a registry model is pulled on
+first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import openai
+
+from scripts._models import HelpFormatter, model_path
+from scripts._stats import ratio_summary
+from scripts.bench_batch import SHORT, SYSTEM, bench_prompts, run_cli_batch
+
+HERE = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "qwen2.5-coder:1.5b"
+_LISTENING = re.compile(r"on (http://127\.0\.0\.1:\d+)/v1")
+
+
+# ---------------------------------------------------------------- servers --
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    url: str
+    lines: list[str] = field(default_factory=list)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=600)
+
+    def rss_mib(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        found = re.search(r"VmRSS:\s+(\d+) kB", status)
+        return int(found.group(1)) / 1024 if found else 0.0
+
+
+def _drain(proc: subprocess.Popen[str], lines: list[str], ready: threading.Event, pattern: re.Pattern[str]) -> None:
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if pattern.search(line):
+            ready.set()
+    ready.set()
+
+
+@contextmanager
+def localrun_server(model: Path, parallel: int, args: argparse.Namespace) -> Iterator[Server]:
+    cmd = [sys.executable, "-m", "localrun", "serve", "-m", str(model), "--port", "0", "--parallel", str(parallel)]
+    cmd += ["--ctx", str(args.ctx), "--queue", str(args.load)]
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
+    proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: list[str] = []
+    ready = threading.Event()
+    threading.Thread(target=_drain, args=(proc, lines, ready, _LISTENING), daemon=True).start()
+    ready.wait(600)
+    found = next((m for m in map(_LISTENING.search, lines) if m), None)
+    if found is None:
+        proc.kill()
+        raise RuntimeError("localrun serve did not start:\n" + "".join(lines[-20:]))
+    try:
+        yield Server(proc, found.group(1), lines)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def llama_server(binary: Path, model: Path, parallel: int, args: argparse.Namespace) -> Iterator[Server]:
+    port = _free_port()
+    cmd = [str(binary), "-m", str(model), "--port", str(port), "-np", str(parallel), "-c", str(args.ctx * parallel)]
+    if args.threads is not None:
+        cmd += ["-t", str(args.threads)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+    threading.Thread(target=_drain, args=(proc, lines, ready, re.compile("listening")), daemon=True).start()
+    server = Server(proc, f"http://127.0.0.1:{port}", lines)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if _raw(server, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("llama-server did not start:\n" + "".join(lines[-20:]))
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _raw(server: Server, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        data = response.read()
+        try:
+            return response.status, json.loads(data or b"null")
+        except json.JSONDecodeError:
+            return response.status, None
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- clients --
+
+
+@dataclass
+class Streamed:
+    text: str = ""
+    tokens: int = 0
+    cached: int = 0
+    t_start: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    finish: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.t_first - self.t_start
+
+    @property
+    def decode_rate(self) -> float:
+        span = self.t_last - self.t_first
+        return (self.tokens - 1) / span if self.tokens > 1 and span > 0 else 0.0
+
+
+def stream_chat(
+    server: Server, messages: list[dict[str, str]], tokens: int, *, stop_after: int | None = None
+) -> Streamed:
+    """A streaming greedy chat request; ``stop_after``: disconnect after that many chunks."""
+    out = Streamed(t_start=time.perf_counter())
+    sent: Any = messages
+    usage: Any = {"include_usage": True}
+    stream = server.client().chat.completions.create(
+        model=_model_id(server),
+        messages=sent,
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options=usage,
+    )
+    chunks = 0
+    with stream:
+        for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].delta.content:
+                out.t_first = out.t_first or now
+                out.t_last = now
+                out.text += chunk.choices[0].delta.content
+                chunks += 1
+            if chunk.choices and chunk.choices[0].finish_reason:
+                out.finish = chunk.choices[0].finish_reason
+            if chunk.usage is not None:
+                out.tokens = chunk.usage.completion_tokens
+                details = chunk.usage.prompt_tokens_details
+                out.cached = details.cached_tokens or 0 if details is not None else 0
+            if stop_after is not None and chunks >= stop_after:
+                break
+    return out
+
+
+_ids: dict[str, str] = {}
+
+
+def _model_id(server: Server) -> str:
+    if server.url not in _ids:
+        _ids[server.url] = server.client().models.list().data[0].id
+    return _ids[server.url]
+
+
+def concurrent(server: Server, prompts: list[str], tokens: int) -> tuple[float, int]:
+    """(aggregate tok/s, completion tokens) of one streaming client per prompt, all at once."""
+    results: list[Streamed] = []
+    lock = threading.Lock()
+
+    def one(prompt: str) -> None:
+        got = stream_chat(server, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}], tokens)
+        with lock:
+            results.append(got)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    generated = sum(r.tokens for r in results)
+    return generated / (time.perf_counter() - t0), generated
+
+
+# ------------------------------------------------------------------ parts --
+
+
+def part_throughput(model: Path, args: argparse.Namespace) -> None:
+    print("1. aggregate decode tokens/sec, N concurrent streaming clients")
+    for n in args.clients:
+        prompts = bench_prompts(n) if not args.quick else SHORT[:n]
+        serve, batch, native = [], [], []
+        for _ in range(args.rounds):
+            with localrun_server(model, n, args) as server:
+                concurrent(server, prompts[:1], 4)  # warm-up
+                serve.append(concurrent(server, prompts, args.tokens)[0])
+            batch_args = argparse.Namespace(threads=args.threads, tokens=args.tokens)
+            batch.append(run_cli_batch(model, prompts, batch_args, fixed=n)[0])
+            if args.llama_server:
+                with llama_server(args.llama_server, model, n, args) as server:
+                    concurrent(server, prompts[:1], 4)
+                    native.append(concurrent(server, prompts, args.tokens)[0])
+        line = f"   N={n}: serve {statistics.median(serve):.1f} tok/s, --batch {statistics.median(batch):.1f}"
+        line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
+        if native:
+            line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
+        print(line, flush=True)
+
+
+def part_single(model: Path, args: argparse.Namespace) -> None:
+    print("2. one client: decode tokens/sec")
+    prompt = SHORT[0]
+    served, alone = [], []
+    for _ in range(args.rounds):
+        with localrun_server(model, 1, args) as server:
+            stream_chat(server, [{"role": "user", "content": prompt}], 4)
+            served.append(stream_chat(server, [{"role": "user", "content": prompt}], args.tokens).decode_rate)
+        cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "-t", "0", "--spec", "none"]
+        cmd += ["-n", str(args.tokens), "--json", prompt] + (["--threads", str(args.threads)] if args.threads else [])
+        out = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+        done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x][-1]
+        alone.append(float(done["decode_tokens_per_s"]))
+    print(f"   serve {statistics.median(served):.1f} tok/s (client side), generate {statistics.median(alone):.1f}, "
+          f"serve/generate {ratio_summary(served, alone, range_of_one=False)}", flush=True)  # fmt: skip
+
+
+def part_chat(model: Path, args: argparse.Namespace) -> None:
+    print(f"3. a {args.turns}-turn chat re-sending its history: time to first token")
+    with localrun_server(model, 1, args) as server:
+        messages = [{"role": "system", "content": SYSTEM}]
+        ttfts, cached = [], []
+        for turn in range(args.turns):
+            messages.append({"role": "user", "content": SHORT[turn % len(SHORT)]})
+            got = stream_chat(server, messages, args.tokens)
+            messages.append({"role": "assistant", "content": got.text})
+            ttfts.append(got.ttft)
+            cached.append(got.cached)
+    last = len(ttfts)
+    print(f"   turn 2 {ttfts[1] * 1000:.0f} ms, turn {last} {ttfts[-1] * 1000:.0f} ms: "
+          f"{ttfts[-1] / ttfts[1]:.2f}x; cached tokens at turn {last}: {cached[-1]}", flush=True)  # fmt: skip
+
+
+def _malformed(server: Server, k: int) -> bool:
+    bodies = [b"{not json", b'{"messages": "hi"}', b'{"messages": [{"role": "user"}], "temperature": "hot"}']
+    status, body = _raw(server, "POST", "/v1/chat/completions", bodies[k % len(bodies)])
+    return status == 400 and isinstance(body, dict) and "error" in body
+
+
+def _load_kinds(n: int) -> list[str]:
+    """Request kinds in order: 10% disconnect mid-stream, 5% malformed, the rest well-formed."""
+    kinds = ["ok"] * n
+    for i in range(0, n, 10):
+        kinds[i] = "disconnect"
+    for i in range(5, n, 20):
+        kinds[i] = "malformed"
+    return kinds
+
+
+def _load_request(server: Server, k: int, kind: str, tokens: int) -> bool:
+    """Whether request ``k`` of ``kind`` got what it should."""
+    if kind == "malformed":
+        return _malformed(server, k)
+    messages = [{"role": "user", "content": SHORT[k % len(SHORT)]}]
+    try:
+        got = stream_chat(server, messages, tokens, stop_after=3 if kind == "disconnect" else None)
+    except openai.APIError:
+        return False
+    return kind == "disconnect" or (got.finish in ("stop", "length") and got.tokens > 0)
+
+
+def _wait_idle(server: Server) -> dict[str, Any]:
+    health: dict[str, Any] = {}
+    for _ in range(600):
+        health = _raw(server, "GET", "/health")[1]
+        if not health["slots_processing"] and not health["queued"]:
+            break
+        time.sleep(0.1)
+    return health
+
+
+def part_load(model: Path, args: argparse.Namespace) -> None:
+    print(f"4. load: {args.load} requests from {args.load_clients} clients, 10% disconnecting, 5% malformed")
+    with localrun_server(model, min(args.load_clients, 4), args) as server:
+        concurrent(server, [SHORT[i % len(SHORT)] for i in range(args.load_clients)], args.tokens)  # warm-up
+        rss_before = server.rss_mib()
+        outcomes: dict[str, list[bool]] = {"ok": [], "disconnect": [], "malformed": []}
+        lock = threading.Lock()
+        work = iter(enumerate(_load_kinds(args.load)))
+
+        def client() -> None:
+            for k, kind in work:
+                ok = _load_request(server, k, kind, args.tokens)
+                with lock:
+                    outcomes[kind].append(ok)
+
+        threads = [threading.Thread(target=client) for _ in range(args.load_clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        health = _wait_idle(server)
+        time.sleep(1.0)
+        rss_after = server.rss_mib()
+    ok, bad = outcomes["ok"], outcomes["malformed"]
+    slots = health["slots_idle"] + health["slots_processing"]
+    print(
+        f"   well-formed completed: {sum(ok)}/{len(ok)}; malformed answered 400: {sum(bad)}/{len(bad)}; "
+        f"disconnected: {len(outcomes['disconnect'])}; slots free at the end: {health['slots_idle']}/{slots}, "
+        f"queued {health['queued']}"
+    )
+    change = (rss_after / rss_before - 1) * 100 if rss_before else 0.0
+    print(f"   resident memory: {rss_before:.0f} MiB before, {rss_after:.0f} MiB after ({change:+.1f}%)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    parser.add_argument("--clients", default="4,8", help="concurrent clients (and --parallel) of part 1")
+    parser.add_argument("--tokens", type=int, default=128, help="max tokens per request")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--load", type=int, default=64, help="requests of the load test")
+    parser.add_argument("--load-clients", type=int, default=16)
+    parser.add_argument("--ctx", type=int, default=4096, help="each slot's context")
+    parser.add_argument("--threads", type=int, help="fixed CPU threads everywhere (default: each one's own)")
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server, for a column beside serve")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small everything")
+    args = parser.parse_args()
+    if args.quick:
+        args.clients, args.tokens, args.turns, args.load, args.load_clients = "2", 24, 4, 16, 4
+    args.clients = [int(c) for c in str(args.clients).split(",")]
+    model = model_path(args.model)
+    os.environ.pop("LOCALRUN_API_KEY", None)
+    parts = {"1": part_throughput, "2": part_single, "3": part_chat, "4": part_load}
+    for key in args.parts.split(","):
+        parts[key.strip()](model, args)
+
+
+if __name__ == "__main__":
+    main()
