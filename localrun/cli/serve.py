@@ -16,7 +16,7 @@ from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
 
 if TYPE_CHECKING:
-    from localrun.serve.served import ModelPlan, ServedModel
+    from localrun.serve.served import ModelPlan
     from localrun.store import Target
 
 Models = Annotated[
@@ -73,20 +73,6 @@ def _plans(
             )
         )
     return plans
-
-
-def _load(plans: list[ModelPlan]) -> list[ServedModel]:
-    from localrun.serve.served import load_model
-
-    loaded: list[ServedModel] = []
-    try:
-        for plan in plans:
-            loaded.append(load_model(plan))
-    except BaseException:
-        for model in loaded:
-            model.close()
-        raise
-    return loaded
 
 
 def serve_command(
@@ -149,7 +135,7 @@ def serve_command(
 ) -> ExitCode:
     """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
     from localrun.serve.app import AppSettings
-    from localrun.serve.served import ModelTable
+    from localrun.serve.served import ModelTable, load_models
     from localrun.serve.server import check_exposure, serve
     from localrun.ui.serve import ServeView
 
@@ -179,7 +165,7 @@ def serve_command(
         parallel=parallel,
     )
     plans = _plans(names, options, offline=offline, verbose=verbose, queue=queue, template=template)
-    table = ModelTable(_load(plans), env.registry)
+    table = ModelTable(load_models(plans), env.registry)
     settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
     with ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view:
         serve(table, settings, host=host, port=port, grace_s=grace, on_event=view.handle)

@@ -54,6 +54,12 @@ class ServedModel:
     def capacity(self) -> int:
         return self.worker.capacity
 
+    @property
+    def memory_bytes(self) -> int:
+        """What it takes of the memory budget: weights, every slot's KV cache, the compute buffer."""
+        config = self.engine.config
+        return self.shape.memory_needed(self.engine.n_ctx, config.type_k, config.type_v, self.engine.flash_attn)
+
     def describe(self) -> dict[str, Any]:
         """Its /v1/models entry (with llama-server's `meta`)."""
         return {
@@ -76,13 +82,13 @@ class ServedModel:
         self.engine.close()
 
 
-def slots_for(plan: ModelPlan, shape: ModelInfo) -> tuple[int, int]:
-    """(each slot's context, how many slots): the slots asked for must fit in
-    memory; by default the tuned count (else llama-server's), no more than fit."""
+def slots_for(plan: ModelPlan, shape: ModelInfo, budget: int) -> tuple[int, int]:
+    """(each slot's context, how many slots) in ``budget`` bytes (0: unknown):
+    the slots asked for must fit; by default the tuned count (else
+    llama-server's), no more than fit."""
     limit = shape.context_length or DEFAULT_CTX
     slot_ctx = plan.slot_ctx if plan.slot_ctx is not None else min(DEFAULT_CTX, limit)
     slot_ctx = -(-slot_ctx // CONTEXT_STEP) * CONTEXT_STEP
-    budget = memory_budget(plan.config.memory_budget)
     fits = parallel_that_fits(shape, slot_ctx, plan.config.type_k, plan.config.type_v, budget) if budget else None
     if fits == 0:
         raise UsageError(
@@ -97,11 +103,17 @@ def slots_for(plan: ModelPlan, shape: ModelInfo) -> tuple[int, int]:
     return slot_ctx, plan.parallel or default_parallel(UNBOUNDED, fits, plan.tuned)
 
 
-def load_model(plan: ModelPlan) -> ServedModel:
-    """Load the model, size its slots and start its engine thread."""
+def load_model(plan: ModelPlan, reserved: int = 0) -> ServedModel:
+    """Load the model, size its slots in the memory budget less ``reserved``
+    bytes (the models loaded before it), and start its engine thread."""
     shape = describe(plan.info)
-    slot_ctx, parallel = slots_for(plan, shape)
-    config = replace(plan.config, n_ctx=slot_ctx * parallel, n_seq_max=parallel)
+    budget = memory_budget(plan.config.memory_budget)
+    if budget and reserved:
+        budget = max(budget - reserved, 1)
+    slot_ctx, parallel = slots_for(plan, shape, budget)
+    config = replace(
+        plan.config, n_ctx=slot_ctx * parallel, n_seq_max=parallel, memory_budget=budget or plan.config.memory_budget
+    )
     engine = Engine(config, plan.info)
     try:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
@@ -112,6 +124,23 @@ def load_model(plan: ModelPlan) -> ServedModel:
         raise
     worker.start()
     return ServedModel(plan.id, plan.names, engine, worker, shape, template, plan.system)
+
+
+def load_models(plans: Sequence[ModelPlan]) -> list[ServedModel]:
+    """Every model, each sized in what the ones before it left of the memory
+    budget; none stays loaded when one fails."""
+    loaded: list[ServedModel] = []
+    reserved = 0
+    try:
+        for plan in plans:
+            model = load_model(plan, reserved)
+            loaded.append(model)
+            reserved += model.memory_bytes
+    except BaseException:
+        for model in loaded:
+            model.close()
+        raise
+    return loaded
 
 
 def looks_like_path(name: str) -> bool:
