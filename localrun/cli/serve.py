@@ -44,7 +44,7 @@ def _plans(
     names: list[str | None], options: Options, *, offline: bool, verbose: bool, queue: int, template: str | None
 ) -> list[ModelPlan]:
     from localrun.runtime.sizing import DEFAULT_CTX, LLAMA_PARALLEL
-    from localrun.serve.served import ModelPlan
+    from localrun.serve.served import ModelPlan, looks_like_path
     from localrun.settings import parse_ctx
 
     slot_ctx = parse_ctx(options.ctx) if options.ctx else None
@@ -57,7 +57,7 @@ def _plans(
         ident = model_id(resolved.target)
         if any(p.id == ident for p in plans):
             raise UsageError(f"two models would both be called {ident!r}", hint="serve each once")
-        given = {name, resolved.target.label} if name and not name.endswith(".gguf") else set()
+        given = {n for n in (name, resolved.target.label) if n and not looks_like_path(n)}  # never a path
         plans.append(
             ModelPlan(
                 id=ident,
