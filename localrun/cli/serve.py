@@ -41,7 +41,14 @@ def model_id(target: Target) -> str:
 
 
 def _plans(
-    names: list[str | None], options: Options, *, offline: bool, verbose: bool, queue: int, template: str | None
+    names: list[str | None],
+    options: Options,
+    *,
+    offline: bool,
+    verbose: bool,
+    queue: int,
+    template: str | None,
+    spec: str = "lookup",
 ) -> list[ModelPlan]:
     from localrun.runtime.sizing import DEFAULT_CTX, LLAMA_PARALLEL
     from localrun.serve.served import ModelPlan, looks_like_path
@@ -70,6 +77,8 @@ def _plans(
                 max_queue=queue,
                 template=template,
                 system=settings.system,
+                speculate=spec == "lookup",
+                verify_curve=resolved.verify_curve,
             )
         )
     return plans
@@ -131,6 +140,13 @@ def serve_command(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = None,
+    spec: Annotated[
+        str,
+        typer.Option(
+            "--spec",
+            help="lookup: a request decoding alone drafts from its prompt where that pays; none: never.",
+        ),
+    ] = "lookup",
     verbose: opt.Verbose = False,
 ) -> ExitCode:
     """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
@@ -146,6 +162,8 @@ def serve_command(
         raise UsageError("--queue must be 0 or more")
     if grace < 0:
         raise UsageError("--grace must be 0 or more")
+    if spec not in ("lookup", "none"):
+        raise UsageError(f"--spec {spec!r}: use lookup or none", hint="a server drafts by prompt lookup only")
     if ctx == "auto":
         raise UsageError("--ctx auto gives one context all the memory; a server has slots", hint="use --ctx N")
     if template is not None and template not in BUILTIN_TEMPLATES:
@@ -164,7 +182,7 @@ def serve_command(
         draft="none",
         parallel=parallel,
     )
-    plans = _plans(names, options, offline=offline, verbose=verbose, queue=queue, template=template)
+    plans = _plans(names, options, offline=offline, verbose=verbose, queue=queue, template=template, spec=spec)
     table = ModelTable(load_models(plans), env.registry)
     settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
     with ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view:

@@ -1,6 +1,7 @@
 """OpenAI's response shapes: a completion, a stream chunk, `usage`, and the
 `timings` object llama-server adds (prompt tokens, cached tokens, prompt ms,
-decode tokens per second)."""
+decode tokens per second, and drafted and accepted tokens where the request
+drafted)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ def timings(stats: Stats) -> dict[str, Any]:
         "predicted_ms": round(decode_s * 1000, 3),
         "predicted_per_second": round(stats.decode_tokens_per_s, 3),
         "ttft_ms": round(stats.ttft_s * 1000, 3),
-    }
+    } | (
+        {"draft_n": stats.draft.proposed, "draft_n_accepted": stats.draft.accepted}  # llama-server's names
+        if stats.draft is not None
+        else {}
+    )
 
 
 @dataclass

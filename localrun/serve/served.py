@@ -17,6 +17,7 @@ from localrun.runtime.prompt import chat_template
 from localrun.runtime.sizing import DEFAULT_CTX, default_parallel, memory_budget, parallel_that_fits
 from localrun.serve.events import ServerStatus
 from localrun.serve.worker import Worker
+from localrun.speculative import Speculation, lookup_drafters
 from localrun.store.registry import Registry
 
 DEFAULT_QUEUE = 16  # requests that may wait for a slot, per model, beyond the busy slots
@@ -37,6 +38,8 @@ class ModelPlan:
     max_queue: int = DEFAULT_QUEUE
     template: str | None = None  # a built-in chat template for a model without one
     system: str | None = None  # put first in a conversation that has no system message
+    speculate: bool = False  # prompt lookup for a request decoding alone (see ContinuousBatch)
+    verify_curve: tuple[float, ...] | None = None  # `localrun tune`'s verify costs here, for the controller
 
 
 @dataclass
@@ -118,7 +121,8 @@ def load_model(plan: ModelPlan, reserved: int = 0) -> ServedModel:
     try:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
         capacity = engine.n_ctx // engine.n_seq_max
-        worker = Worker(engine, parallel, capacity, max_queue=plan.max_queue, name=plan.id)
+        speculation = Speculation(lookup_drafters(engine), verify_curve=plan.verify_curve) if plan.speculate else None
+        worker = Worker(engine, parallel, capacity, max_queue=plan.max_queue, name=plan.id, speculation=speculation)
     except LocalrunError:
         engine.close()
         raise

@@ -36,7 +36,7 @@ steps use them depends on timing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from typing import TYPE_CHECKING, Unpack
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from localrun.structured.constraint import Constraint
 
 
-class _Tally:
+class Tally:
     """Proposed/accepted counts for the events, named after the drafters that
     drafted (the most tokens first); "plain" while none has."""
 
@@ -121,7 +121,7 @@ class _Stepper:
         self.speculation = speculation
         self.sampling = sampling
         self.rng = np.random.default_rng(sampling.seed)
-        self.tally = _Tally([d.profile.name for d in speculation.drafters])
+        self.tally = Tally([d.profile.name for d in speculation.drafters])
         self.context = list(run.prompt_tokens)  # the prompt and every token decided so far
 
     def first(self) -> list[int]:
@@ -135,7 +135,7 @@ class _Stepper:
         """The tokens the next step decides (none when decoding must stop):
         first any the grammar forces (jump-forward), which ride in the step's
         batch ahead of the draft and need no logits of their own."""
-        run, control = self.run, self.speculation.controller
+        run = self.run
         forced = run.fast_forward()
         context = [*self.context, *forced] if forced else self.context
         left = run.limit - run.out.n_gen - len(forced)  # tokens the output may take after the forced ones
@@ -143,19 +143,11 @@ class _Stepper:
             return forced
         pending = context[run.decoder.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
         room = min(left - 1, run.engine.n_ctx - len(context), run.engine.n_batch - len(pending))
-        offers = [
-            offer
-            for i, drafter in enumerate(self.speculation.drafters)
-            if i not in self.speculation.disabled and (offer := drafter.offer(context, i)) is not None
-        ]
-        plan = control.choose(offers, room, forced=len(pending) - 1)
         t0 = time.perf_counter()
-        draft = _make_draft(self.speculation, plan, context, self.sampling, self.rng, run.constraint)
-        if draft is not None and run.constraint is not None:  # cut at the first token the grammar rejects
-            keep = run.constraint.allowed_prefix(draft.tokens)
-            draft.tokens = draft.tokens[:keep]
-            draft.probs = draft.probs[:keep] if draft.probs is not None else None
-        if draft is None or not draft.tokens:
+        plan, draft = propose(
+            self.speculation, context, room, len(pending) - 1, self.sampling, self.rng, run.constraint
+        )
+        if draft is None:
             decided = self._plain(plan, pending, t0)
         else:
             decided = self._verify(plan, len(context), pending, draft, t0)
@@ -195,6 +187,47 @@ class _Stepper:
         return decided
 
 
+def propose(
+    speculation: Speculation,
+    context: list[int],
+    room: int,
+    forced: int,
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    constraint: Constraint | None,
+) -> tuple[Plan, Draft | None]:
+    """The controller's way for this step, and the draft it asks for (None:
+    a plain step), cut at the first token the grammar rejects. ``forced``:
+    decided tokens that ride in the batch ahead of the draft."""
+    offers = [
+        offer
+        for i, drafter in enumerate(speculation.drafters)
+        if i not in speculation.disabled and (offer := drafter.offer(context, i)) is not None
+    ]
+    plan = speculation.controller.choose(offers, room, forced=forced)
+    draft = _make_draft(speculation, plan, context, sampling, rng, constraint)
+    if draft is not None and constraint is not None:
+        keep = constraint.allowed_prefix(draft.tokens)
+        draft.tokens = draft.tokens[:keep]
+        draft.probs = draft.probs[:keep] if draft.probs is not None else None
+    return plan, draft if draft is not None and draft.tokens else None
+
+
+def accept_rows(sample: Callable[[int], int], tokens: Sequence[int], first: int = 0) -> list[int]:
+    """A deterministic draft checked against a batch's rows from ``first`` on
+    (``sample`` decides a row's token, masked and accepted as the output
+    takes it): the drafted tokens kept while the row agrees, then the token
+    of the first row that does not (or of the last row)."""
+    decided: list[int] = []
+    for i, token in enumerate(tokens):
+        chosen = sample(first + i)
+        decided.append(chosen)
+        if chosen != token:
+            return decided
+    decided.append(sample(first + len(tokens)))
+    return decided
+
+
 def _make_draft(
     speculation: Speculation,
     plan: Plan,
@@ -225,27 +258,22 @@ def _verify(
     the tokens kept, then the token the first failing row (or the last row)
     decides. With a grammar, each row is masked to what it allows after the
     tokens before it."""
+    if draft.probs is None or sampling.greedy:  # a deterministic draft: kept while the target agrees
+        return accept_rows(run.sample, draft.tokens, first)
     decoder, sampler, constraint = run.decoder, run.sampler, run.constraint
     decided: list[int] = []
-    for i, token in enumerate(draft.tokens):
-        row = first + i
-        if draft.probs is None or sampling.greedy:
-            chosen = run.sample(row)  # a deterministic draft: kept if the target agrees
-            decided.append(chosen)
-            if chosen != token:
-                return decided
-        else:
-            logits = decoder.logits(row)
-            if constraint is not None:
-                constraint.apply(logits)
-            p = target_probs(logits, sampling, [*run.out.tokens, *decided])
-            replacement = check_draft(p, token, draft.probs[row], rng)
-            chosen = token if replacement is None else replacement
-            sampler.accept(chosen)  # the native chain's penalty window follows every decided token
-            if constraint is not None:
-                constraint.consume(chosen)
-            decided.append(chosen)
-            if replacement is not None:
-                return decided
+    for i, (token, q) in enumerate(zip(draft.tokens, draft.probs, strict=True)):  # speculative sampling
+        logits = decoder.logits(first + i)
+        if constraint is not None:
+            constraint.apply(logits)
+        p = target_probs(logits, sampling, [*run.out.tokens, *decided])
+        replacement = check_draft(p, token, q, rng)
+        chosen = token if replacement is None else replacement
+        sampler.accept(chosen)  # the native chain's penalty window follows every decided token
+        if constraint is not None:
+            constraint.consume(chosen)
+        decided.append(chosen)
+        if replacement is not None:
+            return decided
     decided.append(run.sample(first + len(draft.tokens)))
     return decided

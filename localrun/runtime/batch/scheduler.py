@@ -27,8 +27,10 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import llama_cpp
+import numpy as np
 
 from localrun.errors import ContextOverflowError, EngineError
 from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone, SequenceText, TokenEvent
@@ -37,8 +39,12 @@ from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.speculative.loop import Tally, accept_rows, propose
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec
+
+if TYPE_CHECKING:
+    from localrun.speculative import Speculation
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class _Slot:
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
         self.next_token: int | None = None
+        self.tally: Tally | None = None  # its drafts, once it has decoded alone with speculation
         self.take = 0  # tokens this sequence puts in the current batch
         self.row = -1  # its logits' row in the current batch, -1 for none
 
@@ -97,7 +104,10 @@ class ContinuousBatch:
     `evaluate_prefix` and kept in every slot. ``reuse_prefix``: a slot keeps
     its whole sequence when it ends, and a new request takes the free slot
     holding the longest prefix of its tokens. ``stream``: `step` reports each
-    sequence's text as it comes (`SequenceText`), not only at the end."""
+    sequence's text as it comes (`SequenceText`), not only at the end.
+    ``speculation`` (prompt lookup, `localrun.speculative`): a sequence that
+    decodes alone (nothing queued, no other slot busy) drafts, and its draft
+    is verified in the step's batch, where the controller finds it pays."""
 
     def __init__(
         self,
@@ -108,8 +118,12 @@ class ContinuousBatch:
         prefix_tokens: Sequence[int] = (),
         reuse_prefix: bool = False,
         stream: bool = False,
+        speculation: Speculation | None = None,
     ) -> None:
         self.engine = engine
+        self.speculation = speculation
+        self._drafting: _Slot | None = None  # the slot the drafters follow
+        self._rng = np.random.default_rng()
         self.memory = engine.memory
         self.queue: deque[BatchRequest] = deque()
         self.total = 0
@@ -268,28 +282,88 @@ class ContinuousBatch:
                 s.pos += 1
         return status
 
+    def _choose(self, s: _Slot, row: int) -> int:
+        """The token of ``row`` for sequence ``s``: masked to what its grammar allows, sampled, taken."""
+        if s.constraint is not None:
+            s.constraint.apply(logits(self.engine, row))
+        token = s.sampler.sample(self.engine, row)
+        if s.constraint is not None:
+            s.constraint.consume(token)
+        return token
+
     def _sample(self) -> Iterator[SlotEvent]:
         for seq_id, s in enumerate(self.slots):
-            if s is None or s.row < 0:
-                continue
-            if s.constraint is not None:
-                s.constraint.apply(logits(self.engine, s.row))
-            token = s.sampler.sample(self.engine, s.row)
-            if s.constraint is not None:
-                s.constraint.consume(token)
+            if s is not None and s.row >= 0:
+                yield from self._take(seq_id, s, [self._choose(s, s.row)])
+
+    def _take(self, seq_id: int, s: _Slot, tokens: Sequence[int]) -> Iterator[SlotEvent]:
+        """Put decided ``tokens`` in the sequence's output, until it ends."""
+        for token in tokens:
             before = s.out.n_gen
             event = s.out.push(token)
             self.generated += s.out.n_gen - before
             if event is not None and self.stream:
                 yield SequenceText(s.request.index, event.text)
-            if s.out.reason is None and s.out.n_gen < s.limit:
-                s.next_token = token
-                s.context.append(token)
-                continue
-            yield from self._finish(seq_id, s)
+            if s.out.reason is not None or s.out.n_gen >= s.limit:
+                yield from self._finish(seq_id, s)
+                return
+            s.next_token = token
+            s.context.append(token)
+
+    def _alone(self) -> tuple[int, _Slot] | None:
+        """The one sequence decoding, when it is alone (nothing queued, no other slot busy)."""
+        live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
+        if self.queue or len(live) != 1 or live[0][1].pending:
+            return None
+        return live[0]
+
+    def _speculate(self, seq_id: int, s: _Slot) -> tuple[DecodeStatus, list[SlotEvent]]:
+        """A step of the sequence decoding alone: a verify step of [next
+        token, draft], or a plain step where the controller finds no draft
+        pays, timed for it."""
+        assert self.speculation is not None and s.next_token is not None
+        control = self.speculation.controller
+        if self._drafting is not s:
+            for drafter in self.speculation.drafters:
+                drafter.begin(s.context)
+            self._drafting = s
+            s.tally = s.tally or Tally([d.profile.name for d in self.speculation.drafters])
+        room = min(s.limit - s.out.n_gen - 1, self.capacity - s.pos - 1, self.engine.n_batch - 1)
+        t0 = time.perf_counter()
+        plan, draft = propose(self.speculation, s.context, room, 0, s.request.sampling, self._rng, s.constraint)
+        if draft is None:
+            t1 = time.perf_counter()
+            status = self._step()
+            if status != DecodeStatus.OK:
+                return status, []
+            events = list(self._sample())
+            t2 = time.perf_counter()
+            control.observe_plain(t2 - t1)
+            control.observe_round(plan, t2 - t0, 1)
+            return status, events
+        self.batch.clear()
+        for k, token in enumerate([s.next_token, *draft.tokens]):
+            self.batch.add(token, s.pos + k, seq_id, True)
+        t1 = time.perf_counter()
+        status = self._decode(with_prompt=False)
+        if status != DecodeStatus.OK:
+            return status, []
+        decided = accept_rows(lambda row: self._choose(s, row), draft.tokens)  # lookup drafts: deterministic
+        accepted = len(decided) - 1
+        s.pos += 1 + accepted  # the next token and the drafts kept; the rest are forgotten
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, s.pos, -1)
+        t2 = time.perf_counter()
+        control.observe_verify(1 + len(draft.tokens), t2 - t1)
+        assert plan.offer is not None and s.tally is not None
+        control.observe_outcome(plan.offer, len(draft.tokens), accepted)
+        control.observe_round(plan, t2 - t0, len(decided))
+        s.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
+        return status, list(self._take(seq_id, s, decided))
 
     def _finish(self, seq_id: int, s: _Slot) -> Iterator[SlotEvent]:
-        events = list(s.out.finish("length"))
+        if self._drafting is s:
+            self._drafting = None
+        events = list(s.out.finish("length", **({"draft": s.tally.snapshot()} if s.tally is not None else {})))
         if self.stream:
             yield from (SequenceText(s.request.index, ev.text) for ev in events if isinstance(ev, TokenEvent))
         stats = [ev for ev in events if isinstance(ev, DoneEvent)][-1].stats
@@ -314,6 +388,9 @@ class ContinuousBatch:
         sequence: the decode's status, and the text and ends it produced."""
         self._fill_slots()
         self.steps += 1
+        alone = self._alone() if self.speculation is not None else None
+        if alone is not None:
+            return self._speculate(*alone)
         status = self._step()
         return status, list(self._sample()) if status == DecodeStatus.OK else []
 
