@@ -294,7 +294,7 @@ def validity(check: Callable[[str, int], bool], seeds: int, label: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("model", nargs="?", default="qwen2.5-coder:1.5b", help="model name or GGUF path")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the speed comparison")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the speed comparison (0: none)")
     ap.add_argument("--seeds", type=int, default=20, help="seeds per workload for localrun's validity (t 0.8)")
     ap.add_argument("--native-seeds", type=int, default=20, help="seeds per workload for llama.cpp's validity")
     ap.add_argument("--tokens", type=int, default=256, help="tokens at most per output of the speed rounds")
@@ -317,13 +317,14 @@ def main() -> None:
     native = Native(args.native, path, engine.threads, rendered) if args.native else None
     tuned = "the verify curve tuned here" if curve else "no tuned verify curve"
     print(f"{path.name}, {engine.n_vocab} tokens in the vocabulary, {engine.threads} threads, greedy, {tuned}")
-    rates, forced, invalid = speed_rounds(args, columns, engine, decoder, prompts, specs, draft, native, curve)
-    print_speeds(rates, columns, forced)
-    for line in invalid:
-        print(f"  not valid: {line}")
-    plain_us = 1e6 / statistics.median(statistics.median(rates[name, "free"]) for name in WORKLOADS)
-    mask_us = statistics.median(mask_cost_us(engine, decoder, prompts[n], specs[n]) for n in WORKLOADS)
-    print(f"mask: {mask_us:.0f} us per step on {engine.n_vocab} tokens, {mask_us / plain_us:.1%} of a plain step")
+    if args.rounds > 0:
+        rates, forced, invalid = speed_rounds(args, columns, engine, decoder, prompts, specs, draft, native, curve)
+        print_speeds(rates, columns, forced)
+        for line in invalid:
+            print(f"  not valid: {line}")
+        plain_us = 1e6 / statistics.median(statistics.median(rates[name, "free"]) for name in WORKLOADS)
+        mask_us = statistics.median(mask_cost_us(engine, decoder, prompts[n], specs[n]) for n in WORKLOADS)
+        print(f"mask: {mask_us:.0f} us per step on {engine.n_vocab} tokens, {mask_us / plain_us:.1%} of a plain step")
 
     def ours(name: str, seed: int) -> bool:
         hot = SamplingParams(temperature=0.8, seed=seed)
