@@ -5,6 +5,7 @@ it would have had without drafting."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,29 @@ def test_requests_decoding_together_do_not_draft(engine: Engine) -> None:
     for i, prompt in enumerate(prompts):
         assert done[i].text == collect(generate(engine, prompt, greedy, max_tokens=60, ignore_eos=True))[0]
         assert done[i].stats.draft is None  # never alone: both end at the same step
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_prefix_another_slot_holds_is_copied_not_evaluated(tmp_path: Path, unified: bool) -> None:
+    """A long system prompt one slot holds (its request still running) is
+    copied into the slot a new request takes: only the new request's own
+    tokens are evaluated, and its text is what it gives alone."""
+    model = write_tiny_model(tmp_path / "tiny.gguf", n_ctx_train=4096)
+    greedy = SamplingParams(temperature=0.0)
+    config = EngineConfig(model_path=model, n_ctx=2 * SEQ_CTX, n_seq_max=2, n_threads=2, kv_unified=unified)
+    with Engine(config) as engine:
+        system = engine.tokenize(" ".join(f"rule {i} is to be brief" for i in range(12)))
+        first = [*system, *engine.tokenize(" first question", add_special=False)]
+        second = [*system, *engine.tokenize(" another one entirely", add_special=False)]
+        expected = collect(generate(engine, second, greedy, max_tokens=20))[0]
+        run = ContinuousBatch(engine, 2, SEQ_CTX, reuse_prefix=True)
+        run.submit(BatchRequest(0, first, greedy, max_tokens=40, ignore_eos=True))
+        run.step()  # the first request's prompt is evaluated in slot 0, which stays busy
+        run.submit(BatchRequest(1, second, greedy, max_tokens=20))
+        done: dict[int, SequenceDone] = {}
+        while run.busy:
+            done |= {ev.index: ev for ev in run.step()[1] if isinstance(ev, SequenceDone)}
+        run.close()
+    assert len(system) >= 32
+    assert done[1].stats.cached_tokens >= len(system)
+    assert done[1].text == expected

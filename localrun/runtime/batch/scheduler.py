@@ -72,6 +72,11 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+# the fewest tokens worth copying another slot's cells for (a copy across
+# per-sequence caches copies the whole sequence): a choice, not a measurement
+COPY_MIN = 32
+
+
 class _Slot:
     """A live sequence: its seq_id, where its next token goes, what it still has to evaluate."""
 
@@ -225,16 +230,35 @@ class ContinuousBatch:
     # -- the loop --
 
     def _place(self, request: BatchRequest, free: list[int]) -> tuple[int, int]:
-        """(the free slot for ``request``, how many of its tokens that slot holds already)."""
+        """(the free slot for ``request``, how many of its tokens that slot holds already).
+        With ``reuse_prefix``: the free slot holding the longest prefix of it;
+        and where another slot, busy or free, holds a prefix longer by at least
+        `COPY_MIN` tokens (a system prompt many clients share), its cells are
+        copied into that slot rather than evaluated again."""
         if not self.reuse_prefix:
             return free[0], len(self.prefix_tokens)
         limit = len(request.tokens) - 1  # the last prompt token is evaluated: its logits give the first sample
         seq_id = max(free, key=lambda i: (common_prefix(self.held[i], request.tokens, limit), -self.last_used[i]))
         keep = common_prefix(self.held[seq_id], request.tokens, limit)
+        donor, longer = self._donor(request.tokens, limit)
+        if donor is not None and donor != seq_id and longer >= keep + COPY_MIN:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self.memory, donor, seq_id, -1, -1)  # across streams: whole ones only
+            keep = longer
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq_id, keep, -1):  # a cache that cannot cut midway
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
             keep = 0
         return seq_id, keep
+
+    def _donor(self, tokens: Sequence[int], limit: int) -> tuple[int | None, int]:
+        """The slot whose cells hold the longest prefix of ``tokens``, and its length."""
+        best, longest = None, 0
+        for seq_id, s in enumerate(self.slots):
+            held = self.held[seq_id] if s is None else s.context[: s.pos]
+            n = common_prefix(held, tokens, limit)
+            if n > longest:
+                best, longest = seq_id, n
+        return best, longest
 
     def _fill_slots(self) -> None:
         free = [seq_id for seq_id, slot in enumerate(self.slots) if slot is None]
