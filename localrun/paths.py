@@ -31,6 +31,16 @@ def data_dir() -> Path:
     return _base("XDG_DATA_HOME", ".local/share", "data")
 
 
+def history_db() -> Path:
+    """The run history (localrun/history): an SQLite database."""
+    return data_dir() / "history.db"
+
+
+def history_off_marker() -> Path:
+    """Present while `localrun logs off` is in force."""
+    return config_dir() / "logs-off"
+
+
 def atomic_write(path: Path, data: bytes | str) -> None:
     """Write ``path`` whole or not at all: a temporary file in the same
     folder, then a rename. The folder must exist (a missing one is the

@@ -36,6 +36,12 @@ def _cpuinfo() -> tuple[str, str]:
     return model or platform.processor() or platform.machine(), flags
 
 
+@cache
+def cpu_name() -> str:
+    """The CPU model as the OS names it (the run history records it)."""
+    return _cpuinfo()[0]
+
+
 def _build() -> str:
     """llama-cpp-python's version and the CPU features its llama.cpp was built for."""
     import llama_cpp
