@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from localrun import __version__
-from localrun.cli import _env, bench, cache, chat, generate, models, quantize, serve, tune
+from localrun.cli import _env, bench, cache, chat, generate, logs, models, quantize, serve, tune
 from localrun.cli._errors import bounded, set_debug
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app.command("list")(bounded(models.list_models))
 app.command("rm")(bounded(models.rm))
 app.command("show")(bounded(models.show))
 app.add_typer(cache.app, name="cache")
+app.add_typer(logs.app, name="logs")
 app.command("bench")(bounded(bench.bench_command))
 app.command("tune")(bounded(tune.tune_command))
 app.command("quantize")(bounded(quantize.quantize_command))

@@ -1,4 +1,4 @@
-"""A horizontal bar chart as a standalone SVG document (no dependencies).
+"""Charts as standalone SVG documents (no dependencies): horizontal bars, and lines over time.
 
 Each bar may carry a whisker (the range of its repeats) and a caption; a
 dashed line marks a reference value (the baseline)."""
@@ -6,7 +6,7 @@ dashed line marks a reference value (the baseline)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -89,5 +89,76 @@ def bar_chart(title: str, subtitle: str, bars: Sequence[Bar], *, unit: str, refe
         out.append(
             f'<line x1="{rx:.1f}" y1="{_TOP - 6}" x2="{rx:.1f}" y2="{bottom}" stroke="#d62728" stroke-dasharray="4 3"/>'
         )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+_PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac")
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    points: Sequence[tuple[float, float]]  # (x, y), in x order
+
+
+def line_chart(
+    title: str,
+    subtitle: str,
+    series: Sequence[Series],
+    *,
+    unit: str,
+    x_label: Callable[[float], str] = lambda x: f"{x:g}",
+) -> str:
+    """Lines over a shared x axis (time, say), a legend on the right; a series
+    of one point is drawn as a dot."""
+    left, right, top, plot_h = 60, 200, 70, 300
+    plot_w = _WIDTH - left - right
+    height = top + plot_h + 50
+    xs = [x for s in series for x, _ in s.points]
+    ys = [y for s in series for _, y in s.points]
+    x0, x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    x_span = (x1 - x0) or 1.0
+    y_max = _nice_max(max(ys, default=0.0) * 1.05)
+
+    def px(x: float) -> float:
+        return left + plot_w * (x - x0) / x_span if x1 > x0 else left + plot_w / 2
+
+    def py(y: float) -> float:
+        return top + plot_h - plot_h * y / y_max
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
+        f'viewBox="0 0 {_WIDTH} {height}" font-family="sans-serif" font-size="13">',
+        f'<rect width="{_WIDTH}" height="{height}" fill="white"/>',
+        f'<text x="12" y="24" font-size="16" font-weight="bold">{escape(title)}</text>',
+        f'<text x="12" y="44" fill="#555" font-size="12">{escape(subtitle)}</text>',
+    ]
+    for i in range(6):
+        value = y_max * i / 5
+        gy = py(value)
+        out.append(f'<line x1="{left}" y1="{gy:.1f}" x2="{left + plot_w}" y2="{gy:.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 6}" y="{gy + 4:.1f}" text-anchor="end" fill="#777">{value:g}</text>')
+    for i in range(5):
+        x = x0 + x_span * i / 4 if x1 > x0 else x0
+        out.append(
+            f'<text x="{px(x):.1f}" y="{top + plot_h + 18}" text-anchor="middle" fill="#777" '
+            f'font-size="11">{escape(x_label(x))}</text>'
+        )
+        if x1 == x0:
+            break
+    out.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 38}" text-anchor="middle" fill="#777">'
+        f"{escape(unit)}</text>"
+    )
+    for n, s in enumerate(series):
+        color = _PALETTE[n % len(_PALETTE)]
+        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
+        if len(s.points) > 1:
+            out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2"/>')
+        out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{color}"/>' for x, y in s.points]
+        ly = top + 8 + n * 18
+        out.append(f'<rect x="{_WIDTH - right + 16}" y="{ly - 9}" width="12" height="4" fill="{color}"/>')
+        out.append(f'<text x="{_WIDTH - right + 34}" y="{ly - 3}">{escape(s.label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
