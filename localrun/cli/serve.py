@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localrun.cli import _history
 from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
@@ -16,6 +17,7 @@ from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
 
 if TYPE_CHECKING:
+    from localrun.history.record import RunContext
     from localrun.serve.served import ModelPlan
     from localrun.store import Target
 
@@ -49,7 +51,9 @@ def _plans(
     queue: int,
     template: str | None,
     spec: str = "lookup",
+    contexts: dict[str, RunContext] | None = None,
 ) -> list[ModelPlan]:
+    """Each model's plan; ``contexts`` gets each one's run history context, by id."""
     from localrun.runtime.sizing import DEFAULT_CTX, LLAMA_PARALLEL
     from localrun.serve.served import ModelPlan, looks_like_path
     from localrun.settings import parse_ctx
@@ -65,6 +69,8 @@ def _plans(
         if any(p.id == ident for p in plans):
             raise UsageError(f"two models would both be called {ident!r}", hint="serve each once")
         given = {n for n in (name, resolved.target.label) if n and not looks_like_path(n)}  # never a path
+        if contexts is not None:
+            contexts[ident] = _history.context("serve", resolved, draft=spec)
         plans.append(
             ModelPlan(
                 id=ident,
@@ -148,6 +154,7 @@ def serve_command(
         ),
     ] = "lookup",
     verbose: opt.Verbose = False,
+    no_log: _history.NoLog = False,
 ) -> ExitCode:
     """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
     from localrun.serve.app import AppSettings
@@ -182,9 +189,15 @@ def serve_command(
         draft="none",
         parallel=parallel,
     )
-    plans = _plans(names, options, offline=offline, verbose=verbose, queue=queue, template=template, spec=spec)
+    contexts: dict[str, RunContext] = {}
+    plans = _plans(
+        names, options, offline=offline, verbose=verbose, queue=queue, template=template, spec=spec, contexts=contexts
+    )
     table = ModelTable(load_models(plans), env.registry)
     settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
-    with ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view:
-        serve(table, settings, host=host, port=port, grace_s=grace, on_event=view.handle)
+    with (
+        ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view,
+        _history.ServeLog(contexts, no_log=no_log) as log,
+    ):
+        serve(table, settings, host=host, port=port, grace_s=grace, on_event=log.tee(view.handle))
     return ExitCode.OK
