@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import IO, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn
 
 from localrun.events import BatchProgress, SequenceDone
-from localrun.runtime.batch.input import LineId
+from localrun.runtime.batch.input import BatchLine, LineId
 from localrun.ui.progress import bar
 
 Record = dict[str, Any]
@@ -41,6 +42,44 @@ def result_record(line_id: LineId, done: SequenceDone) -> Record:
 
 def error_record(line_id: LineId, message: str) -> Record:
     return {"id": line_id, "error": message}
+
+
+def _request_id() -> str:
+    return "batch_req_" + uuid.uuid4().hex[:24]
+
+
+def openai_result(line: BatchLine, done: SequenceDone, model: str) -> Record:
+    """OpenAI's Batch output line (as `vllm run-batch` writes it): the
+    response body a server would have sent; "valid" beside it when the line
+    has a schema."""
+    from localrun.serve.responses import Kind, Reply
+
+    kind: Kind = "text" if line.raw else "chat"
+    body = Reply(kind, model).whole(done.text, done.stats)
+    record: Record = {
+        "id": _request_id(),
+        "custom_id": line.id,
+        "response": {"status_code": 200, "request_id": body["id"], "body": body},
+        "error": None,
+    }
+    if done.stats.valid is not None:
+        record["valid"] = done.stats.valid
+        if done.stats.invalid:
+            record["invalid"] = done.stats.invalid
+    return record
+
+
+def openai_error(line: BatchLine, message: str) -> Record:
+    return {"id": _request_id(), "custom_id": line.id, "response": None, "error": {"code": None, "message": message}}
+
+
+def record_for(line: BatchLine, done: SequenceDone, model: str) -> Record:
+    """A line's result in the format it came in."""
+    return openai_result(line, done, model) if line.format == "openai" else result_record(line.id, done)
+
+
+def error_for(line: BatchLine, message: str) -> Record:
+    return openai_error(line, message) if line.format == "openai" else error_record(line.id, message)
 
 
 class JsonlWriter:

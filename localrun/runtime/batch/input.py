@@ -6,13 +6,18 @@ the whole input JSON Lines, one object per line, `{"id", "prompt" or
 non-blank line is a prompt, its id the line number. A line that cannot run
 (bad JSON, an unknown key, a wrong type, no prompt, a repeated id) is kept,
 with the reason, so the run can report it under its id and go on.
+
+A JSON line with a `custom_id` is in OpenAI's Batch format (what `vllm
+run-batch` reads): `{"custom_id", "method": "POST", "url":
+"/v1/chat/completions" or "/v1/completions", "body": {the request}}`; its
+result is written in the same format.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,13 @@ SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
     "system": _STR,
 }
 KEYS = {"id", "prompt", "messages", "stop", "schema", "response_format", *SETTINGS}
+OPENAI_KEYS = {"custom_id", "method", "url", "body"}
+OPENAI_URLS = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}
+# body fields taken (model: the command's -m decides), and those accepted at their neutral value only
+OPENAI_BODY = {"model", "messages", "prompt", "stop", "response_format", "max_completion_tokens", *SETTINGS} - {
+    "system"
+}
+OPENAI_NEUTRAL: dict[str, tuple[object, ...]] = {"n": (1,), "stream": (False,), "logprobs": (False,)}
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,8 @@ class BatchLine:
     stop: tuple[str, ...] | None = None
     output: OutputSpec | None = None  # the line's schema or response_format
     error: str | None = None
+    format: str = "localrun"  # or "openai": OpenAI's Batch format, in and out
+    raw: bool = False  # the prompt as is, without the chat template (an OpenAI line to /v1/completions)
 
 
 class _BadLine(Exception):
@@ -102,7 +116,63 @@ def _output(obj: dict[str, Any]) -> OutputSpec | None:
         raise _BadLine(exc.message) from None
 
 
-def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901  one check per key of a line
+def _openai_body(body: Any, url: Any) -> dict[str, Any]:
+    """An OpenAI Batch line's body as the keys of localrun's own line."""
+    if url not in OPENAI_URLS:
+        raise _BadLine(f"'url' must be one of {', '.join(sorted(OPENAI_URLS))}, not {json.dumps(url)}")
+    if not isinstance(body, dict):
+        raise _BadLine("'body' must be an object")
+    for key, allowed in OPENAI_NEUTRAL.items():
+        if key in body and body[key] not in allowed:
+            raise _BadLine(f"body field {key!r} is not supported (only {json.dumps(allowed[0])})")
+    unknown = sorted(set(body) - OPENAI_BODY - set(OPENAI_NEUTRAL))
+    if unknown:
+        raise _BadLine(f"body field {unknown[0]!r} is not supported")
+    wanted = OPENAI_URLS[url]
+    if wanted not in body:
+        raise _BadLine(f"a {url} body needs {wanted!r}")
+    fields = {k: v for k, v in body.items() if k in OPENAI_BODY and k != "model"}
+    limit = fields.pop("max_completion_tokens", None)
+    if limit is not None:
+        fields["max_tokens"] = min(limit, fields.get("max_tokens", limit))
+    if wanted == "messages" and isinstance(fields.get("messages"), list):
+        fields["messages"] = [_text_message(m) for m in fields["messages"]]
+    if wanted == "prompt" and "messages" in fields:
+        raise _BadLine("a /v1/completions body takes 'prompt', not 'messages'")
+    return fields
+
+
+def _text_message(message: Any) -> Any:
+    """A message whose content is a list of text parts, as one string; OpenAI's `developer` role as `system`."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        message = {**message, "content": "".join(str(p.get("text", "")) for p in content)}
+    if message.get("role") == "developer":
+        message = {**message, "role": "system"}
+    return message
+
+
+def _openai_line(number: int, obj: dict[str, Any]) -> BatchLine:
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return BatchLine(number, number, error="'custom_id' must be a non-empty string", format="openai")
+    try:
+        unknown = sorted(set(obj) - OPENAI_KEYS)
+        if unknown:
+            raise _BadLine(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(OPENAI_KEYS))})")
+        if obj.get("method", "POST") != "POST":
+            raise _BadLine("'method' must be POST")
+        fields = _openai_body(obj.get("body"), obj.get("url"))
+    except _BadLine as exc:
+        return BatchLine(number, custom_id, error=str(exc), format="openai")
+    line = _object_line(number, json.dumps({"id": custom_id, **fields}))
+    raw = obj.get("url") == "/v1/completions"
+    return replace(line, format="openai", raw=raw)
+
+
+def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901, PLR0912  one check per key of a line
     line_id: LineId = number
     try:
         try:
@@ -111,6 +181,8 @@ def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901  one check 
             raise _BadLine(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
         if not isinstance(obj, dict):
             raise _BadLine("expected a JSON object")
+        if "custom_id" in obj:
+            return _openai_line(number, obj)
         if "id" in obj:
             if isinstance(obj["id"], bool) or not isinstance(obj["id"], str | int):
                 raise _BadLine("'id' must be a string or an integer")
@@ -170,6 +242,8 @@ def finished_ids(path: Path) -> set[LineId]:
                 record = json.loads(text)
             except json.JSONDecodeError:
                 continue  # a line cut short when the last run was killed
-            if isinstance(record, dict) and isinstance(record.get("id"), str | int):
+            if isinstance(record, dict) and isinstance(record.get("custom_id"), str):
+                ids.add(record["custom_id"])  # OpenAI's Batch format
+            elif isinstance(record, dict) and isinstance(record.get("id"), str | int):
                 ids.add(record["id"])
     return ids

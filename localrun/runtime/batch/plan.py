@@ -98,10 +98,10 @@ def _tokenize(engine: Engine, job: Job, settings: BatchSettings) -> None:
             messages = (
                 line.messages if has_system or not system else [{"role": "system", "content": system}, *line.messages]
             )
-            job.tokens = chat_tokens(engine, messages, raw=settings.raw)
+            job.tokens = chat_tokens(engine, messages, raw=settings.raw or line.raw)
         else:
             text = compose(line.prompt, settings.instruction)  # the shared argument first: a common prefix
-            job.tokens = prompt_tokens(engine, text, system=system, raw=settings.raw)
+            job.tokens = prompt_tokens(engine, text, system=system, raw=settings.raw or line.raw)
     except (UsageError, BadModelError) as exc:
         job.error = exc.message
         return
