@@ -73,3 +73,15 @@ class SourceUnreachableError(DownloadError):
 
 class IncompatibleDraftError(UsageError):
     """A draft model whose vocabulary differs from the target's: it cannot draft for it."""
+
+
+class RemoteError(LocalrunError):
+    """A remote server could not answer: unreachable, timed out, failed, or refused the key."""
+
+
+class RemoteUnavailableError(RemoteError):
+    """The remote cannot serve at all: unreachable, or it refused the API key."""
+
+
+class StreamCutError(RemoteError):
+    """A remote's answer stopped mid-way, after some of it came."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-StopReason = Literal["eos", "length", "stop", "interrupted"]
+StopReason = Literal["eos", "length", "stop", "interrupted", "error"]  # error: a remote's stream was cut
 TransferProgress = Callable[[str, int, int | None], None]  # (what, bytes done, bytes in all if known)
 
 

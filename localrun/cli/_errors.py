@@ -23,6 +23,8 @@ from localrun.errors import (
     LocalrunError,
     ModelNotFoundError,
     RegistryError,
+    RemoteError,
+    StreamCutError,
     UsageError,
 )
 
@@ -38,6 +40,8 @@ class ExitCode(IntEnum):
     DOWNLOAD_FAILED = 7
     BATCH_FAILED = 8  # generate --batch: some lines failed (each has an error record)
     INVALID_OUTPUT = 9  # --schema/--grammar: the text does not follow it (cut by --max-tokens, or failed the check)
+    REMOTE_FAILED = 10  # a remote server: unreachable, timed out, refused the API key, or failed
+    STREAM_CUT = 11  # a remote's answer stopped mid-way (the text before it was written)
     INTERRUPTED = 130
 
 
@@ -50,6 +54,8 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     RegistryError: ExitCode.BAD_CONFIG,
     ConfigError: ExitCode.BAD_CONFIG,
     DownloadError: ExitCode.DOWNLOAD_FAILED,
+    RemoteError: ExitCode.REMOTE_FAILED,
+    StreamCutError: ExitCode.STREAM_CUT,
 }
 
 

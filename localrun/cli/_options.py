@@ -31,7 +31,17 @@ Model = Annotated[
         "-m",
         "--model",
         envvar="LOCALRUN_MODEL",
-        help="Alias (family:tag), owner/repo:QUANT, hf://... or a GGUF path. Default: the registry's default.",
+        help="Alias (family:tag), owner/repo:QUANT, hf://... or a GGUF path; a remote's name (remote:NAME) or "
+        "URL runs on that server. Default: the registry's default.",
+        show_default=False,
+    ),
+]
+RemoteUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--remote",
+        help="Run on this OpenAI-compatible server (its base URL, e.g. http://gpu-box:8000/v1); -m names the "
+        "model there (default: the first it lists). Its API key: LOCALRUN_REMOTE_API_KEY.",
         show_default=False,
     ),
 ]

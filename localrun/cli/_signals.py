@@ -6,12 +6,17 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Protocol
 
-from localrun.runtime.engine import Engine
+
+class Abortable(Protocol):
+    """What a loop checks between steps: a local engine, or a remote model."""
+
+    abort_requested: bool
 
 
 @contextmanager
-def ctrl_c_stops(engine: Engine) -> Iterator[None]:
+def ctrl_c_stops(engine: Abortable) -> Iterator[None]:
     """The first Ctrl-C asks the loop to stop (it ends with stop_reason
     'interrupted'); a second one raises KeyboardInterrupt."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
@@ -17,7 +17,10 @@ from localrun.events import BatchProgress, SequenceDone
 from localrun.runtime.batch.input import BatchLine, finished_ids, read_lines
 from localrun.runtime.batch.plan import BatchPlan, BatchSettings, check_settings, jobs_for, plan_batch, running
 from localrun.runtime.engine import EngineConfig, Weights
-from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_record, result_record, summary
+from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_for, record_for, summary
+
+if TYPE_CHECKING:
+    from localrun.remote.backend import RemoteModel
 
 
 def _read_source(source: str) -> list[BatchLine]:
@@ -72,6 +75,7 @@ def run(
     unordered: bool = False,
     resume: Path | None = None,
     show_stats: bool = False,
+    model_name: str = "",
 ) -> ExitCode:
     """Run the batch: OK, BATCH_FAILED when a line failed, INVALID_OUTPUT when a
     result does not follow its schema, INTERRUPTED on Ctrl-C."""
@@ -91,13 +95,19 @@ def run(
             to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
             writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
             for job in plan.failed:
-                writer.add(job.position, error_record(job.line.id, job.error or ""))
-            final, invalid = _run_plan(plan, settings, weights, config, writer, bar) if plan.runnable else (None, 0)
-    failed = len(plan.failed)
-    if final is not None and (show_stats or final.interrupted or env.stderr_isatty):
+                writer.add(job.position, error_for(job.line, job.error or ""))
+            final, invalid = (
+                _run_plan(plan, settings, weights, config, writer, bar, model_name) if plan.runnable else (None, 0)
+            )
+    return _exit_code(final, len(plan.failed), invalid, len(jobs), show_stats)
+
+
+def _exit_code(final: BatchProgress | None, failed: int, invalid: int, lines: int, show_stats: bool) -> ExitCode:
+    """The summary or warnings on stderr, and the run's exit code."""
+    if final is not None and (show_stats or final.interrupted or current().stderr_isatty):
         out().note(summary(final, failed))
     elif failed:
-        out().warn(f"{failed} of {len(jobs)} lines failed; see their error records")
+        out().warn(f"{failed} of {lines} lines failed; see their error records")
     if final is not None and final.interrupted:
         return ExitCode.INTERRUPTED
     if invalid:
@@ -114,6 +124,7 @@ def _run_plan(
     config: EngineConfig,
     writer: JsonlWriter,
     bar: BatchProgressBar,
+    model_name: str,
 ) -> tuple[BatchProgress, int]:
     """Run the plan's runnable lines, writing each result as it comes; the
     last progress, and how many results do not follow their schema."""
@@ -124,7 +135,7 @@ def _run_plan(
         try:
             for ev in events:
                 if isinstance(ev, SequenceDone):
-                    writer.add(ev.index, result_record(lines[ev.index].id, ev))
+                    writer.add(ev.index, record_for(lines[ev.index], ev, model_name))
                     invalid += ev.stats.valid is False
                 else:
                     bar.update(ev)
@@ -135,3 +146,54 @@ def _run_plan(
     if final is None:
         raise LocalrunError("the batch ended without a summary")
     return final, invalid
+
+
+def run_remote(
+    source: str,
+    settings: BatchSettings,
+    model: RemoteModel,
+    *,
+    parallel: int,
+    unordered: bool = False,
+    resume: Path | None = None,
+    show_stats: bool = False,
+) -> ExitCode:
+    """The batch on a remote server, ``parallel`` requests at a time; the
+    same records, progress and exit codes as a local run."""
+    from localrun.remote.batch import SequenceFailed, run_remote_batch
+
+    check_settings(settings)
+    if resume is not None:
+        check_resume(resume)
+    env = current()
+    lines = _read_source(source)
+    done_ids = finished_ids(resume) if resume is not None else set()
+    jobs = jobs_for([line for line in lines if line.id not in done_ids])
+    if not jobs:
+        return ExitCode.OK
+    runnable = {job.position: job.line for job in jobs if job.error is None}
+    failed, invalid = 0, 0
+    final: BatchProgress | None = None
+    with _output(resume) as sink, BatchProgressBar(env.stderr, len(runnable), terminal=env.stderr_isatty) as bar:
+        to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
+        writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
+        for job in jobs:
+            if job.error is not None:
+                writer.add(job.position, error_for(job.line, job.error))
+                failed += 1
+        with ctrl_c_stops(model):
+            try:
+                for ev in run_remote_batch(model, list(runnable.items()), settings, parallel) if runnable else ():
+                    if isinstance(ev, SequenceDone):
+                        writer.add(ev.index, record_for(runnable[ev.index], ev, model.model_id))
+                        invalid += ev.stats.valid is False
+                    elif isinstance(ev, SequenceFailed):
+                        writer.add(ev.index, error_for(runnable[ev.index], ev.message))
+                        failed += 1
+                    else:
+                        bar.update(ev)
+                        final = ev
+            finally:
+                if final is None or not final.final or final.interrupted:
+                    writer.flush_finished()
+    return _exit_code(final, failed, invalid, len(jobs), show_stats)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 def chat(
     model: opt.Model = None,
+    remote_url: opt.RemoteUrl = None,
     offline: opt.Offline = False,
     system: opt.System = None,
     load: Annotated[
@@ -78,10 +79,36 @@ def chat(
     from localrun.runtime.prompt import chat_template
 
     opt.check_positive(max_tokens=max_tokens)
-    saved = read_conversation(load) if load else None
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     drafting = draft_choice(spec, draft, draft_model)
     output = opt.structured_output(schema, grammar)
+    from localrun.cli import _remote
+
+    remote = _remote.find(model, remote_url)
+    if remote is not None:  # a remote server: localrun/cli/_remote.py
+        _remote.refuse_local_options(
+            offline=offline,
+            load=load,
+            template=template,
+            ctx=ctx,
+            threads=threads,
+            kv=kv,
+            kv_k=kv_k,
+            kv_v=kv_v,
+            flash_attn=flash_attn,
+            spec=drafting,
+            grammar=grammar,
+        )
+        return _remote.chat(
+            remote,
+            system=system,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            output=output,
+            as_json=as_json,
+            show_stats=stats,
+        )
+    saved = read_conversation(load) if load else None
     options = Options(
         ctx=ctx,
         kv=kv,

@@ -16,6 +16,9 @@ from localrun.errors import UsageError
 from localrun.settings import Options
 
 if TYPE_CHECKING:
+    from localrun.remote.config import Remote
+    from localrun.runtime.sampling import SamplingParams
+    from localrun.structured.spec import OutputSpec
     from localrun.ui.stream import Renderer
 
 
@@ -58,11 +61,64 @@ def _refuse_with_batch(speculation: str | None, prompt_cache: bool | None, as_js
         raise UsageError("--batch always writes JSON lines", hint="drop --json")
 
 
+def _on_remote(
+    remote: Remote,
+    prompt: str | None,
+    batch: str | None,
+    system: str | None,
+    raw: bool,
+    sampling: SamplingParams,
+    max_tokens: int | None,
+    stops: tuple[str, ...],
+    output: OutputSpec | None,
+    as_json: bool,
+    stats: bool,
+    parallel: int | None,
+    unordered: bool,
+    resume: Path | None,
+) -> ExitCode:
+    from localrun.cli import _remote
+    from localrun.runtime.batch.plan import BatchSettings
+    from localrun.runtime.prompt import compose
+
+    if batch is not None:
+        if as_json:
+            raise UsageError("--batch always writes JSON lines", hint="drop --json")
+        settings = BatchSettings(
+            instruction=prompt,
+            system=system,
+            raw=raw,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=stops,
+            output=output,
+        )
+        return _remote.batch(
+            remote, batch, settings, parallel=parallel, unordered=unordered, resume=resume, show_stats=stats
+        )
+    if parallel is not None or unordered or resume is not None:
+        raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
+    instruction, material = read_prompt(prompt)
+    return _remote.generate(
+        remote,
+        compose(instruction, material),
+        system=system,
+        raw=raw,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stop=stops,
+        output=output,
+        as_json=as_json,
+        show_stats=stats,
+    )
+
+
 def generate(
     prompt: Annotated[
         str | None, typer.Argument(help="The prompt; '-' or a pipe reads stdin.", show_default=False)
     ] = None,
     model: opt.Model = None,
+    remote_url: opt.RemoteUrl = None,
     offline: opt.Offline = False,
     max_tokens: opt.MaxTokens = None,
     temperature: opt.Temperature = 0.8,
@@ -99,10 +155,17 @@ def generate(
     verbose: opt.Verbose = False,
     batch: Annotated[
         str | None,
-        typer.Option("--batch", help="Many prompts: a file (or - for stdin) of lines or JSONL; JSONL results."),
+        typer.Option(
+            "--batch",
+            help="Many prompts: a file (or - for stdin) of lines, JSONL or OpenAI Batch JSONL; "
+            "results as JSONL in the same format.",
+        ),
     ] = None,
     parallel: Annotated[
-        int | None, typer.Option("--parallel", help="--batch: sequences decoded together (default: what fits).")
+        int | None,
+        typer.Option(
+            "--parallel", help="--batch: sequences decoded together (default: what fits; on a remote, 32 requests)."
+        ),
     ] = None,
     unordered: Annotated[bool, typer.Option("--unordered", help="--batch: write results as they finish.")] = False,
     resume: Annotated[
@@ -115,6 +178,38 @@ def generate(
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
     output = opt.structured_output(schema, grammar)
+    from localrun.cli import _remote
+
+    remote = _remote.find(model, remote_url)
+    if remote is not None:  # a remote server: localrun/cli/_remote.py
+        _remote.refuse_local_options(
+            offline=offline,
+            ctx=ctx,
+            threads=threads,
+            kv=kv,
+            kv_k=kv_k,
+            kv_v=kv_v,
+            flash_attn=flash_attn,
+            spec=speculation,
+            prompt_cache=prompt_cache,
+            grammar=grammar,
+        )
+        return _on_remote(
+            remote,
+            prompt,
+            batch,
+            system,
+            raw,
+            sampling,
+            max_tokens,
+            stops,
+            output,
+            as_json,
+            stats,
+            parallel,
+            unordered,
+            resume,
+        )
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -148,7 +243,15 @@ def generate(
             tuned_parallel=resolved.settings.parallel if tuned else None,
             output=output,
         )
-        return batch_cli.run(batch, settings, resolved.config, unordered=unordered, resume=resume, show_stats=stats)
+        return batch_cli.run(
+            batch,
+            settings,
+            resolved.config,
+            unordered=unordered,
+            resume=resume,
+            show_stats=stats,
+            model_name=resolved.target.label,
+        )
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 

@@ -112,8 +112,11 @@ def list_models(
             )
         )
     total = sum(r.size_bytes for r in rows)
+    remotes = _remote_rows()
     if as_json:
         record = {"models": [asdict(r) for r in rows], "total_bytes": total}
+        if remotes:
+            record["remotes"] = [asdict(r) for r in remotes]
         out().json(record, indent=2)
         return
     from rich.table import Table
@@ -131,6 +134,52 @@ def list_models(
             r.source + (f" +{r.mirrors} mirror" if r.mirrors else ""),
         )
     out().table(table, f"total on disk: {human_bytes(total)}")
+    if remotes:
+        out().table("", _remote_table(remotes))
+
+
+@dataclass(frozen=True)
+class RemoteRow:
+    name: str
+    url: str
+    model: str | None  # the model id sent; None: the first the server lists
+    answers: bool  # GET /models answered within a few seconds
+    models: list[str]  # what the server lists
+    error: str | None  # why it did not answer
+
+
+def _remote_rows() -> list[RemoteRow]:
+    """The registry's remotes, each asked GET /models at once (a few seconds at most)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from localrun.remote.client import probe
+    from localrun.remote.config import find_remote
+
+    reg = current().registry
+    remotes = [find_remote(name, reg) for name in reg.remotes]
+    found = [r for r in remotes if r is not None]
+    if not found:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(found), 16)) as pool:
+        probes = list(pool.map(probe, found))
+    return [
+        RemoteRow(r.label, r.url, r.model, p.answers, list(p.models), p.error)
+        for r, p in zip(found, probes, strict=True)
+    ]
+
+
+def _remote_table(rows: list[RemoteRow]) -> object:
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("REMOTE", "URL", "MODEL", "ANSWERS"):
+        table.add_column(col)
+    for r in rows:
+        answers = "yes" if r.answers else f"no: {r.error}"
+        if r.answers and r.model is not None and r.model not in r.models:
+            answers = f"yes, without {r.model}"
+        table.add_row(f"remote:{r.name}", r.url, r.model or (r.models[0] if r.models else "-"), answers)
+    return table
 
 
 def rm(

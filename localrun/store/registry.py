@@ -1,4 +1,5 @@
-"""models.toml: aliases, their sources, mirrors, draft pairing and defaults.
+"""models.toml: aliases, their sources, mirrors, draft pairing and defaults,
+and remotes (OpenAI-compatible servers the commands can run on by name).
 
 The package ships a `models.toml`; a `models.toml` in localrun's config
 directory adds entries or replaces whole entries of the same alias, and may
@@ -27,6 +28,7 @@ _ENTRY_KEYS = {"repo", "file", "quant", "draft", "default_tag", "mirrors", "defa
 _MIRROR_KEYS = {"sha256", "size", "parts"}
 _PART_KEYS = {"wheel", "member"}
 _DEFAULT_KEYS = {"ctx", "kv", "kv_k", "kv_v", "system"}
+_REMOTE_KEYS = {"url", "model", "api_key_env", "timeout", "description"}
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,24 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class RemoteEntry:
+    """An OpenAI-compatible server: its base URL (up to /v1), the model id sent
+    (None: the first the server lists), the environment variable holding its
+    API key, and how long to wait for the next bytes of an answer."""
+
+    name: str
+    url: str
+    model: str | None = None
+    api_key_env: str | None = None
+    timeout: float | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class Registry:
     entries: dict[str, ModelEntry]
     default: str
+    remotes: dict[str, RemoteEntry] = field(default_factory=dict)
 
     def resolve(self, name: str) -> ModelEntry:
         """`family:tag`, or a bare family name for its default tag."""
@@ -182,6 +199,40 @@ def _parse_entry(path: Path, alias: str, raw: Any) -> ModelEntry:
     )
 
 
+def _parse_remote(path: Path, name: str, raw: Any) -> RemoteEntry:
+    where = f"remotes.{name}"
+    if not name or ":" in name or "/" in name:
+        raise _fail(path, where, "a remote's name is a plain word (no ':' or '/')")
+    if not isinstance(raw, dict):
+        raise _fail(path, where, "a remote must be a table")
+    _check_keys(path, where, raw, _REMOTE_KEYS, "remote")
+    url = _need_str(path, where, raw, "url", "remote").rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise _fail(path, where, f"url {url!r} must start with http:// or https://")
+    optional = {key: raw.get(key) for key in ("model", "api_key_env", "description")}
+    for key, value in optional.items():
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise _fail(path, where, f"{key!r} must be a non-empty string")
+    timeout = raw.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise _fail(path, where, "'timeout' must be a positive number of seconds")
+    return RemoteEntry(
+        name=name,
+        url=url,
+        model=optional["model"],
+        api_key_env=optional["api_key_env"],
+        timeout=float(timeout) if timeout is not None else None,
+        description=optional["description"] or "",
+    )
+
+
+def _remotes(path: Path, data: dict[str, Any]) -> dict[str, RemoteEntry]:
+    remotes = data.get("remotes", {})
+    if not isinstance(remotes, dict):
+        raise _fail(path, None, "'remotes' must be a table of remotes ([remotes.NAME])")
+    return {name: _parse_remote(path, name, raw) for name, raw in remotes.items()}
+
+
 def _read(path: Path) -> tuple[dict[str, ModelEntry], str | None]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -189,7 +240,7 @@ def _read(path: Path) -> tuple[dict[str, ModelEntry], str | None]:
         raise _fail(path, None, f"not valid TOML: {exc}") from exc
     except OSError as exc:
         raise _fail(path, None, f"cannot read: {exc.strerror}") from exc
-    unknown = sorted(set(data) - {"default", "models"})
+    unknown = sorted(set(data) - {"default", "models", "remotes"})
     if unknown:
         raise _fail(path, None, f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
     models = data.get("models", {})
@@ -212,15 +263,27 @@ def load(extra: Path | None = None) -> Registry:
     if user.exists():
         files.append(user)
     entries: dict[str, ModelEntry] = {}
+    remotes: dict[str, RemoteEntry] = {}
     default: str | None = None
     for path in files:
         found, file_default = _read(path)
         entries.update(found)
+        remotes.update(_read_remotes(path))
         default = file_default or default
+    families = {entry.family for entry in entries.values()}
+    for name in remotes:
+        if name in families:
+            origin = next(p for p in reversed(files) if name in _read_remotes(p))
+            raise _fail(origin, f"remotes.{name}", f"{name!r} is also a model family: give the remote another name")
     for entry in entries.values():
         if entry.draft and entry.draft not in entries:
             origin = next(p for p in reversed(files) if entry.alias in _read(p)[0])
             raise _fail(origin, entry.alias, f"draft {entry.draft!r} is not a known alias")
     if default is None or default not in entries:
         raise _fail(files[-1], None, f"default model {default!r} is not a known alias")
-    return Registry(entries=entries, default=default)
+    return Registry(entries=entries, default=default, remotes=remotes)
+
+
+def _read_remotes(path: Path) -> dict[str, RemoteEntry]:
+    """The remotes of a file `_read` has checked."""
+    return _remotes(path, tomllib.loads(path.read_text(encoding="utf-8")))
