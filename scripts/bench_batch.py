@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_batch.py [MODEL] [--threads N] [--prompts 32]
         [--tokens 128] [--rounds 1] [--sweep 1,2,4,8,16]
-        [--native PATH/TO/llama-batched-bench] [--quick]
+        [--serve 8] [--native PATH/TO/llama-batched-bench] [--quick]
 
 1. batch vs one by one: the same prompts of mixed length (one system prompt,
    greedy, up to --tokens each) through `localrun generate --batch` with its
@@ -21,7 +21,13 @@
    same rounds. It prints each one's aggregate rate and the ratio batch / the
    best --parallel in hindsight (the sweep point with the highest median rate,
    named; the issue's goal: >= 0.95x), taken within each round.
-2. with --native: localrun's batching core against llama.cpp's
+2. with --serve P: the same prompts through `localrun generate --batch
+   --parallel P` against a `localrun serve --parallel P` process on 127.0.0.1
+   (column "remote": the OpenAI API, streamed, 8 requests in flight for P = 8)
+   beside local `generate --batch --parallel P` (column "local"), in the same
+   rounds; the ratio remote / local of aggregate tokens/sec (the issue's goal:
+   >= 0.9x) and how many greedy texts are identical.
+3. with --native: localrun's batching core against llama.cpp's
    llama-batched-bench at the same batch size (the --parallel of part 1),
    both on random prompts of --pp tokens generating --tokens each, no shared
    prefix. Prints total and decode-phase tokens/sec and their ratios.
@@ -45,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -129,15 +136,16 @@ _PARALLEL = re.compile(r"(\d+) at a time")
 
 
 def run_cli_batch(
-    model: Path, prompts: list[str], args: argparse.Namespace, fixed: int | None = None
+    model: Path | str, prompts: list[str], args: argparse.Namespace, fixed: int | None = None
 ) -> tuple[float, int, list[str], int]:
     """(aggregate tok/s, generated tokens, texts, parallel) of `localrun generate --batch`,
-    with localrun's default --parallel unless ``fixed`` is given."""
+    with localrun's default --parallel unless ``fixed`` is given; ``model`` a
+    server's URL runs it there (the server has the threads)."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for i, p in enumerate(prompts):
             f.write(json.dumps({"id": i, "prompt": p}) + "\n")
     cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model)]
-    if args.threads is not None:
+    if args.threads is not None and not str(model).startswith("http"):
         cmd += ["--threads", str(args.threads)]
     if fixed is not None:
         cmd += ["--parallel", str(fixed)]
@@ -152,6 +160,34 @@ def run_cli_batch(
     generated, seconds = int(found.group(3)), float(found.group(4))
     parallel = _PARALLEL.search(out.stderr)
     return generated / seconds, generated, texts, int(parallel.group(1)) if parallel else 0
+
+
+_LISTENING = re.compile(r"serving .* on (http://127\.0\.0\.1:\d+)/v1")
+
+
+class ServeProcess:
+    """`localrun serve MODEL --parallel P` on 127.0.0.1, any free port; its URL once it listens."""
+
+    def __init__(self, model: Path, parallel: int, threads: int | None) -> None:
+        cmd = [sys.executable, "-m", "localrun", "serve", "-m", str(model), "--port", "0", "--parallel", str(parallel)]
+        cmd += ["--queue", "1024", "--ctx", "4096"] + (["--threads", str(threads)] if threads is not None else [])
+        self.proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert self.proc.stderr is not None
+        seen = []
+        for line in self.proc.stderr:
+            seen.append(line)
+            found = _LISTENING.search(line)
+            if found:
+                self.url = found.group(1) + "/v1"
+                break
+        else:
+            raise RuntimeError("localrun serve did not start:\n" + "".join(seen[-20:]))
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # keep its pipe drained
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
 
 
 def run_one_by_one(engine: Engine, prompts: list[str], tokens: int) -> tuple[float, int, list[str]]:
@@ -236,6 +272,9 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915  a script's main
     ap.add_argument(
         "--sweep", type=parse_sweep, default="1,2,4,8,16", help="the fixed --parallel values beside the default; none"
     )
+    ap.add_argument(
+        "--serve", type=int, metavar="P", help="also --batch --parallel P through `localrun serve --parallel P`"
+    )
     ap.add_argument("--native", help="path to llama-batched-bench")
     ap.add_argument("--quick", action="store_true", help="8 prompts, 64 tokens, --pp 64")
     args = ap.parse_args()
@@ -287,6 +326,9 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915  a script's main
             f"(goal >= 0.95x: {'met' if ratio >= 0.95 else 'NOT met'})"
         )
 
+    if args.serve:
+        run_remote_column(args, prompts)
+
     if args.native:
         n = parallel or 16
         engine = Engine(EngineConfig(model_path=args.model, n_ctx=n * 512, n_seq_max=n, n_threads=threads))
@@ -308,6 +350,30 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915  a script's main
         total = ratio_summary([o[0] for o in ours], [x[0] for x in native], range_of_one=False)
         decoding = ratio_summary([o[1] for o in ours], [x[1] for x in native], range_of_one=False)
         print(f"localrun / llama-batched-bench: total {total}, decoding {decoding}  (goal >= 0.95x)")
+
+
+def run_remote_column(args: argparse.Namespace, prompts: list[str]) -> None:
+    """--batch --parallel P over the API of `localrun serve --parallel P` beside local --batch --parallel P."""
+    p = args.serve
+    server = ServeProcess(args.model, p, args.threads)
+    rates: dict[str, list[float]] = {"local": [], "remote": []}
+    texts: dict[str, list[str]] = {}
+    print(f"--batch --parallel {p}: local, and through `localrun serve --parallel {p}` at {server.url}:")
+    try:
+        for r in range(args.rounds):
+            for which in ["local", "remote"] if r % 2 == 0 else ["remote", "local"]:
+                model = args.model if which == "local" else server.url
+                rate, n, texts[which], _ = run_cli_batch(model, prompts, args, p)
+                rates[which].append(rate)
+                print(f"  round {r + 1} {which:6s}: {n} tokens, {rate:.2f} tok/s aggregate", flush=True)
+    finally:
+        server.close()
+    ratio = median_ratio(rates["remote"], rates["local"])
+    same = sum(a == b for a, b in zip(texts["remote"], texts["local"], strict=True))
+    print(
+        f"remote / local: {ratio_summary(rates['remote'], rates['local'], range_of_one=False)}  "
+        f"(goal >= 0.9x: {'met' if ratio >= 0.9 else 'NOT met'}); identical greedy texts: {same}/{len(prompts)}"
+    )
 
 
 if __name__ == "__main__":
