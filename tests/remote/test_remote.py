@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 
 from localrun.store.registry import user_file
-from tests.helpers import Result, cli
+from tests.helpers import Result, cli, on_terminal
 from tests.remote.conftest import KEY
 from tests.remote.proxy import FaultProxy
 from tests.serve.conftest import Server
@@ -286,6 +288,28 @@ def test_chat_piped_equals_local(server: Server, tiny_model: Path) -> None:
     ]
     direct = server.client().chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=12)
     assert second == direct.choices[0].message.content
+
+
+@pytest.mark.pty
+def test_chat_and_panel_on_a_terminal(server: Server) -> None:
+    code, screen = on_terminal("generate", "-m", server.url + "/v1", "-t", "0", "-n", "12", "hello model")
+    assert code == 0 and "stop: length" in screen and "tiny @ http://127.0.0.1" in screen
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", "chat", "-m", server.url + "/v1", "-n", "12", "-t", "0"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(30, 100),
+    )
+    child.expect(">>> ")
+    child.sendline("hello model")
+    child.expect("stop: length")  # the reply's panel footer
+    child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
 
 
 # ------------------------------------------------------------------- key --
