@@ -79,6 +79,14 @@ def test_generate_equals_local(server: Server, tiny_model: Path) -> None:
     assert done["settings"]["model"] == {"value": "tiny", "source": "server"}
 
 
+def test_raw_prompt_goes_to_completions(server: Server, tiny_model: Path, proxy: FaultProxy) -> None:
+    local = cli("generate", "-m", str(tiny_model), *GREEDY, "--spec", "none", "--raw", "once upon a time")
+    remote = cli("generate", "-m", proxy.url, *GREEDY, "--raw", "once upon a time")
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == local.stdout != ""
+    assert [path for method, path, _, _ in proxy.seen if method == "POST"] == ["/v1/completions"]
+
+
 def test_plain_output_and_stats(server: Server) -> None:
     res = cli("generate", "--remote", server.url + "/v1", "-m", "tiny", *GREEDY, "--stats", "hello")
     assert res.returncode == 0, res.stderr
