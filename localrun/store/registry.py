@@ -94,6 +94,11 @@ class Registry:
             chosen = [e for e in tagged if e.default_tag] or (tagged if len(tagged) == 1 else [])
             if chosen:
                 return chosen[0]
+        if name in self.remotes or name.removeprefix("remote:") in self.remotes:
+            raise ModelNotFoundError(
+                f"{name!r} is a remote server, not a model on this machine",
+                hint="generate, chat and --batch run on it; pull, show, tune, bench and serve need a local model",
+            )
         family = name.split(":", maxsplit=1)[0]
         close = sorted(a for a in self.entries if a.startswith(family + ":")) or sorted(self.entries)[:6]
         raise ModelNotFoundError(

@@ -39,6 +39,9 @@ def test_remotes_in_models_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert adhoc is not None and adhoc.model == "m" and adhoc.api_key_env == "LOCALRUN_REMOTE_API_KEY"
     with pytest.raises(ModelNotFoundError, match="unknown remote 'nope'"):
         find_remote("remote:nope", reg)
+    for name in ("big", "remote:big"):  # pull, show, tune, bench, serve: a local model only
+        with pytest.raises(ModelNotFoundError, match="is a remote server"):
+            reg.resolve(name)
 
 
 @pytest.mark.parametrize(
