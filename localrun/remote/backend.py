@@ -10,7 +10,6 @@ cannot tell (threads, drafting, tokens forced by a grammar) stays None.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from localrun.events import DoneEvent, Event, Stats, StopReason, TokenEvent
 from localrun.remote.client import RemoteClient
 from localrun.remote.config import Remote
 from localrun.runtime.sampling import SamplingParams
-from localrun.structured.spec import OutputSpec
+from localrun.structured.spec import OutputSpec, json_problem
 
 Message = dict[str, str]
 
@@ -30,22 +29,12 @@ def check_output(spec: OutputSpec, text: str, stop_reason: StopReason) -> tuple[
     """(valid, why not) of a remote's answer against the schema, checked
     here: a server that did not enforce it is caught. A grammar cannot be
     checked without the model's tokenizer (None)."""
-    import jsonschema
-
     if spec.schema is None:
         return None, None
-    cut = " (cut by --max-tokens)" if stop_reason == "length" else ""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return False, f"not JSON{cut}: {exc.msg} at column {exc.colno}"
-    error = jsonschema.exceptions.best_match(
-        jsonschema.validators.validator_for(spec.schema)(spec.schema).iter_errors(value)
-    )
-    if error is None:
+    problem = json_problem(spec.schema, text)
+    if problem is None:
         return True, None
-    where = "/".join(str(p) for p in error.absolute_path) or "the top level"
-    return False, f"at {where}: {error.message}"
+    return False, problem + (" (cut by --max-tokens)" if stop_reason == "length" else "")
 
 
 def response_format(spec: OutputSpec) -> dict[str, Any]:

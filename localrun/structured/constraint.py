@@ -9,14 +9,13 @@ any other: the mask allows it only where the grammar accepts.
 
 from __future__ import annotations
 
-import json
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from localrun.structured.spec import OutputSpec
+from localrun.structured.spec import OutputSpec, json_problem
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
@@ -117,14 +116,5 @@ class Constraint:
         """Validate the finished text: JSON against the schema; a grammar's text by the grammar's own end."""
         if self.spec.schema is None:
             return Checked(True) if self.accepting else Checked(False, "the text ends before the grammar does")
-        import jsonschema
-
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return Checked(False, f"not JSON: {exc.msg}")
-        try:
-            jsonschema.validate(document, self.spec.schema)
-        except jsonschema.ValidationError as exc:
-            return Checked(False, exc.message)
-        return Checked(True)
+        problem = json_problem(self.spec.schema, text)
+        return Checked(True) if problem is None else Checked(False, problem)

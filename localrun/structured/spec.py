@@ -98,6 +98,22 @@ def _check_schema(schema: dict[str, Any], source: str) -> None:
         raise UsageError(f"{source}: not a valid JSON Schema at {where}: {exc.message}") from None
 
 
+def json_problem(schema: dict[str, Any], text: str) -> str | None:
+    """Why ``text`` is not a JSON document that follows ``schema`` (None: it is),
+    naming where in the document the first problem is."""
+    import jsonschema
+
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(document))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"at {where}: {error.message}" if where else error.message
+
+
 def _compiled(grammar: str, source: str) -> str:
     """Check ``grammar`` with llguidance (every keyword supported, every rule defined)."""
     import llguidance
