@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from localrun.cli import _history
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
@@ -20,6 +21,7 @@ from localrun.runtime.engine import EngineConfig, Weights
 from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_for, record_for, summary
 
 if TYPE_CHECKING:
+    from localrun.history.record import Recorder
     from localrun.remote.backend import RemoteModel
 
 
@@ -76,6 +78,7 @@ def run(
     resume: Path | None = None,
     show_stats: bool = False,
     model_name: str = "",
+    recorder: Recorder | None = None,
 ) -> ExitCode:
     """Run the batch: OK, BATCH_FAILED when a line failed, INVALID_OUTPUT when a
     result does not follow its schema, INTERRUPTED on Ctrl-C."""
@@ -97,8 +100,12 @@ def run(
             for job in plan.failed:
                 writer.add(job.position, error_for(job.line, job.error or ""))
             final, invalid = (
-                _run_plan(plan, settings, weights, config, writer, bar, model_name) if plan.runnable else (None, 0)
+                _run_plan(plan, settings, weights, config, writer, bar, model_name, recorder)
+                if plan.runnable
+                else (None, 0)
             )
+    if recorder is not None:
+        recorder.flush()  # each line's record, after the results are written
     return _exit_code(final, len(plan.failed), invalid, len(jobs), show_stats)
 
 
@@ -125,6 +132,7 @@ def _run_plan(
     writer: JsonlWriter,
     bar: BatchProgressBar,
     model_name: str,
+    recorder: Recorder | None = None,
 ) -> tuple[BatchProgress, int]:
     """Run the plan's runnable lines, writing each result as it comes; the
     last progress, and how many results do not follow their schema."""
@@ -136,6 +144,8 @@ def _run_plan(
             for ev in events:
                 if isinstance(ev, SequenceDone):
                     writer.add(ev.index, record_for(lines[ev.index], ev, model_name))
+                    if recorder is not None:
+                        _history.add_line(recorder, lines[ev.index], ev, plan)
                     invalid += ev.stats.valid is False
                 else:
                     bar.update(ev)

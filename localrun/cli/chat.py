@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localrun.cli import _history
 from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
@@ -29,6 +30,7 @@ from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
 
 if TYPE_CHECKING:
+    from localrun.history.record import Recorder
     from localrun.runtime.chat import ChatSession
     from localrun.ui.stream import Renderer
 
@@ -41,6 +43,9 @@ def chat(
     load: Annotated[
         Path | None, typer.Option("--load", help="Continue a conversation saved with /save.", show_default=False)
     ] = None,
+    continue_last: Annotated[
+        bool, typer.Option("--continue", "-c", help="Continue the last conversation in the run history.")
+    ] = False,
     template: Annotated[
         str | None,
         typer.Option(
@@ -70,6 +75,7 @@ def chat(
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
     verbose: opt.Verbose = False,
+    no_log: _history.NoLog = False,
 ) -> ExitCode:
     """Chat with a model: interactive on a terminal, one turn per line in a pipe."""
     from rich.console import Console
@@ -108,7 +114,12 @@ def chat(
             as_json=as_json,
             show_stats=stats,
         )
+    if load is not None and continue_last:
+        raise UsageError("--load and --continue both name the conversation", hint="give one of them")
     saved = read_conversation(load) if load else None
+    resumed = _history.last_conversation() if continue_last else None
+    if resumed is not None:
+        saved = resumed[1], resumed[2]
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -137,10 +148,14 @@ def chat(
         if saved is not None:
             session.system = system if system is not None else saved[0]
             session.turns = saved[1]
+        recorder = _history.recorder(_history.context("chat", resolved, output=output, engine=engine), no_log=no_log)
+        if resumed is not None:
+            recorder.resume(resumed[0], session.turns)
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json
         if interactive:
-            return Repl(session, Console(file=env.stdout, highlight=False), title=opt.title(resolved)).run()
-        return run_piped(session, as_json, stats, resolved.settings.as_dict())
+            console = Console(file=env.stdout, highlight=False)
+            return Repl(session, console, title=opt.title(resolved), recorder=recorder).run()
+        return run_piped(session, as_json, stats, resolved.settings.as_dict(), recorder)
 
 
 # ------------------------------------------------------------------- pipe --
@@ -175,7 +190,11 @@ def _user_message(number: int, text: str) -> str:
 
 
 def run_piped(
-    session: ChatSession, as_json: bool, show_stats: bool, settings: dict[str, object] | None = None
+    session: ChatSession,
+    as_json: bool,
+    show_stats: bool,
+    settings: dict[str, object] | None = None,
+    recorder: Recorder | None = None,
 ) -> ExitCode:
     from localrun.cli._signals import ctrl_c_stops
     from localrun.ui.stream import JsonRenderer, PlainRenderer
@@ -191,7 +210,10 @@ def run_piped(
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
         )
         with ctrl_c_stops(session.engine):
-            final = renderer.render(session.reply(plan))
+            replies = session.reply(plan)
+            final = renderer.render(recorder.watch_turn(session.turns, replies) if recorder else replies)
+        if recorder is not None:
+            recorder.flush(_history.exit_status(final))  # after the reply is shown
         if final.stop_reason == "interrupted":
             return ExitCode.INTERRUPTED
     return ExitCode.OK

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localrun.cli import _history
 from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
@@ -153,6 +154,7 @@ def generate(
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
     verbose: opt.Verbose = False,
+    no_log: _history.NoLog = False,
     batch: Annotated[
         str | None,
         typer.Option(
@@ -251,13 +253,14 @@ def generate(
             resume=resume,
             show_stats=stats,
             model_name=resolved.target.label,
+            recorder=_history.recorder(_history.context("batch", resolved, output=output), no_log=no_log),
         )
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
     from localrun.cli._signals import ctrl_c_stops
     from localrun.runtime.generate import PLAIN, Decoding
-    from localrun.runtime.prompt import build_prompt
+    from localrun.runtime.prompt import build_prompt, compose
     from localrun.runtime.promptcache import checkpoint_for
     from localrun.structured.constraint import Constraint
 
@@ -269,6 +272,9 @@ def generate(
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
         renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.settings.as_dict())
+        recorder = _history.recorder(
+            _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
+        )
         drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
         with ctrl_c_stops(engine), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
@@ -282,7 +288,8 @@ def generate(
                 checkpoint=checkpoint,
                 constraint=constraint,
             )
-            final = renderer.render(events)
+            final = renderer.render(recorder.watch(events, compose(instruction, material)))
+        recorder.flush(_history.exit_status(final))  # after the text is shown
         for warning in checkpoint.warnings if checkpoint else ():
             out().warn(warning)
         if final.stop_reason == "length" and (max_tokens is None or final.generated_tokens < max_tokens):

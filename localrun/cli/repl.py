@@ -15,9 +15,11 @@ from rich.console import Console
 from localrun import paths
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode, as_user_error, describe
+from localrun.cli._history import exit_status
 from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
+from localrun.history.record import Recorder
 from localrun.runtime.chat import ChatSession
 from localrun.ui.stream import LiveRenderer
 from localrun.ui.text import session_line, stats_line
@@ -35,8 +37,17 @@ class Command:
 class Repl:
     """The interactive loop: read a message or a command, stream the reply."""
 
-    def __init__(self, session: ChatSession, console: Console, history: Path | None = None, *, title: str = "") -> None:
+    def __init__(
+        self,
+        session: ChatSession,
+        console: Console,
+        history: Path | None = None,
+        *,
+        title: str = "",
+        recorder: Recorder | None = None,
+    ) -> None:
         self.session = session
+        self.recorder = recorder  # the run history's: each turn logged after it is shown
         self.title = title or session.engine.info.name
         self.console = console
         self.history = history or paths.data_dir() / "chat_history"
@@ -157,7 +168,10 @@ class Repl:
             )
         renderer = LiveRenderer(self.console, title=self.title, markdown=True)
         with ctrl_c_stops(self.session.engine):
-            final = renderer.render(self.session.reply(plan))
+            replies = self.session.reply(plan)
+            final = renderer.render(self.recorder.watch_turn(self.session.turns, replies) if self.recorder else replies)
+        if self.recorder is not None:
+            self.recorder.flush(exit_status(final))
         if final.stop_reason == "interrupted":
             self.console.print("reply interrupted; it stays in the conversation (/retry to redo it)", style="yellow")
 
