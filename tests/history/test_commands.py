@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from localrun import paths
 from tests.helpers import cli
@@ -94,3 +97,33 @@ def test_a_history_that_cannot_be_written_warns_once_and_the_run_succeeds(tiny_m
     res = cli("generate", "-m", str(tiny_model), "-n", "3", "-t", "0", "hi")
     assert res.returncode == 0 and res.stdout.strip()
     assert res.stderr.count("warning: this run was not logged") == 1, res.stderr
+
+
+@pytest.mark.pty
+def test_interactive_chat_logs_turns_retries_and_new_conversations(tiny_model: Path) -> None:
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", "chat", "-m", str(tiny_model), "-n", "4", "-t", "0"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
+        encoding="utf-8",
+        timeout=180,
+        dimensions=(30, 100),
+    )
+    for line in ("first", "second", "/retry", "/clear", "fresh"):
+        child.expect(">>> ")
+        child.sendline(line)
+        if line != "/clear":
+            child.expect("stop: length")
+    child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    runs = logged()
+    assert [(r["prompt"], r["retry"]) for r in runs] == [("first", 0), ("second", 0), ("second", 1), ("fresh", 0)]
+    first, second, retried, fresh = (r["conversation_id"] for r in runs)
+    assert first == second == retried != fresh
+    resumed = cli("logs", "--json", "-n", "0")
+    assert resumed.returncode == 0 and len(json.loads(resumed.stdout)) == 4
