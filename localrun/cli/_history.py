@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from localrun.cli._options import Resolved
     from localrun.events import SequenceDone, Stats
     from localrun.history.record import Recorder, RunContext
+    from localrun.remote.config import Remote
     from localrun.runtime.batch.input import BatchLine
-    from localrun.runtime.batch.plan import BatchPlan
     from localrun.runtime.chat import Turn
     from localrun.runtime.engine import Engine
     from localrun.serve.events import ServeEvent
@@ -80,6 +80,8 @@ def exit_status(stats: Stats) -> ExitCode:
     """What a run's end means for the exit status, as the commands decide it."""
     if stats.stop_reason == "interrupted":
         return ExitCode.INTERRUPTED
+    if stats.stop_reason == "error":  # a remote's stream cut mid-way
+        return ExitCode.STREAM_CUT
     if stats.valid is False:
         return ExitCode.INVALID_OUTPUT
     return ExitCode.OK
@@ -152,13 +154,39 @@ def line_prompt(prompt: str | None, messages: list[dict[str, str]] | None) -> st
     return "\n\n".join(users) if users else None
 
 
-def add_line(recorder: Recorder, line: BatchLine, done: SequenceDone, plan: BatchPlan) -> None:
+def add_line(recorder: Recorder, line: BatchLine, done: SequenceDone, parallel: int, ctx: int | None = None) -> None:
     """A batch line's record: its prompt, text and figures, the batch's parallel and context."""
     recorder.add(
         done.stats,
         prompt=line_prompt(line.prompt, line.messages),
         response=done.text,
         exit_status=exit_status(done.stats),
-        parallel=plan.parallel,
-        ctx=plan.seq_ctx,
+        parallel=parallel,
+        ctx=ctx,
+    )
+
+
+def remote_context(
+    command: str,
+    remote: Remote,
+    model: str,
+    settings: dict[str, Any],
+    output: OutputSpec | None = None,
+    system: str | None = None,
+) -> RunContext:
+    """A run on a remote server: the model id it answered to and the server's
+    URL (without any user name or password in it); the rest is the server's."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from localrun.history.record import RunContext
+
+    parts = urlsplit(remote.url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return RunContext(
+        command=command,
+        model=model,
+        remote=urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)),
+        schema=(output.source or output.kind) if output is not None else None,
+        settings=settings,
+        system=system,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from localrun.cli import _history
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode, as_user_error, describe
 from localrun.cli._output import out
@@ -15,6 +16,7 @@ from localrun.events import Stats
 from localrun.remote.config import Remote, find_remote
 
 if TYPE_CHECKING:
+    from localrun.history.record import Recorder
     from localrun.remote.backend import RemoteModel
     from localrun.remote.chat import RemoteChat
     from localrun.runtime.batch.plan import BatchSettings
@@ -83,6 +85,7 @@ def generate(
     output: OutputSpec | None,
     as_json: bool,
     show_stats: bool,
+    no_log: bool = False,
 ) -> ExitCode:
     from localrun.cli.generate import pick_renderer
     from localrun.remote.backend import Request
@@ -96,8 +99,11 @@ def generate(
         request = Request(messages=messages, **common)
     with open_model(remote) as model:
         renderer = pick_renderer(as_json, show_stats, model.title, _settings(remote, model))
+        run = _history.remote_context("generate", remote, model.model_id, _settings(remote, model), output, system)
+        recorder = _history.recorder(run, no_log=no_log)
         with ctrl_c_stops(model):
-            final = renderer.render(model.generate(request))
+            final = renderer.render(recorder.watch(model.generate(request), text))
+        recorder.flush(_history.exit_status(final))
         return _finish(final, model, output)
 
 
@@ -110,6 +116,7 @@ def chat(
     output: OutputSpec | None,
     as_json: bool,
     show_stats: bool,
+    no_log: bool = False,
 ) -> ExitCode:
     """A pipe: one reply per stdin line, as a local chat. A terminal: a plain
     prompt loop (`/clear`, `/exit`), replies in the live panel."""
@@ -118,12 +125,14 @@ def chat(
     env = current()
     with open_model(remote) as model:
         session = RemoteChat(model, sampling, system=system, max_tokens=max_tokens, output=output)
+        run = _history.remote_context("chat", remote, model.model_id, _settings(remote, model), output, system)
+        recorder = _history.recorder(run, no_log=no_log)
         if env.stdin_isatty and env.stdout_isatty and not as_json:
-            return _interactive(session)
-        return _piped(session, remote, as_json, show_stats)
+            return _interactive(session, recorder)
+        return _piped(session, remote, as_json, show_stats, recorder)
 
 
-def _piped(session: RemoteChat, remote: Remote, as_json: bool, show_stats: bool) -> ExitCode:
+def _piped(session: RemoteChat, remote: Remote, as_json: bool, show_stats: bool, recorder: Recorder) -> ExitCode:
     from localrun.cli.chat import read_turns
     from localrun.ui.stream import JsonRenderer, PlainRenderer, Renderer
 
@@ -135,14 +144,15 @@ def _piped(session: RemoteChat, remote: Remote, as_json: bool, show_stats: bool)
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
         )
         with ctrl_c_stops(session.model):
-            final = renderer.render(session.reply(text))
+            final = renderer.render(recorder.watch(session.reply(text), text))
+        recorder.flush(_history.exit_status(final))
         code = _finish(final, session.model, session.output)
         if code != ExitCode.OK:
             return code
     return ExitCode.OK
 
 
-def _interactive(session: RemoteChat) -> ExitCode:
+def _interactive(session: RemoteChat, recorder: Recorder) -> ExitCode:
     from rich.console import Console
 
     from localrun.ui.stream import LiveRenderer
@@ -166,7 +176,9 @@ def _interactive(session: RemoteChat) -> ExitCode:
         session.model.abort_requested = False
         try:
             with ctrl_c_stops(session.model):
-                final = LiveRenderer(console, title=session.model.title, markdown=True).render(session.reply(text))
+                panel = LiveRenderer(console, title=session.model.title, markdown=True)
+                final = panel.render(recorder.watch(session.reply(text), text))
+            recorder.flush(_history.exit_status(final))
             if final.stop_reason == "error" and session.model.failure is not None:
                 raise session.model.failure
         except Exception as exc:  # a failed turn is reported; the session goes on
@@ -185,11 +197,13 @@ def batch(
     unordered: bool,
     resume: Any,
     show_stats: bool,
+    no_log: bool = False,
 ) -> ExitCode:
     from localrun.cli import batch as batch_cli
     from localrun.remote.batch import DEFAULT_PARALLEL
 
     with open_model(remote) as model:
+        run = _history.remote_context("batch", remote, model.model_id, _settings(remote, model), settings.output)
         return batch_cli.run_remote(
             source,
             settings,
@@ -198,4 +212,5 @@ def batch(
             unordered=unordered,
             resume=resume,
             show_stats=show_stats,
+            recorder=_history.recorder(run, no_log=no_log),
         )

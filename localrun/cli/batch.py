@@ -145,7 +145,7 @@ def _run_plan(
                 if isinstance(ev, SequenceDone):
                     writer.add(ev.index, record_for(lines[ev.index], ev, model_name))
                     if recorder is not None:
-                        _history.add_line(recorder, lines[ev.index], ev, plan)
+                        _history.add_line(recorder, lines[ev.index], ev, plan.parallel, plan.seq_ctx)
                     invalid += ev.stats.valid is False
                 else:
                     bar.update(ev)
@@ -167,6 +167,7 @@ def run_remote(
     unordered: bool = False,
     resume: Path | None = None,
     show_stats: bool = False,
+    recorder: Recorder,
 ) -> ExitCode:
     """The batch on a remote server, ``parallel`` requests at a time; the
     same records, progress and exit codes as a local run."""
@@ -196,6 +197,7 @@ def run_remote(
                 for ev in run_remote_batch(model, list(runnable.items()), settings, parallel) if runnable else ():
                     if isinstance(ev, SequenceDone):
                         writer.add(ev.index, record_for(runnable[ev.index], ev, model.model_id))
+                        _history.add_line(recorder, runnable[ev.index], ev, parallel)
                         invalid += ev.stats.valid is False
                     elif isinstance(ev, SequenceFailed):
                         writer.add(ev.index, error_for(runnable[ev.index], ev.message))
@@ -206,4 +208,5 @@ def run_remote(
             finally:
                 if final is None or not final.final or final.interrupted:
                     writer.flush_finished()
+    recorder.flush()
     return _exit_code(final, failed, invalid, len(jobs), show_stats)

@@ -113,6 +113,7 @@ def chat(
             output=output,
             as_json=as_json,
             show_stats=stats,
+            no_log=no_log,
         )
     if load is not None and continue_last:
         raise UsageError("--load and --continue both name the conversation", hint="give one of them")

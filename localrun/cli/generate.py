@@ -77,6 +77,7 @@ def _on_remote(
     parallel: int | None,
     unordered: bool,
     resume: Path | None,
+    no_log: bool = False,
 ) -> ExitCode:
     from localrun.cli import _remote
     from localrun.runtime.batch.plan import BatchSettings
@@ -95,7 +96,14 @@ def _on_remote(
             output=output,
         )
         return _remote.batch(
-            remote, batch, settings, parallel=parallel, unordered=unordered, resume=resume, show_stats=stats
+            remote,
+            batch,
+            settings,
+            parallel=parallel,
+            unordered=unordered,
+            resume=resume,
+            show_stats=stats,
+            no_log=no_log,
         )
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
@@ -111,6 +119,7 @@ def _on_remote(
         output=output,
         as_json=as_json,
         show_stats=stats,
+        no_log=no_log,
     )
 
 
@@ -211,6 +220,7 @@ def generate(
             parallel,
             unordered,
             resume,
+            no_log,
         )
     options = Options(
         ctx=ctx,
