@@ -16,7 +16,7 @@ from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, SequenceDone
 from localrun.runtime.batch.input import BatchLine, finished_ids, read_lines
-from localrun.runtime.batch.plan import BatchPlan, BatchSettings, check_settings, jobs_for, plan_batch, running
+from localrun.runtime.batch.plan import BatchPlan, BatchSettings, Job, check_settings, jobs_for, plan_batch, running
 from localrun.runtime.engine import EngineConfig, Weights
 from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_for, record_for, summary
 
@@ -61,6 +61,15 @@ def _output(resume: Path | None) -> Iterator[IO[str]]:
         yield f
 
 
+def _jobs(source: str, settings: BatchSettings, resume: Path | None) -> list[Job]:
+    """The lines still to run (those ``resume`` has no record of), after the settings and the file are checked."""
+    check_settings(settings)
+    if resume is not None:
+        check_resume(resume)
+    done_ids = finished_ids(resume) if resume is not None else set()
+    return jobs_for([line for line in _read_source(source) if line.id not in done_ids])
+
+
 def _writer(out: IO[str]) -> Callable[[str], None]:
     def emit(text: str) -> None:
         out.write(text)
@@ -82,15 +91,10 @@ def run(
 ) -> ExitCode:
     """Run the batch: OK, BATCH_FAILED when a line failed, INVALID_OUTPUT when a
     result does not follow its schema, INTERRUPTED on Ctrl-C."""
-    check_settings(settings)
-    if resume is not None:
-        check_resume(resume)
-    env = current()
-    lines = _read_source(source)
-    done_ids = finished_ids(resume) if resume is not None else set()
-    jobs = jobs_for([line for line in lines if line.id not in done_ids])
+    jobs = _jobs(source, settings, resume)
     if not jobs:
         return ExitCode.OK
+    env = current()
     with Weights(config.model_path, repack=config.repack, verbose=config.verbose) as weights:
         plan = plan_batch(jobs, settings, weights, config)
         progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
@@ -173,15 +177,10 @@ def run_remote(
     same records, progress and exit codes as a local run."""
     from localrun.remote.batch import SequenceFailed, run_remote_batch
 
-    check_settings(settings)
-    if resume is not None:
-        check_resume(resume)
-    env = current()
-    lines = _read_source(source)
-    done_ids = finished_ids(resume) if resume is not None else set()
-    jobs = jobs_for([line for line in lines if line.id not in done_ids])
+    jobs = _jobs(source, settings, resume)
     if not jobs:
         return ExitCode.OK
+    env = current()
     runnable = {job.position: job.line for job in jobs if job.error is None}
     failed, invalid = 0, 0
     final: BatchProgress | None = None
