@@ -35,6 +35,7 @@ class Server:
             env=env,
         )
         self.lines: list[str] = []
+        self.clients: list[openai.OpenAI] = []  # closed with the server: none left for the GC to find open
         self.url = ""
         self.ready = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -55,7 +56,9 @@ class Server:
         self.ready.set()  # the process ended
 
     def client(self, api_key: str = "none") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+        self.clients.append(client)
+        return client
 
     @property
     def log(self) -> str:
@@ -73,6 +76,8 @@ def start(home: Path, *args: str) -> Iterator[Server]:
     try:
         yield server
     finally:
+        for client in server.clients:
+            client.close()
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
