@@ -10,6 +10,7 @@ reader skips arrays by their lengths.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ _SCALARS: dict[int, str] = {
 }
 _KNOWN_TENSOR_TYPES = {int(t) for t in GGML_QUANT_SIZES}
 _MAX_DIMS = 4
+_TENSOR_ALIGNMENT = 32  # ggml's TENSOR_ALIGNMENT: where a tensor may start in a mapped file
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,9 @@ class GGUFInfo:
     @property
     def context_length(self) -> int | None:
         value = self.arch_value("context_length")
-        return int(value) if value is not None else None
+        if isinstance(value, int | float) and math.isfinite(value):
+            return int(value)
+        return None  # absent, or not a number (a string, an array)
 
     @property
     def chat_template(self) -> str | None:
@@ -225,20 +229,8 @@ def string_span(path: str | Path, array: ArrayInfo, start: int, stop: int | None
         return bytes(buf[begin : cur.pos])
 
 
-def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
-    cur = _Cursor(buf, path)
-    if cur.unpack("<I") != GGUF_MAGIC:
-        raise BadModelError(f"{path}: not a GGUF file (bad magic)", hint="pass a .gguf model file")
-    version = cur.unpack("<I")
-    if version not in (2, 3):
-        raise cur.fail(f"unsupported GGUF version {version}")
-    n_tensors = cur.unpack("<Q")
-    n_kv = cur.unpack("<Q")
-    metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        metadata[key] = cur.value(cur.unpack("<I"))
-
+def _tensor_infos(cur: _Cursor, n_tensors: int) -> list[tuple[str, tuple[int, ...], int, int]]:
+    """Each tensor's name, shape, type and offset, as the header lists them."""
     raw: list[tuple[str, tuple[int, ...], int, int]] = []
     for _ in range(n_tensors):
         name = cur.string()
@@ -249,14 +241,44 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
         ttype = cur.unpack("<I")
         offset = cur.unpack("<Q")
         raw.append((name, shape, ttype, offset))
+    return raw
 
-    alignment = int(metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+
+def _data_start(cur: _Cursor, metadata: dict[str, Any], alignment_type: int | None) -> int:
+    """Where the tensor data begins: the end of the header, padded to the file's alignment."""
+    alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if alignment_type not in (None, GGUFValueType.UINT32):  # as llama.cpp, which refuses another type
+        raise cur.fail(f"general.alignment is of type {alignment_type}, not uint32")
     if alignment <= 0 or alignment & (alignment - 1):
         raise cur.fail(f"bad alignment {alignment}")
-    data_start = -(-cur.pos // alignment) * alignment
+    return int(-(-cur.pos // alignment) * alignment)
+
+
+def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
+    cur = _Cursor(buf, path)
+    if cur.unpack("<I") != GGUF_MAGIC:
+        raise BadModelError(f"{path}: not a GGUF file (bad magic)", hint="pass a .gguf model file")
+    version = cur.unpack("<I")
+    if version not in (2, 3):
+        raise cur.fail(f"unsupported GGUF version {version}")
+    n_tensors = cur.unpack("<Q")
+    n_kv = cur.unpack("<Q")
+    metadata: dict[str, Any] = {}
+    alignment_type: int | None = None
+    for _ in range(n_kv):
+        key = cur.string()
+        vtype = cur.unpack("<I")
+        metadata[key] = cur.value(vtype)
+        if key == "general.alignment":
+            alignment_type = vtype
+
+    raw = _tensor_infos(cur, n_tensors)
+    data_start = _data_start(cur, metadata, alignment_type)
     tensors: list[TensorInfo] = []
     for name, shape, ttype, offset in raw:
         n_bytes = _tensor_bytes(cur, name, shape, ttype)
+        if (data_start + offset) % _TENSOR_ALIGNMENT:  # llama.cpp asserts (aborts) on a mapped one
+            raise cur.fail(f"tensor {name!r} at byte {data_start + offset} is not {_TENSOR_ALIGNMENT}-byte aligned")
         end = data_start + offset + n_bytes
         if end > cur.size:
             raise BadModelError(

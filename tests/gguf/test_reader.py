@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
 
 from localrun.errors import BadModelError, ModelNotFoundError
 from localrun.gguf.reader import read_gguf
+from tests.gguf.mutate import KV, STRING, build, parse
 from tests.tinymodel import vocabulary
 
 
@@ -53,3 +55,62 @@ def test_corrupt_header_count(tiny_model: Path, tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(BadModelError):
         read_gguf(path)
+
+
+# ----------------------------------------------------------- regressions --
+# What the fuzzer (tests/gguf/test_fuzz.py) found.
+
+
+def _alignment(value: bytes, vtype: int) -> KV:
+    return KV(b"general.alignment", vtype, value)
+
+
+@pytest.mark.parametrize(
+    ("vtype", "value"),
+    [
+        (STRING, struct.pack("<Q", 3) + b"abc"),  # was ValueError from int()
+        (6, struct.pack("<f", float("nan"))),  # ValueError
+        (6, struct.pack("<f", float("inf"))),  # OverflowError
+        (9, struct.pack("<IQI", 4, 1, 32)),  # an array: TypeError
+        (10, struct.pack("<Q", 32)),  # a uint64 32: accepted, which llama.cpp then refused
+    ],
+    ids=["string", "nan", "inf", "array", "uint64"],
+)
+def test_alignment_of_another_type_is_refused(tiny_model: Path, tmp_path: Path, vtype: int, value: bytes) -> None:
+    layout = parse(tiny_model.read_bytes())
+    path = tmp_path / "align.gguf"
+    path.write_bytes(build(layout, kvs=[*layout.kvs, _alignment(value, vtype)]))
+    with pytest.raises(BadModelError, match="alignment"):
+        read_gguf(path)
+
+
+def test_tensor_data_not_32_byte_aligned_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    """general.alignment 16 is valid GGUF, but a tensor that starts off ggml's 32-byte
+    alignment made llama.cpp abort (GGML_ASSERT "buffer pointer must be aligned")."""
+    layout = parse(tiny_model.read_bytes())
+    for filler in range(0, 32, 4):  # a filler string that leaves the header 16 past a multiple of 32
+        kvs = [
+            *layout.kvs,
+            _alignment(struct.pack("<I", 16), 4),
+            KV(b"x", STRING, struct.pack("<Q", filler) + b"y" * filler),
+        ]
+        mutant = build(layout, kvs=kvs, alignment=16)
+        if (len(mutant) - len(layout.data)) % 32 == 16:
+            break
+    else:
+        pytest.fail("no filler put the data 16 bytes off")
+    path = tmp_path / "align16.gguf"
+    path.write_bytes(mutant)
+    with pytest.raises(BadModelError, match="aligned"):
+        read_gguf(path)
+
+
+def test_context_length_that_is_not_a_number(tiny_model: Path, tmp_path: Path) -> None:
+    layout = parse(tiny_model.read_bytes())
+    kvs = [
+        KV(kv.key, STRING, struct.pack("<Q", 5) + b"large") if kv.key == b"llama.context_length" else kv
+        for kv in layout.kvs
+    ]
+    path = tmp_path / "ctx.gguf"
+    path.write_bytes(build(layout, kvs=kvs))
+    assert read_gguf(path).context_length is None  # was ValueError from int()
