@@ -38,6 +38,7 @@ _SCALARS: dict[int, str] = {
 }
 _KNOWN_TENSOR_TYPES = {int(t) for t in GGML_QUANT_SIZES}
 _MAX_DIMS = 4
+_U64 = struct.Struct("<Q")
 _TENSOR_ALIGNMENT = 32  # ggml's TENSOR_ALIGNMENT: where a tensor may start in a mapped file
 
 
@@ -133,7 +134,30 @@ class _Cursor:
         self.need(n)
         self.pos += n
 
-    def value(self, vtype: int) -> Any:
+    def skip_strings(self, length: int, distinct: bool = False) -> None:
+        """Skip ``length`` strings (a tight loop: a vocabulary has 100,000s); with
+        ``distinct``, refuse a repeated one."""
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        seen: set[bytes] = set()
+        for _ in range(length):
+            if pos + 8 > size:
+                break
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if pos + n > size:
+                break
+            if distinct:
+                seen.add(buf[pos : pos + n])
+            pos += n
+        else:
+            self.pos = pos
+            if distinct and len(seen) < length:
+                raise self.fail(f"{length - len(seen)} repeated token texts")
+            return
+        self.pos = pos
+        raise self.fail("truncated GGUF header")
+
+    def value(self, vtype: int, distinct: bool = False) -> Any:
         if vtype in _SCALARS:
             return self.unpack(_SCALARS[vtype])
         if vtype == GGUFValueType.STRING:
@@ -147,8 +171,7 @@ class _Cursor:
                 self.need(n)
                 self.pos += n
             elif item_type == GGUFValueType.STRING:
-                for _ in range(length):
-                    self.skip_string()
+                self.skip_strings(length, distinct)
             else:
                 raise self.fail(f"unsupported array element type {item_type}")
             return ArrayInfo(item_type, length, start, self.pos)
@@ -268,7 +291,8 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
     for _ in range(n_kv):
         key = cur.string()
         vtype = cur.unpack("<I")
-        metadata[key] = cur.value(vtype)
+        # llama.cpp asserts (aborts) on a repeated token text, which one flipped byte makes
+        metadata[key] = cur.value(vtype, distinct=key == "tokenizer.ggml.tokens")
         if key == "general.alignment":
             alignment_type = vtype
 

@@ -8,7 +8,7 @@ import pytest
 from localrun.errors import BadModelError, ModelNotFoundError
 from localrun.gguf.reader import read_gguf
 from tests.gguf.mutate import KV, STRING, build, parse
-from tests.tinymodel import vocabulary
+from tests.tinymodel import vocabulary, write_tiny_model
 
 
 def test_reads_metadata_and_tensors(tiny_model: Path) -> None:
@@ -114,3 +114,21 @@ def test_context_length_that_is_not_a_number(tiny_model: Path, tmp_path: Path) -
     path = tmp_path / "ctx.gguf"
     path.write_bytes(build(layout, kvs=kvs))
     assert read_gguf(path).context_length is None  # was ValueError from int()
+
+
+def test_repeated_token_text_is_refused(tmp_path: Path) -> None:
+    """llama.cpp aborted (GGML_ASSERT id_to_token.size() == token_to_id.size()) on a
+    vocabulary with a token twice: the fuzzer made one by flipping a byte."""
+    path = write_tiny_model(tmp_path / "twice.gguf", merges=["Ġ t", "h e", "Ġ t"])
+    with pytest.raises(BadModelError, match="repeated token texts"):
+        read_gguf(path)
+
+
+def test_vocabulary_truncated_inside_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    data = tiny_model.read_bytes()
+    array = read_gguf(tiny_model).metadata["tokenizer.ggml.tokens"]
+    for cut in (array.start + 4, array.start + 9, (array.start + array.end) // 2, array.end - 1):
+        path = tmp_path / "cut.gguf"
+        path.write_bytes(data[:cut])
+        with pytest.raises(BadModelError, match="truncated"):
+            read_gguf(path)
