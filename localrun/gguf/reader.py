@@ -40,6 +40,7 @@ _KNOWN_TENSOR_TYPES = {int(t) for t in GGML_QUANT_SIZES}
 _MAX_DIMS = 4
 _U64 = struct.Struct("<Q")
 _TENSOR_ALIGNMENT = 32  # ggml's TENSOR_ALIGNMENT: where a tensor may start in a mapped file
+_MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS: it asserts a block count within it
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,20 @@ def _data_start(cur: _Cursor, metadata: dict[str, Any], alignment_type: int | No
     return int(-(-cur.pos // alignment) * alignment)
 
 
+def _check_layers(cur: _Cursor, metadata: dict[str, Any]) -> None:
+    """The layer counts llama.cpp asserts (aborts) on: 1 to LLAMA_MAX_LAYERS
+    blocks, and no more next-token-prediction layers than blocks."""
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        return  # llama.cpp refuses a file without one, cleanly
+    blocks = metadata.get(f"{arch}.block_count")
+    if isinstance(blocks, int) and not 0 < blocks <= _MAX_LAYERS:
+        raise cur.fail(f"{arch}.block_count is {blocks}; llama.cpp takes 1 to {_MAX_LAYERS}")
+    nextn = metadata.get(f"{arch}.nextn_predict_layers")
+    if isinstance(blocks, int) and isinstance(nextn, int) and nextn > blocks:
+        raise cur.fail(f"{arch}.nextn_predict_layers is {nextn}, more than the {blocks} blocks")
+
+
 def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
     cur = _Cursor(buf, path)
     if cur.unpack("<I") != GGUF_MAGIC:
@@ -296,6 +311,7 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFInfo:
         if key == "general.alignment":
             alignment_type = vtype
 
+    _check_layers(cur, metadata)
     raw = _tensor_infos(cur, n_tensors)
     data_start = _data_start(cur, metadata, alignment_type)
     tensors: list[TensorInfo] = []

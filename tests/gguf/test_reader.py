@@ -132,3 +132,17 @@ def test_vocabulary_truncated_inside_is_refused(tiny_model: Path, tmp_path: Path
         path.write_bytes(data[:cut])
         with pytest.raises(BadModelError, match="truncated"):
             read_gguf(path)
+
+
+@pytest.mark.parametrize("blocks", [0, 513, 2097154])
+def test_block_count_llama_cpp_asserts_on_is_refused(tiny_model: Path, tmp_path: Path, blocks: int) -> None:
+    """llama.cpp aborted (GGML_ASSERT n_layer <= LLAMA_MAX_LAYERS) on a block
+    count one flipped byte made 2097154: the long fuzz run found it."""
+    layout = parse(tiny_model.read_bytes())
+    kvs = [
+        KV(kv.key, kv.vtype, struct.pack("<I", blocks)) if kv.key == b"llama.block_count" else kv for kv in layout.kvs
+    ]
+    path = tmp_path / "blocks.gguf"
+    path.write_bytes(build(layout, kvs=kvs))
+    with pytest.raises(BadModelError, match="block_count"):
+        read_gguf(path)
