@@ -14,6 +14,7 @@ from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import UsageError
 from localrun.events import Stats
 from localrun.remote.config import Remote, find_remote
+from localrun.settings import Options
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
@@ -29,9 +30,23 @@ def find(model: str | None, remote_url: str | None) -> Remote | None:
     return find_remote(model, current().registry, remote_url)
 
 
-def refuse_local_options(**given: Any) -> None:
-    """Options only a local model has: an error, never silently ignored."""
-    for name, value in given.items():
+# the fields of Options only a local model has, and their options' names
+_LOCAL_ONLY = {
+    "ctx": "ctx",
+    "kv": "kv",
+    "kv_k": "kv-k",
+    "kv_v": "kv-v",
+    "flash_attn": "flash-attn",
+    "threads": "threads",
+    "draft": "spec",
+}
+
+
+def refuse_local_options(options: Options, **given: Any) -> None:
+    """Options only a local model has (those of ``options``, and ``given``):
+    an error, never silently ignored."""
+    named = [(flag, getattr(options, field)) for field, flag in _LOCAL_ONLY.items()]
+    for name, value in [*named, *given.items()]:
         if value not in (None, False, "none"):
             raise UsageError(
                 f"--{name.replace('_', '-')} applies to local models only",

@@ -88,23 +88,21 @@ def chat(
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     drafting = draft_choice(spec, draft, draft_model)
     output = opt.structured_output(schema, grammar)
+    options = Options(
+        ctx=ctx,
+        kv=kv,
+        kv_k=kv_k,
+        kv_v=kv_v,
+        flash_attn=flash_attn,
+        threads=threads,
+        system=system,
+        draft=drafting,
+    )
     from localrun.cli import _remote
 
     remote = _remote.find(model, remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
-        _remote.refuse_local_options(
-            offline=offline,
-            load=load,
-            template=template,
-            ctx=ctx,
-            threads=threads,
-            kv=kv,
-            kv_k=kv_k,
-            kv_v=kv_v,
-            flash_attn=flash_attn,
-            spec=drafting,
-            grammar=grammar,
-        )
+        _remote.refuse_local_options(options, offline=offline, load=load, template=template, grammar=grammar)
         return _remote.chat(
             remote,
             system=system,
@@ -121,16 +119,6 @@ def chat(
     resumed = _history.last_conversation() if continue_last else None
     if resumed is not None:
         saved = resumed[1], resumed[2]
-    options = Options(
-        ctx=ctx,
-        kv=kv,
-        kv_k=kv_k,
-        kv_v=kv_v,
-        flash_attn=flash_attn,
-        threads=threads,
-        system=system,
-        draft=drafting,
-    )
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose)
     env = current()
     with (

@@ -189,22 +189,22 @@ def generate(
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
     output = opt.structured_output(schema, grammar)
+    options = Options(
+        ctx=ctx,
+        kv=kv,
+        kv_k=kv_k,
+        kv_v=kv_v,
+        flash_attn=flash_attn,
+        threads=threads,
+        system=system,
+        draft=speculation,
+        parallel=parallel,
+    )
     from localrun.cli import _remote
 
     remote = _remote.find(model, remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
-        _remote.refuse_local_options(
-            offline=offline,
-            ctx=ctx,
-            threads=threads,
-            kv=kv,
-            kv_k=kv_k,
-            kv_v=kv_v,
-            flash_attn=flash_attn,
-            spec=speculation,
-            prompt_cache=prompt_cache,
-            grammar=grammar,
-        )
+        _remote.refuse_local_options(options, offline=offline, prompt_cache=prompt_cache, grammar=grammar)
         return _on_remote(
             remote,
             prompt,
@@ -222,17 +222,6 @@ def generate(
             resume,
             no_log,
         )
-    options = Options(
-        ctx=ctx,
-        kv=kv,
-        kv_k=kv_k,
-        kv_v=kv_v,
-        flash_attn=flash_attn,
-        threads=threads,
-        system=system,
-        draft=speculation,
-        parallel=parallel,
-    )
     if batch is not None:  # many prompts: localrun/cli/batch.py
         from localrun.cli import batch as batch_cli
         from localrun.runtime.batch.plan import BatchSettings
