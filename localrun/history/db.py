@@ -99,15 +99,9 @@ def is_damaged(exc: BaseException) -> bool:
 
 
 def move_aside(path: Path) -> Path:
-    """Rename a damaged database (and its WAL files) out of the way; where it went."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = path.with_name(f"{path.stem}.corrupt-{stamp}{path.suffix}")
-    path.replace(aside)
-    for suffix in ("-wal", "-shm"):
-        extra = path.with_name(path.name + suffix)
-        if extra.exists():
-            extra.replace(aside.with_name(aside.name + suffix))
-    return aside
+    """Rename a damaged database (and its WAL files) out of the way, never
+    deleting it; where it went."""
+    return paths.move_aside(path, ("-wal", "-shm"))
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -187,7 +181,7 @@ def connect(path: Path | None = None, *, moved: list[Path] | None = None) -> Ite
     A damaged file is moved aside first and its new name appended to ``moved``.
     sqlite3 errors and OSError propagate: the caller decides how to warn."""
     path = path or paths.history_db()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.ensure_dir(path.parent)
     try:
         conn = _connect_once(path)
     except sqlite3.DatabaseError as exc:
@@ -214,9 +208,17 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
-def reader(path: Path | None = None) -> sqlite3.Connection | None:
-    """A connection for reading, or None when there is no history yet."""
+def reader(path: Path | None = None, *, moved: list[Path] | None = None) -> sqlite3.Connection | None:
+    """A connection for reading, or None when there is no history yet. With
+    ``moved``, a damaged file is moved aside (its new name appended there)
+    and read as no history; without it, the damage propagates."""
     path = path or paths.history_db()
     if not path.exists():
         return None
-    return _connect_once(path)
+    try:
+        return _connect_once(path)
+    except sqlite3.DatabaseError as exc:
+        if moved is None or not is_damaged(exc):
+            raise
+        moved.append(move_aside(path))
+        return None
