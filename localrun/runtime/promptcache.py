@@ -10,6 +10,7 @@ cap; the least recently used entries go first.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -75,15 +76,16 @@ class PromptCache:
     cap_bytes: int = DEFAULT_CAP
 
     def entries(self) -> list[Path]:
+        """The cache's files, least recently used first (anything else found there is left alone)."""
         if not self.directory.is_dir():
             return []
-        return sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime_ns)
+        return sorted((p for p in self.directory.glob(f"*{SUFFIX}") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
 
     def mark_used(self, path: Path) -> None:
         """Make ``path`` the most recently used entry: its modification time
         after every other entry's (the file system's clock may tick coarser
         than a save and a hit apart)."""
-        others = self.directory.glob(f"*{SUFFIX}")
+        others = self.entries()
         newest = max((p.stat().st_mtime_ns for p in others if p != path), default=0)
         stamp = max(time.time_ns(), newest + 1_000_000)  # 1 ms: kept by file systems storing microseconds
         os.utime(path, ns=(stamp, stamp))
@@ -153,7 +155,7 @@ class Checkpoint:
             self.outcome = "miss"
             return False
         except OSError as exc:
-            return self._distrust(f"cannot be read ({exc.strerror})")
+            return self._distrust(f"cannot be read ({paths.why_failed(exc)})")
         state = self._verified_state(data)
         if state is None:
             return False
@@ -196,7 +198,8 @@ class Checkpoint:
 
     def _distrust(self, why: str) -> bool:
         self.warnings.append(f"prompt cache file {self.path.name} {why}: ignored, rebuilding it")
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a folder in its place, a read-only cache: saving it again says so
+            self.path.unlink(missing_ok=True)
         self.outcome = "miss"
         return False
 
@@ -208,11 +211,12 @@ class Checkpoint:
         written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
         state = bytes(buf)[:written]
         header = {**self.header, "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
-        self.cache.directory.mkdir(parents=True, exist_ok=True)
-        try:
+        try:  # a cache that cannot be written costs a warning, never the run
+            paths.ensure_dir(self.cache.directory)
             paths.atomic_write(self.path, MAGIC + json.dumps(header).encode() + b"\n" + state)
             self.cache.mark_used(self.path)
+            self.cache.evict(keep=self.path)
         except OSError as exc:
-            self.warnings.append(f"could not write the prompt cache ({exc.strerror})")
-            return
-        self.cache.evict(keep=self.path)
+            self.warnings.append(
+                f"could not write the prompt cache {exc.filename or self.path}: {paths.why_failed(exc)}"
+            )
