@@ -234,28 +234,41 @@ class WisdomFile:
     entries: list[Wisdom] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     hinted: set[str] = field(default_factory=set)  # models already told how to tune
+    damaged: bool = False  # the file holds something unreadable: `save` moves it aside, never overwrites it
+    moved_to: Path | None = None  # where `save` moved the damaged file
 
     @classmethod
     def load(cls, path: Path | None = None) -> WisdomFile:
         """The file's entries; a missing file is empty, an unreadable or
-        corrupt one is empty with a problem to warn about (never raised)."""
+        corrupt one is empty with a problem to warn about (never raised).
+        A damaged file is kept as it is until `save` moves it aside."""
         path = path or wisdom_file()
         found = cls(path)
+        later = "; the next `localrun tune` keeps it aside and writes a new one"
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return found
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            found.problems.append(f"{path} cannot be read and is ignored ({exc}); `localrun tune` writes a new one")
+        except (OSError, UnicodeDecodeError) as exc:
+            found.damaged = not isinstance(exc, IsADirectoryError | NotADirectoryError | PermissionError)
+            found.problems.append(f"{path} cannot be read and is ignored ({paths.why_failed(exc)})")
+            return found
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            found.damaged = True
+            found.problems.append(f"{path} is not valid JSON and is ignored ({exc}){later}")
             return found
         if not isinstance(raw, dict) or raw.get("version") != VERSION or not isinstance(raw.get("entries"), list):
-            found.problems.append(f"{path} is not a wisdom file of version {VERSION} and is ignored")
+            found.damaged = True
+            found.problems.append(f"{path} is not a wisdom file of version {VERSION} and is ignored{later}")
             return found
         for i, item in enumerate(raw["entries"]):
             try:
                 found.entries.append(Wisdom.from_dict(item))
             except (KeyError, TypeError, ValueError) as exc:
-                found.problems.append(f"{path}: entry {i + 1} is ignored ({exc})")
+                found.damaged = True
+                found.problems.append(f"{path}: entry {i + 1} is ignored ({exc}){later}")
         hinted = raw.get("hinted", [])
         found.hinted = {h for h in hinted if isinstance(h, str)} if isinstance(hinted, list) else set()
         return found
@@ -284,11 +297,16 @@ class WisdomFile:
         return updated
 
     def save(self) -> Path:
+        """Write the entries atomically; a damaged file found by `load` is moved
+        aside first (``moved_to``), so what could not be read is never lost."""
         body = {
             "version": VERSION,
             "entries": [w.as_dict() for w in self.entries],
             "hinted": sorted(self.hinted),
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        paths.ensure_dir(self.path.parent)
+        if self.damaged and self.path.is_file():
+            self.moved_to = paths.move_aside(self.path)
+            self.damaged = False
         paths.atomic_write(self.path, json.dumps(body, indent=1) + "\n")
         return self.path
