@@ -120,7 +120,7 @@ def _read_raw(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise _fail(path, None, f"not valid TOML: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(path, None, f"cannot read: {exc}") from exc
+        raise _fail(path, None, f"cannot read: {paths.why_failed(exc)}") from exc
 
 
 def load(path: Path | None = None) -> UserConfig:
@@ -148,6 +148,6 @@ def save_defaults(values: Mapping[str, Any], path: Path | None = None) -> Path:
     parse({"defaults": merged}, path)
     lines = ["# localrun user defaults (localrun bench --save-defaults); keys: docs/config.md", "[defaults]"]
     lines += [f"{key} = {_toml_value(merged[key])}" for key in KEYS if key in merged]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.ensure_dir(path.parent)
     paths.atomic_write(path, "\n".join(lines) + "\n")
     return path

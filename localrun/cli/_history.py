@@ -11,7 +11,7 @@ import typer
 
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
-from localrun.errors import UsageError
+from localrun.errors import LocalrunError, UsageError
 from localrun.system import default_threads
 
 if TYPE_CHECKING:
@@ -88,20 +88,28 @@ def exit_status(stats: Stats) -> ExitCode:
 
 
 def last_conversation() -> tuple[int, str | None, list[Turn]]:
-    """`chat --continue`: the last conversation logged (its id, system prompt and turns)."""
+    """`chat --continue`: the last conversation logged (its id, system prompt
+    and turns). A damaged history is moved aside (said once), as `localrun logs` does."""
     import sqlite3
+    from pathlib import Path
 
+    from localrun import paths
     from localrun.history.db import HistoryError, reader
     from localrun.history.query import last_conversation as last
     from localrun.runtime.chat import Turn
 
+    moved: list[Path] = []
     try:
-        conn = reader()
-        found = last(conn) if conn is not None else None
-        if conn is not None:
-            conn.close()
+        conn = reader(moved=moved)
+        try:
+            found = last(conn) if conn is not None else None
+        finally:
+            if conn is not None:
+                conn.close()
     except (sqlite3.Error, HistoryError) as exc:
-        raise UsageError(f"cannot read the run history: {exc}") from None
+        raise LocalrunError(f"cannot read the run history {paths.history_db()}: {exc}") from None
+    if moved:
+        out().warn(f"the run history was damaged; moved it to {moved[0]}")
     if found is None:
         raise UsageError("there is no conversation in the run history to continue", hint="start one: localrun chat")
     conversation_id, system, turns = found

@@ -207,10 +207,12 @@ class ChatSession:
 def read_conversation(path: Path) -> tuple[str | None, list[Turn]]:
     """A conversation saved by `ChatSession.save` (or any {"messages": [...]} file)."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read it: {paths.why_failed(exc)}") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not a saved conversation: {exc}") from None
     messages = record.get("messages") if isinstance(record, dict) else None
     if not isinstance(messages, list):
