@@ -18,7 +18,8 @@
    `localrun generate --spec none --json` on the same prompt (its done event).
 3. chat: one client holds a --turns-turn conversation, re-sending the whole
    history each turn; time to first token of each turn, turn --turns / turn 2,
-   and the cached tokens the server reports.
+   and the server's own timings behind it (tokens evaluated, tokens reused, ms
+   per evaluated token); with --llama-server the same conversation against it.
 4. load: --load requests from --load-clients concurrent clients, 10% of which
    disconnect after a few chunks and 5% of which are malformed; it checks that
    every well-formed request completed, every malformed one got 400, every slot
@@ -177,6 +178,7 @@ class Streamed:
     t_first: float = 0.0
     t_last: float = 0.0
     finish: str | None = None
+    timings: dict[str, Any] = field(default_factory=dict)  # the server's own, from the final chunk
 
     @property
     def ttft(self) -> float:
@@ -214,6 +216,9 @@ def stream_chat(
                 chunks += 1
             if chunk.choices and chunk.choices[0].finish_reason:
                 out.finish = chunk.choices[0].finish_reason
+            extra = chunk.model_extra or {}
+            if isinstance(extra.get("timings"), dict):
+                out.timings = extra["timings"]
             if chunk.usage is not None:
                 out.tokens = chunk.usage.completion_tokens
                 details = chunk.usage.prompt_tokens_details
@@ -294,20 +299,42 @@ def part_single(model: Path, args: argparse.Namespace) -> None:
           f"serve/generate {ratio_summary(served, alone, range_of_one=False)}", flush=True)  # fmt: skip
 
 
+def chat_turns(server: Server, turns: int, tokens: int) -> list[Streamed]:
+    """One client's conversation of ``turns`` turns, re-sending the whole history each turn."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    replies = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": SHORT[turn % len(SHORT)]})
+        got = stream_chat(server, messages, tokens)
+        messages.append({"role": "assistant", "content": got.text})
+        replies.append(got)
+    return replies
+
+
+def _chat_line(name: str, replies: list[Streamed]) -> str:
+    """TTFT of turn 2 and the last turn, and the server's prompt evaluation behind each:
+    tokens evaluated, tokens reused, milliseconds per evaluated token."""
+
+    def turn(k: int, got: Streamed) -> str:
+        t = got.timings
+        line = f"turn {k} {got.ttft * 1000:.0f} ms"
+        if t.get("prompt_n"):
+            per = float(t.get("prompt_ms", 0.0)) / int(t["prompt_n"])
+            line += f" ({t['prompt_n']} tokens evaluated at {per:.1f} ms each, {t.get('cache_n', got.cached)} reused)"
+        return line
+
+    last = len(replies)
+    ratio = replies[-1].ttft / replies[1].ttft
+    return f"   {name}: {turn(2, replies[1])}, {turn(last, replies[-1])}: {ratio:.2f}x"
+
+
 def part_chat(model: Path, args: argparse.Namespace) -> None:
-    print(f"3. a {args.turns}-turn chat re-sending its history: time to first token")
+    print(f"3. a {args.turns}-turn chat re-sending its history: time to first token, turn {args.turns} / turn 2")
     with localrun_server(model, 1, args) as server:
-        messages = [{"role": "system", "content": SYSTEM}]
-        ttfts, cached = [], []
-        for turn in range(args.turns):
-            messages.append({"role": "user", "content": SHORT[turn % len(SHORT)]})
-            got = stream_chat(server, messages, args.tokens)
-            messages.append({"role": "assistant", "content": got.text})
-            ttfts.append(got.ttft)
-            cached.append(got.cached)
-    last = len(ttfts)
-    print(f"   turn 2 {ttfts[1] * 1000:.0f} ms, turn {last} {ttfts[-1] * 1000:.0f} ms: "
-          f"{ttfts[-1] / ttfts[1]:.2f}x; cached tokens at turn {last}: {cached[-1]}", flush=True)  # fmt: skip
+        print(_chat_line("serve", chat_turns(server, args.turns, args.tokens)), flush=True)
+    if args.llama_server:
+        with llama_server(args.llama_server, model, 1, args) as server:
+            print(_chat_line("llama-server", chat_turns(server, args.turns, args.tokens)), flush=True)
 
 
 def _malformed(server: Server, k: int) -> bool:
