@@ -2,13 +2,17 @@
 
 Property: `read_gguf` accepts a file or refuses it with `BadModelError`, in
 bounded time and memory; a file it accepts, llama.cpp loads or refuses cleanly,
-never crashing (loaded in a child process). A short, derandomized run here;
-scripts/fuzz_gguf.py runs the long one.
+never crashing (loaded in a child process). A derandomized hypothesis run,
+and a 60-second run of scripts/fuzz_gguf.py (the long-run script) on a fresh
+seed each time, printed so that a failure can be replayed.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,8 @@ from tests.gguf.loadcheck import check_file, load_all
 from tests.gguf.mutate import MUTATIONS, mutate, parse
 
 pytestmark = pytest.mark.timeout(300)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_gguf.py"
 
 
 @pytest.mark.slow
@@ -67,3 +73,21 @@ def test_seeded_mutants_load_or_are_refused(tiny_model: Path, tmp_path: Path) ->
     outcomes = load_all(accepted, timeout=120)
     assert len(outcomes) == len(accepted)
     assert [(o.path.name, o.result, o.detail) for o in outcomes if o.result not in ("ok", "refused")] == []
+
+
+@pytest.mark.slow
+def test_sixty_second_run(tmp_path: Path) -> None:
+    """The long-run script for 60 seconds (LOCALRUN_FUZZ_SECONDS to change it),
+    on a new seed each run (LOCALRUN_FUZZ_SEED to replay one): no violation,
+    no crash, no hang."""
+    seconds = os.environ.get("LOCALRUN_FUZZ_SECONDS", "60")
+    seed = os.environ.get("LOCALRUN_FUZZ_SEED") or str(random.SystemRandom().randrange(1_000_000))
+    out = tmp_path / "failing"
+    cmd = [sys.executable, str(SCRIPT), "--seconds", seconds, "--seed", seed, "--out", str(out)]
+    limit = float(seconds) + 200
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=limit, stdin=subprocess.DEVNULL)
+    report = f"seed {seed}\n{run.stdout}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, report
+    total = next(line for line in run.stdout.splitlines() if line.startswith("all ")).split()[1]
+    assert int(total) >= 1000, report
+    assert not out.exists() or not any(out.iterdir()), report
