@@ -27,6 +27,7 @@ from localrun.errors import (
     StreamCutError,
     UsageError,
 )
+from localrun.paths import why_failed
 
 
 class ExitCode(IntEnum):
@@ -75,6 +76,8 @@ def as_user_error(exc: BaseException) -> LocalrunError | None:
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return LocalrunError(f"{where}{exc.strerror or exc}", hint="check the path and its permissions")
+    if isinstance(exc, UnicodeDecodeError):  # a reader that did not say which file: at least say what is wrong
+        return UsageError(f"a file given is {why_failed(exc)}", hint="give UTF-8 text")
     if isinstance(exc, ValueError):
         return UsageError(str(exc))
     return None
