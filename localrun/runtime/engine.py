@@ -21,7 +21,7 @@ from localrun.errors import BadModelError, ContextOverflowError, EngineError
 from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import llama_log
-from localrun.runtime.llama import Native
+from localrun.runtime.llama import Native, native_call
 from localrun.runtime.sizing import check_kv_config, choose_context
 from localrun.system import default_threads
 
@@ -35,7 +35,8 @@ def _load_model(info: GGUFInfo, repack: bool) -> Any:
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
     mparams.use_extra_bufts = repack
-    model = llama_cpp.llama_model_load_from_file(str(info.path).encode(), mparams)
+    with native_call():  # seconds of llama.cpp logging: Ctrl-C must not land in the log callback
+        model = llama_cpp.llama_model_load_from_file(str(info.path).encode(), mparams)
     if not model:
         raise BadModelError(
             f"llama.cpp could not load {info.path}: {llama_log.last_error() or 'unknown error'}",
@@ -62,8 +63,9 @@ class Weights(Native):
 
     def close(self) -> None:
         if self.handle:
-            llama_cpp.llama_model_free(self.handle)
-            self.handle = None
+            handle, self.handle = self.handle, None
+            with native_call():
+                llama_cpp.llama_model_free(handle)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ class Engine(Native):
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
         cparams = _context_params(config, flash_attn, n_ctx)
         llama_log.logged_buffers()  # forget what the model load logged
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        with native_call():
+            self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             reason = llama_log.last_error() or "unknown error"
             self.close()
@@ -182,7 +185,8 @@ class Engine(Native):
         """Decode with ``n`` CPU threads from the next decode on (single tokens and batches)."""
         if n < 1:
             raise ValueError(f"a context needs at least one thread, got {n}")
-        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        with native_call():  # it logs
+            llama_cpp.llama_set_n_threads(self._ctx, n, n)
         self.threads = n
 
     @property
@@ -264,9 +268,10 @@ class Engine(Native):
     # -- lifetime --
 
     def close(self) -> None:
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model and self._owns_model:
-            llama_cpp.llama_model_free(self._model)
-        self._model = None
+        ctx, model = self._ctx, self._model if self._owns_model else None
+        self._ctx = self._model = None  # freed once, even if Ctrl-C comes meanwhile
+        with native_call():  # llama.cpp logs as it frees
+            if ctx:
+                llama_cpp.llama_free(ctx)
+            if model:
+                llama_cpp.llama_model_free(model)

@@ -1,9 +1,15 @@
 """llama.cpp handles and calls in one place: `Native` frees a handle, `Batch` fills a
-llama_batch, `decode` runs llama_decode and names its status."""
+llama_batch, `decode` runs llama_decode and names its status, `native_call`
+keeps Ctrl-C out of llama.cpp's callbacks."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from enum import IntEnum
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Self
 
 import llama_cpp
@@ -22,14 +28,51 @@ class DecodeStatus(IntEnum):
     ABORTED = 2  # the abort callback stopped it
 
 
+@contextlib.contextmanager
+def native_call() -> Iterator[None]:
+    """Around a llama.cpp call that may call back into Python (its log, the
+    abort check): Python runs a signal handler at the first Python line it
+    reaches, which there is the callback, and a KeyboardInterrupt raised in a
+    callback is printed by ctypes and dropped while llama.cpp goes on. Inside,
+    SIGINT's handler still runs at once (a first Ctrl-C still asks a decode
+    to stop), but what it raises is held and raised when the call returns."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield  # handlers run on the main thread only; None: one Python did not install
+        return
+    held: list[BaseException] = []
+    deliver = False
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        nonlocal deliver
+        if not callable(previous):  # SIG_DFL: the process ends, once the call returned
+            deliver = previous == signal.SIG_DFL
+            return
+        try:
+            previous(signum, frame)
+        except BaseException as exc:  # raised when the call returns
+            held.append(exc)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            raise held[0]
+        if deliver:
+            signal.raise_signal(signal.SIGINT)
+
+
 def decode(engine: Engine, batch: Any, *, abortable: bool = False) -> DecodeStatus:
     """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
     long batch midway (a Python callback between graph nodes, which costs)."""
-    if abortable:
-        with engine.abortable():
+    with native_call():
+        if abortable:
+            with engine.abortable():
+                status = llama_cpp.llama_decode(engine.ctx, batch)
+        else:
             status = llama_cpp.llama_decode(engine.ctx, batch)
-    else:
-        status = llama_cpp.llama_decode(engine.ctx, batch)
     if status < 0 or status > DecodeStatus.ABORTED:
         raise EngineError(f"llama_decode failed with status {status}")
     return DecodeStatus(status)
@@ -49,7 +92,8 @@ class Native:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C held while freeing cannot be raised from here
+            self.close()
 
 
 class Batch(Native):

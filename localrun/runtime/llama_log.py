@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 import llama_cpp
 
+from localrun.runtime.llama import native_call
+
 LEVEL_WARN = 3  # GGML_LOG_LEVEL_WARN in ggml.h
 LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 
@@ -58,7 +60,8 @@ def init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
         set_verbose(_verbose)
-        llama_cpp.llama_backend_init()
+        with native_call():
+            llama_cpp.llama_backend_init()
         _backend_ready = True
 
 

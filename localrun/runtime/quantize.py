@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 from localrun.errors import BadModelError, EngineError, UsageError
 from localrun.gguf.reader import read_gguf
 from localrun.runtime import llama_log
+from localrun.runtime.llama import native_call
 from localrun.system import default_threads
 
 # The file types offered: name -> llama_ftype (the names llama.cpp's quantize tool uses, lower case)
@@ -100,13 +101,15 @@ def _verify(path: Path, ftype: int, qtype: str, errors: list[str]) -> None:
         )
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    with native_call():
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise BadModelError(
             f"the quantized file does not load: {errors[-1] if errors else 'unknown error'}",
             hint="report this with the input file's details (localrun show)",
         )
-    llama_cpp.llama_model_free(model)
+    with native_call():
+        llama_cpp.llama_model_free(model)
 
 
 def quantize(
@@ -143,7 +146,8 @@ def quantize(
     try:
         llama_log.set_verbose(verbose)
         with llama_log.listening(on_log):
-            status = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+            with native_call():  # Ctrl-C while it works: raised when it returns, and the partial file goes
+                status = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
             if status != 0:
                 raise EngineError(
                     f"llama.cpp could not quantize {src.name} to {qtype}: {errors[-1] if errors else status}",
