@@ -204,5 +204,7 @@ def run_piped(
         if recorder is not None:
             recorder.flush(_history.exit_status(final))  # after the reply is shown
         if final.stop_reason == "interrupted":
+            if as_json:  # the plain renderer says it in its stats line
+                out().note("interrupted")
             return ExitCode.INTERRUPTED
     return ExitCode.OK

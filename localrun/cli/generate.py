@@ -17,6 +17,7 @@ from localrun.errors import UsageError
 from localrun.settings import Options
 
 if TYPE_CHECKING:
+    from localrun.events import Stats
     from localrun.remote.config import Remote
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
@@ -295,7 +296,14 @@ def generate(
             out().note(f"note: the context of {engine.n_ctx} tokens is full; --ctx N gives a longer one")
     if draft_model is not None and final.draft is not None and not final.draft.proposed:
         out().note(f"note: {draft_model} drafted nothing: plain decoding measured faster at every step")
+    return _exit_code(final, output, as_json)
+
+
+def _exit_code(final: Stats, output: OutputSpec | None, as_json: bool) -> ExitCode:
+    """What the run's end means: Ctrl-C is 130, a text that breaks its schema 9."""
     if final.stop_reason == "interrupted":
+        if as_json:  # the text renderers say it in their stats line; JSON says it on stdout only
+            out().note("interrupted")
         return ExitCode.INTERRUPTED
     if final.valid is False:
         cut = " (--max-tokens cut it short)" if final.stop_reason == "length" else ""
