@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from localrun.errors import UsageError
+from localrun.paths import why_failed
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -75,8 +76,8 @@ def _schema_document(value: str) -> tuple[dict[str, Any], str]:
         if path.suffix == ".json" or path.is_file():
             try:
                 text, source = path.read_text(encoding="utf-8"), str(path)
-            except OSError as exc:
-                raise UsageError(f"--schema {value}: cannot read it ({exc.strerror or exc})") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError(f"--schema {value}: cannot read it: {why_failed(exc)}") from None
         else:
             return concise_schema(value), "--schema (concise form)"
     try:
@@ -148,8 +149,8 @@ def parse_grammar(path: Path) -> OutputSpec:
 
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--grammar {path}: cannot read it ({exc.strerror or exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--grammar {path}: cannot read it: {why_failed(exc)}") from None
     try:
         lark = gbnf_to_lark(text) if "::=" in text else text
     except (GbnfToLarkError, ValueError) as exc:

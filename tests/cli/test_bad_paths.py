@@ -304,16 +304,10 @@ def _spec_case(command: str, flag: str, kind: str) -> Case:
     return case
 
 
-SPEC_NOT_UTF8 = "localrun/structured/spec.py reads --schema/--grammar without catching UnicodeDecodeError: no path"
 for _command in ("generate", "chat"):
     for _flag in ("--schema", "--grammar"):
         for _kind in ("missing", "folder", "empty", "not_utf8", "truncated", "unreadable"):
-            CASES.add(
-                _command,
-                f"{_flag[2:]}-{_kind}",
-                _spec_case(_command, _flag, _kind),
-                xfail=SPEC_NOT_UTF8 if _kind == "not_utf8" else None,
-            )
+            CASES.add(_command, f"{_flag[2:]}-{_kind}", _spec_case(_command, _flag, _kind))
 
 
 def _resume_case(kind: str) -> Case:
