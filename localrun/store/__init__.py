@@ -92,8 +92,7 @@ def matched_draft(target: Target, registry: Registry) -> Path | None:
 
 @contextlib.contextmanager
 def _lock(key: str) -> Iterator[None]:
-    folder = paths.cache_dir() / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = paths.ensure_dir(paths.cache_dir() / "locks")
     name = re.sub(r"[^A-Za-z0-9._-]", "_", key)
     with (folder / f"{name}.lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -12,6 +12,7 @@ snapshot.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
 import socket
@@ -20,10 +21,12 @@ from urllib.parse import urlsplit
 
 from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError
 from localrun.events import TransferProgress
+from localrun.paths import ensure_dir, why_failed
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
-_ATTEMPTS = 5
+_ATTEMPTS = 5  # transfers in a row that end with no new byte written
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -73,6 +76,10 @@ def list_files(repo: str) -> list[str]:
         raise DownloadError(f"listing {repo} failed: {exc}") from exc
 
 
+def _length(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -81,17 +88,30 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_failed(exc: OSError, path: Path, file: str, resumes: bool) -> DownloadError:
+    """A download stopped because its file in the cache could not be written."""
+    kept = path.stat().st_size if resumes and path.exists() else 0
+    what = f"{kept} bytes of {file} kept" if resumes else f"nothing of {file} kept"
+    again = "run the pull again: it resumes where it stopped" if resumes else "run the pull again"
+    hint = f"free some space, then {again}" if exc.errno in _DISK_FULL else again
+    return DownloadError(f"could not write {path}: {why_failed(exc)} ({what})", hint=hint)
+
+
 def _transfer(
     url: str, headers: dict[str, str], part: Path, size: int | None, label: str, progress: TransferProgress | None
 ) -> None:
-    """GET ``url`` into ``part``, continuing from its current length."""
-    from huggingface_hub import get_session
+    """GET ``url`` into ``part``, continuing from its current length, never
+    past ``size`` (a server that sends more is cut off: the hash decides)."""
+    from huggingface_hub import constants, get_session
 
     start = part.stat().st_size if part.exists() else 0
     if size is not None and start >= size:
         return
     request_headers = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
-    with get_session().stream("GET", url, headers=request_headers, follow_redirects=True, timeout=30) as response:
+    timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
+    with get_session().stream("GET", url, headers=request_headers, follow_redirects=True, timeout=timeout) as response:
+        if response.status_code == 416:
+            return  # nothing past what we have: the hash decides
         if response.status_code == 200:
             start = 0  # the server sent the whole file
         elif response.status_code != 206:
@@ -100,11 +120,14 @@ def _transfer(
             out.seek(start)
             out.truncate()
             done = start
-            for chunk in response.iter_bytes(_CHUNK):
+            for received in response.iter_bytes():  # as it comes: a cut-off loses nothing received
+                chunk = received if size is None else received[: size - done]
                 out.write(chunk)
                 done += len(chunk)
                 if progress:
                     progress(label, done, size)
+                if size is not None and done >= size:
+                    break
 
 
 def _fetch_blob(repo: str, file: str, label: str, progress: TransferProgress | None) -> None:
@@ -121,29 +144,40 @@ def _fetch_blob(repo: str, file: str, label: str, progress: TransferProgress | N
     blob = blobs / sha
     if blob.exists():
         return
-    blobs.mkdir(parents=True, exist_ok=True)
+    ensure_dir(blobs)
     part = blobs / f"{sha}.incomplete"
     location = meta.location or url
     same_host = urlsplit(location).netloc == urlsplit(url).netloc
     headers = build_hf_headers() if same_host else {}
-    for attempt in range(_ATTEMPTS):
+    idle = 0
+    while True:
+        before = _length(part)
         try:
             _transfer(location, headers, part, meta.size, label, progress)
             break
         except Exception as exc:
-            if not _transport_error(exc) or attempt == _ATTEMPTS - 1:
+            if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
+                raise write_failed(exc, part, file, resumes=True) from exc  # the disk, not the network
+            idle = 0 if _length(part) > before else idle + 1
+            if not _transport_error(exc) or idle == _ATTEMPTS:
+                why = f"{exc}" or type(exc).__name__
                 raise DownloadError(
-                    f"download of {file} was cut off at {part.stat().st_size if part.exists() else 0} bytes: {exc}",
+                    f"download of {file} was cut off at {_length(part)} bytes: {why}",
                     hint="run the pull again: it resumes where it stopped",
                 ) from exc
-    got = sha256_of(part)
+    got, length = sha256_of(part), _length(part)
     if got != sha:
         part.unlink(missing_ok=True)
+        announced = f" of the {meta.size} announced" if meta.size is not None and meta.size != length else ""
         raise DownloadError(
-            f"{file}: sha256 mismatch from the hub: got {got}, expected {sha}; the file was deleted",
+            f"{file}: sha256 mismatch from the hub: got {got} ({length} bytes{announced}), expected {sha};"
+            " the file was deleted",
             hint="pull it again",
         )
-    part.replace(blob)
+    try:
+        part.replace(blob)
+    except OSError as exc:
+        raise write_failed(exc, part, file, resumes=True) from exc
 
 
 def download(repo: str, file: str, label: str, progress: TransferProgress | None = None) -> Path:
@@ -171,6 +205,8 @@ def download(repo: str, file: str, label: str, progress: TransferProgress | None
     except Exception as exc:
         if unreachable(exc):
             raise SourceUnreachableError("the hub cannot be reached") from exc
+        if isinstance(exc, OSError) and exc.filename:
+            raise  # a folder of the cache that cannot be made: a path for the user to fix
         raise DownloadError(f"download of {file} failed: {exc}") from exc
 
 
