@@ -243,8 +243,8 @@ def _read(path: Path) -> tuple[dict[str, ModelEntry], str | None]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise _fail(path, None, f"not valid TOML: {exc}") from exc
-    except OSError as exc:
-        raise _fail(path, None, f"cannot read: {exc.strerror}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, None, f"cannot read: {paths.why_failed(exc)}") from exc
     unknown = sorted(set(data) - {"default", "models", "remotes"})
     if unknown:
         raise _fail(path, None, f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
