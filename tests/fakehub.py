@@ -4,7 +4,10 @@
 for an LFS file: a 302 to a blob URL with `X-Repo-Commit`, `X-Linked-Etag` (the
 sha256) and `X-Linked-Size`. The blob URL honours `Range`. `GET
 /api/models/{owner}/{repo}/tree/{revision}` lists the files. Faults are injected
-per test: drop the connection after N bytes (once), corrupt the bytes, or 404.
+per test: drop the connection after N bytes (once), stall (headers, maybe some
+bytes, then silence), lie about the size (in `X-Linked-Size` or in a blob's
+`Content-Length`), append bytes past the file, corrupt the bytes, or 404. A
+`Range` past the end is answered 416, as real servers do.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ class HubState:
     drop_after: int | None = None  # close the connection after this many body bytes, once
     corrupt: bool = False  # serve altered bytes (the advertised sha256 stays)
     seconds_per_mb: float = 0.0  # throttle blob bodies
+    stalls: list[int] = field(
+        default_factory=list
+    )  # each blob GET takes the first: send that many body bytes, then nothing until the hub stops
+    linked_size_lie: int = 0  # added to the X-Linked-Size the resolve answer announces
+    length_lie: int = 0  # added to a blob's Content-Length (the body stays; the connection closes after it)
+    extra: bytes = b""  # sent after the file's bytes, within the Content-Length
+    stopping: threading.Event = field(default_factory=threading.Event)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range)
 
     def add(self, repo: str, name: str, data: bytes) -> str:
@@ -80,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "X-Repo-Commit": COMMIT,
                     "X-Linked-Etag": f'"{sha}"',
                     "ETag": '"0000"',
-                    "X-Linked-Size": str(len(data)),
+                    "X-Linked-Size": str(len(data) + state.linked_size_lie),
                 },
                 head=head,
             )
@@ -111,8 +121,11 @@ class _Handler(BaseHTTPRequestHandler):
         if rng and rng.startswith("bytes="):
             start = int(rng[6:].split("-")[0] or 0)
             status = 206
-        body = data[start:]
-        headers = {"Content-Length": str(len(body)), "Accept-Ranges": "bytes"}
+            if start >= len(data):
+                self._send(416, {"Content-Range": f"bytes */{len(data)}"}, head=head)
+                return
+        body = data[start:] + state.extra
+        headers = {"Content-Length": str(max(0, len(body) + state.length_lie)), "Accept-Ranges": "bytes"}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         if head:
@@ -122,8 +135,21 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
+        self._body(body)
+
+    def _body(self, body: bytes) -> None:
+        """Send a blob's body, with the faults the state asks for."""
+        state = self.server.state
+        cut: int | None = None
+        if state.stalls:
+            self.wfile.write(body[: state.stalls.pop(0)])
+            self.wfile.flush()
+            state.stopping.wait(60)
+            self.close_connection = True
+            return
         if state.drop_after is not None:
             cut, state.drop_after = state.drop_after, None
+        if cut is not None or state.length_lie:
             self.wfile.write(body[:cut])
             self.wfile.flush()
             self.close_connection = True
@@ -144,15 +170,20 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.state = state
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Quiet: a client that hangs up mid-body is what the fault tests do (and
+        an in-process test captures sys.stderr, where the default prints)."""
+
 
 @contextmanager
 def serve(state: HubState) -> Iterator[str]:
     """Run the hub; yields its endpoint URL."""
     server = _Server(state)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        state.stopping.set()  # ends the stalls
         server.shutdown()
         server.server_close()
