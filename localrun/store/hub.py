@@ -7,7 +7,9 @@ partial file when a download stops: localrun writes `blobs/<sha256>.incomplete`,
 resumes it with a Range request after a dropped connection or a Ctrl-C,
 checks the sha256 against the hub's, and only then moves it to
 `blobs/<sha256>`, where `hf_hub_download` finds it and links it into the
-snapshot.
+snapshot. A transfer silent for HF_HUB_DOWNLOAD_TIMEOUT seconds is resumed;
+five in a row that bring no new byte end the pull. Nothing past the announced
+size is written, and the sha256 alone decides what enters the cache.
 """
 
 from __future__ import annotations
