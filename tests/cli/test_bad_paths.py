@@ -161,12 +161,9 @@ class Cases:
     """Named cases per command path ("logs stats")."""
 
     by_command: dict[str, dict[str, Case]] = field(default_factory=dict)
-    xfail: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def add(self, command: str, name: str, case: Case, *, xfail: str | None = None) -> None:
+    def add(self, command: str, name: str, case: Case) -> None:
         self.by_command.setdefault(command, {})[name] = case
-        if xfail:
-            self.xfail[(command, name)] = xfail
 
 
 CASES = Cases()
@@ -214,9 +211,6 @@ _REGISTRY_USERS: dict[str, Callable[[World], list[str]]] = {
     "bench": lambda w: ["-m", "qwen2.5-coder:0.5b", "--offline"],
     "tune": lambda w: ["qwen2.5-coder:0.5b", "--offline"],
 }
-REGISTRY_NOT_UTF8 = (
-    "localrun/store/registry.py `_read` lets UnicodeDecodeError through: exit 2 and no path in the message"
-)
 
 
 def _registry_case(command: str, kind: str) -> Case:
@@ -229,12 +223,7 @@ def _registry_case(command: str, kind: str) -> Case:
 
 for _command in _REGISTRY_USERS:
     for _kind in CONFIG_KINDS:
-        CASES.add(
-            _command,
-            f"models.toml-{_kind}",
-            _registry_case(_command, _kind),
-            xfail=REGISTRY_NOT_UTF8 if _kind == "not_utf8" else None,
-        )
+        CASES.add(_command, f"models.toml-{_kind}", _registry_case(_command, _kind))
 
 
 # -------------------------------------------------------------- models --
@@ -615,10 +604,7 @@ def test_every_command_has_cases() -> None:
 def _params() -> Iterator[Any]:
     for command, cases in sorted(CASES.by_command.items()):
         for name in sorted(cases):
-            marks = []
-            if (command, name) in CASES.xfail:
-                marks.append(pytest.mark.xfail(reason=CASES.xfail[(command, name)], strict=True))
-            yield pytest.param(command, name, id=f"{command.replace(' ', '-')}:{name}", marks=marks)
+            yield pytest.param(command, name, id=f"{command.replace(' ', '-')}:{name}")
 
 
 @pytest.fixture(scope="module")
