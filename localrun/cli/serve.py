@@ -199,5 +199,7 @@ def serve_command(
         ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view,
         _history.ServeLog(contexts, no_log=no_log) as log,
     ):
-        serve(table, settings, host=host, port=port, grace_s=grace, on_event=log.tee(view.handle))
+        cut_short = serve(table, settings, host=host, port=port, grace_s=grace, on_event=log.tee(view.handle))
+    if cut_short:  # a second Ctrl-C: 130 and the message, from the one place that gives them
+        raise KeyboardInterrupt
     return ExitCode.OK

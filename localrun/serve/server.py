@@ -1,6 +1,7 @@
 """Running the API: bind, serve with uvicorn until Ctrl-C or SIGTERM, then
 stop accepting, let in-flight requests finish within a grace period (the
-rest are cancelled), stop the engine threads and free the models."""
+rest are cancelled), stop the engine threads and free the models. A second
+Ctrl-C ends what is in flight at once; a third quits without waiting."""
 
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ class _Server(uvicorn.Server):
         self.table = table
         self.listening = listening
         self.on_event = on_event
+        self.signals = 0  # Ctrl-C or SIGTERM received
+        self.cut_short = False  # a second Ctrl-C ended the requests in flight before the grace period did
+        self._now = threading.Event()  # set by that second Ctrl-C
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -90,14 +94,33 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Stop accepting; what is in flight has the grace period, then ends
-        with an error saying why (uvicorn's own timeout, later, is a backstop)."""
-        if not self.should_exit:
+        with an error saying why (uvicorn's own timeout, later, is a backstop).
+        A second Ctrl-C ends it now, with the same error: uvicorn's own
+        answer, a forced exit, would cancel each request mid-answer and log a
+        traceback for it. A third one is uvicorn's forced exit."""
+        # A second signal can arrive while this one is handled, and its handler
+        # then runs inside this one: count first, and leave the rest to a thread.
+        self.signals += 1
+        if self.signals == 1:
+            self.should_exit = True
+            threading.Thread(target=self._stop_requests, name="serve-stop", daemon=True).start()
+        elif sig == signal.SIGINT and not self.cut_short:
+            self.cut_short = True
+            self._now.set()
+        elif sig == signal.SIGINT:
+            self.force_exit = True
+
+    def _stop_requests(self) -> None:
+        """Say it stops, and end what is in flight after the grace period (or
+        at a second Ctrl-C). On a thread of its own: `ModelTable.stop` waits for
+        the engine threads, and showing an event takes a lock that the code
+        the signal interrupted may hold."""
+        status = self.table.status()
+        self.on_event(Stopping(status.busy + status.queued, self.grace_s))
+        if self._now.wait(self.grace_s):
             status = self.table.status()
-            self.on_event(Stopping(status.busy + status.queued, self.grace_s))
-            timer = threading.Timer(self.grace_s, self.table.stop)
-            timer.daemon = True
-            timer.start()
-        super().handle_exit(sig, frame)
+            self.on_event(Stopping(status.busy + status.queued, 0.0))
+        self.table.stop()
 
 
 @contextlib.contextmanager
@@ -121,8 +144,9 @@ def serve(
     port: int = DEFAULT_PORT,
     grace_s: float = GRACE_S,
     on_event: OnEvent,
-) -> None:
-    """Serve ``table``'s models until a signal stops the server; the models are closed on return."""
+) -> bool:
+    """Serve ``table``'s models until a signal stops the server; the models
+    are closed on return. True when a second Ctrl-C cut the requests short."""
     try:
         sock = bind(host, port)
         bound = sock.getsockname()[1]
@@ -143,7 +167,9 @@ def serve(
             server_header=False,
             timeout_graceful_shutdown=int(grace_s) + BACKSTOP_S,
         )
+        server = _Server(config, table, listening, on_event, grace_s)
         with sock, _signals_handled():
-            _Server(config, table, listening, on_event, grace_s).run(sockets=[sock])
+            server.run(sockets=[sock])
+        return server.cut_short
     finally:
         table.close()
