@@ -98,10 +98,18 @@ def run(
     progress: Callable[[Progress], None] | None = None,
     techniques: Sequence[Technique] | None = None,
 ) -> BenchResult:
-    """Measure every row in interleaved rounds, then perplexity once per row."""
+    """Measure every row in interleaved rounds, then perplexity once per row.
+    Ctrl-C (KeyboardInterrupt) once the baseline has a round ends the
+    measuring: the result holds what was measured (`interrupted`)."""
     specs = [spec for technique in (techniques or TECHNIQUES) for spec in technique(bench)]
+    live = [s for s in specs if s.measure is not None]
+    measured = _Measured({s.technique: [] for s in live}, {}, {})
     try:
-        measured = _measure(bench, [s for s in specs if s.measure is not None], progress)
+        _measure(bench, live, measured, progress)
+    except KeyboardInterrupt:
+        if not measured.rounds.get("baseline"):
+            raise
+        measured.interrupted = True
     finally:
         bench.close()
     rows = [_row(spec, measured) for spec in specs]
@@ -117,6 +125,7 @@ def run(
         budget_bytes=bench.budget,
         rows=rows,
         advice=advise(rows, baseline),
+        interrupted=measured.interrupted,
     )
 
 
@@ -125,9 +134,10 @@ class _Measured:
     rounds: dict[str, list[Round]]
     quality: dict[str, Perplexity]
     failed: dict[str, str]  # technique -> why it could not be measured
+    interrupted: bool = False
 
 
-def _measure(bench: Bench, live: list[RowSpec], progress: Callable[[Progress], None] | None) -> _Measured:  # noqa: C901  rounds interleaved over rows, then perplexities
+def _measure(bench: Bench, live: list[RowSpec], got: _Measured, progress: Callable[[Progress], None] | None) -> None:  # noqa: C901  rounds interleaved over rows, then perplexities
     total = bench.plan.rounds * len(live) + sum(1 for s in live if s.quality is not None)
     done = 0
 
@@ -137,7 +147,6 @@ def _measure(bench: Bench, live: list[RowSpec], progress: Callable[[Progress], N
             progress(Progress(done, total, label))
         done += 1
 
-    got = _Measured({s.technique: [] for s in live}, {}, {})
     for r in range(bench.plan.rounds):
         for spec in live:
             if spec.technique in got.failed or spec.measure is None:
@@ -155,10 +164,11 @@ def _measure(bench: Bench, live: list[RowSpec], progress: Callable[[Progress], N
             got.quality[spec.technique] = spec.quality(bench)
     if progress is not None:
         progress(Progress(total, total, "done"))
-    return got
 
 
 def _row(spec: RowSpec, measured: _Measured) -> Row:
     if spec.measure is None or spec.technique in measured.failed:
         return Row(spec.technique, available=False, note=measured.failed.get(spec.technique, spec.note))
+    if not measured.rounds[spec.technique]:
+        return Row(spec.technique, available=False, note="not measured: interrupted")
     return _summarize(spec, measured.rounds[spec.technique], measured.quality.get(spec.technique))

@@ -108,9 +108,10 @@ class BenchResult:
     budget_bytes: int
     rows: list[Row]
     advice: Advice
+    interrupted: bool = False  # Ctrl-C ended the measuring: the rows measured so far
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        return ({"interrupted": True} if self.interrupted else {}) | {
             "model": str(self.model),
             "quantization": self.quantization,
             "mode": "quick" if self.plan.quick else "full",

@@ -9,6 +9,7 @@ import typer
 
 from localrun.cli import _options as opt
 from localrun.cli._env import current
+from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
 from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
@@ -57,7 +58,7 @@ def bench_command(
             show_default=False,
         ),
     ] = None,
-) -> None:
+) -> ExitCode:
     """Measure each technique on this machine: a table with the speedup against the baseline."""
     from localrun import bench as core
     from localrun import store
@@ -102,7 +103,12 @@ def bench_command(
     else:
         from rich.text import Text
 
-        out().table(benchview.table(result), Text(f"advice: {result.advice.text}"))
+        advice = [] if result.interrupted else [Text(f"advice: {result.advice.text}")]
+        out().table(benchview.table(result), *advice)
+    if result.interrupted:  # a partial ladder: shown, but neither kept nor charted
+        measured = sum(row.measured for row in result.rows)
+        out().note(f"interrupted: {measured} of {len(result.rows)} rows measured; the advice is not kept")
+        return ExitCode.INTERRUPTED
     if chart is not None:
         chart.write_text(benchview.chart(result), encoding="utf-8")
         out().note(f"chart: {chart}")
@@ -111,6 +117,7 @@ def bench_command(
         written = save_defaults(result.advice.defaults)
         pairs = ", ".join(f"{k} = {v}" for k, v in result.advice.defaults.items())
         out().note(f"saved defaults to {written}: {pairs}")
+    return ExitCode.OK
 
 
 def _keep_advice(model: Path, advice: dict[str, object]) -> None:
