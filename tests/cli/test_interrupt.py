@@ -242,11 +242,26 @@ def wisdom_file() -> Path:
     return WisdomFile.load().path
 
 
-def test_bench_while_measuring(tiny_model: Path, tmp_path: Path) -> None:
-    chart = tmp_path / "chart.svg"
-    args = ("bench", "-m", str(tiny_model), "--quick", "--rounds", "1", "-n", "4", "--chart", str(chart))
-    res = interrupted(f"{SHARED_DECODE}@3", *args)
+def test_bench_before_the_baseline_is_measured(tiny_model: Path) -> None:
+    res = interrupted("localrun.ui.bench:BenchProgress.update@1", "bench", "-m", str(tiny_model), "--quick", "-n", "4")
     assert_interrupted(res)
+    assert res.stdout == "" and not wisdom_file().exists()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_bench_shows_the_rows_measured_and_keeps_nothing(wide_model: Path, tmp_path: Path, as_json: bool) -> None:
+    chart = tmp_path / "chart.svg"
+    args = ["bench", "-m", str(wide_model), "--quick", "--rounds", "1", "-n", "4", "--chart", str(chart)]
+    res = interrupted("localrun.ui.bench:BenchProgress.update@3", *args, *(["--json"] if as_json else []))
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr and "interrupted: 2 of " in res.stderr  # the baseline and one more
+    if as_json:
+        result = json.loads(res.stdout)
+        assert result["interrupted"] is True
+        assert [r["technique"] for r in result["rows"] if r["available"]] == ["baseline", "kv-cache q8_0"]
+        assert "not measured: interrupted" in {r["note"] for r in result["rows"]}
+    else:
+        assert "baseline" in res.stdout and "not measured: interrupted" in res.stdout and "advice" not in res.stdout
     assert not chart.exists() and not wisdom_file().exists()
 
 
