@@ -3,6 +3,7 @@ write one JSON object per line."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,21 +96,23 @@ def run(
     if not jobs:
         return ExitCode.OK
     env = current()
-    with Weights(config.model_path, repack=config.repack, verbose=config.verbose) as weights:
-        plan = plan_batch(jobs, settings, weights, config)
-        progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
-        with _output(resume) as sink, progress as bar:
-            to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
-            writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
-            for job in plan.failed:
-                writer.add(job.position, error_for(job.line, job.error or ""))
-            final, invalid = (
-                _run_plan(plan, settings, weights, config, writer, bar, model_name, recorder)
-                if plan.runnable
-                else (None, 0)
-            )
-    if recorder is not None:
-        recorder.flush()  # each line's record, after the results are written
+    try:
+        with Weights(config.model_path, repack=config.repack, verbose=config.verbose) as weights:
+            plan = plan_batch(jobs, settings, weights, config)
+            progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
+            with _output(resume) as sink, progress as bar:
+                to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
+                writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
+                for job in plan.failed:
+                    writer.add(job.position, error_for(job.line, job.error or ""))
+                final, invalid = (
+                    _run_plan(plan, settings, weights, config, writer, bar, model_name, recorder)
+                    if plan.runnable
+                    else (None, 0)
+                )
+    finally:
+        if recorder is not None:
+            recorder.flush()  # each finished line's record, after the results are written; a second Ctrl-C too
     return _exit_code(final, len(plan.failed), invalid, len(jobs), show_stats)
 
 
@@ -184,7 +187,12 @@ def run_remote(
     runnable = {job.position: job.line for job in jobs if job.error is None}
     failed, invalid = 0, 0
     final: BatchProgress | None = None
-    with _output(resume) as sink, BatchProgressBar(env.stderr, len(runnable), terminal=env.stderr_isatty) as bar:
+    with (
+        contextlib.ExitStack() as logged,
+        _output(resume) as sink,
+        BatchProgressBar(env.stderr, len(runnable), terminal=env.stderr_isatty) as bar,
+    ):
+        logged.callback(recorder.flush)  # each finished line's record, after the results; a second Ctrl-C too
         to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)
         writer = JsonlWriter(bar.print_line if to_terminal else _writer(sink), ordered=not unordered)
         for job in jobs:
@@ -207,5 +215,4 @@ def run_remote(
             finally:
                 if final is None or not final.final or final.interrupted:
                     writer.flush_finished()
-    recorder.flush()
     return _exit_code(final, failed, invalid, len(jobs), show_stats)
