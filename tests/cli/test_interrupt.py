@@ -171,6 +171,15 @@ def test_batch_keeps_the_finished_lines(tiny_model: Path, batch_input: Path) -> 
     res = interrupted(f"{SHARED_DECODE}@8", *args)
     assert_interrupted(res)
     assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ["quick"]
+    assert [row["prompt"] for row in history_rows()] == ["a"]  # the finished line is logged too
+
+
+def test_batch_second_ctrl_c_still_writes_and_logs_the_finished_lines(tiny_model: Path, batch_input: Path) -> None:
+    args = ("generate", "-m", str(tiny_model), "-t", "0", "--batch", str(batch_input))
+    res = interrupted(f"{SHARED_DECODE}@8@twice", *args)
+    assert_interrupted(res)
+    assert [json.loads(line)["id"] for line in res.stdout.splitlines()] == ["quick"]
+    assert [row["prompt"] for row in history_rows()] == ["a"]
 
 
 def test_batch_resume_runs_only_what_is_missing(tiny_model: Path, batch_input: Path, tmp_path: Path) -> None:
