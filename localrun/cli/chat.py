@@ -186,6 +186,7 @@ def run_piped(
     recorder: Recorder | None = None,
 ) -> ExitCode:
     from localrun.cli._signals import ctrl_c_stops
+    from localrun.runtime.generate import finished
     from localrun.ui.stream import JsonRenderer, PlainRenderer
 
     env = current()
@@ -198,8 +199,7 @@ def run_piped(
             if as_json
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
         )
-        with ctrl_c_stops(session.engine):
-            replies = session.reply(plan)
+        with ctrl_c_stops(session.engine), finished(session.reply(plan)) as replies:
             final = renderer.render(recorder.watch_turn(session.turns, replies) if recorder else replies)
         if recorder is not None:
             recorder.flush(_history.exit_status(final))  # after the reply is shown

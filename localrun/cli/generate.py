@@ -259,7 +259,7 @@ def generate(
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
     from localrun.cli._signals import ctrl_c_stops
-    from localrun.runtime.generate import PLAIN, Decoding
+    from localrun.runtime.generate import PLAIN, Decoding, finished
     from localrun.runtime.prompt import build_prompt, compose
     from localrun.runtime.promptcache import checkpoint_for
     from localrun.structured.constraint import Constraint
@@ -288,7 +288,8 @@ def generate(
                 checkpoint=checkpoint,
                 constraint=constraint,
             )
-            final = renderer.render(recorder.watch(events, compose(instruction, material)))
+            with finished(events):
+                final = renderer.render(recorder.watch(events, compose(instruction, material)))
         recorder.flush(_history.exit_status(final))  # after the text is shown
         for warning in checkpoint.warnings if checkpoint else ():
             out().warn(warning)

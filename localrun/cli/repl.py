@@ -21,6 +21,7 @@ from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
 from localrun.history.record import Recorder
 from localrun.runtime.chat import ChatSession
+from localrun.runtime.generate import finished
 from localrun.ui.stream import LiveRenderer
 from localrun.ui.text import session_line, stats_line
 
@@ -167,8 +168,7 @@ class Repl:
                 style="yellow",
             )
         renderer = LiveRenderer(self.console, title=self.title, markdown=True)
-        with ctrl_c_stops(self.session.engine):
-            replies = self.session.reply(plan)
+        with ctrl_c_stops(self.session.engine), finished(self.session.reply(plan)) as replies:
             final = renderer.render(self.recorder.watch_turn(self.session.turns, replies) if self.recorder else replies)
         if self.recorder is not None:
             self.recorder.flush(exit_status(final))

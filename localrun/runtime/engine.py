@@ -185,6 +185,8 @@ class Engine(Native):
         """Decode with ``n`` CPU threads from the next decode on (single tokens and batches)."""
         if n < 1:
             raise ValueError(f"a context needs at least one thread, got {n}")
+        if not self._ctx:  # closed: llama.cpp would be handed a null context
+            return
         with native_call():  # it logs
             llama_cpp.llama_set_n_threads(self._ctx, n, n)
         self.threads = n

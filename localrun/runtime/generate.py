@@ -10,6 +10,7 @@ engine's thread count between steps.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
@@ -180,6 +181,20 @@ def generate(
             yield from run.emit(forced)
             decided = [token, *forced]
         yield from run.finish()
+
+
+@contextmanager
+def finished(events: Iterator[Event]) -> Iterator[Iterator[Event]]:
+    """``events``, closed on the way out. A generation its reader left
+    midway (a closed pipe, a second Ctrl-C) then ends while its engine is
+    open; left to the garbage collector, it would end after the engine was
+    freed, and its cleanup would call llama.cpp on a freed context."""
+    try:
+        yield events
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
 
 
 class Decoding(Protocol):
