@@ -143,6 +143,27 @@ def test_second_ctrl_c_during_decode(tiny_model: Path) -> None:
     assert res.stdout.strip()  # the tokens before it were written
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_reader_that_leaves_midway_ends_quietly(tiny_model: Path, command: str) -> None:
+    """`| head -c 20`: the generation stops with its engine still open (it used to crash once freed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localrun", command, "-m", str(tiny_model), "-t", "0", "-n", "200"]
+        + (["a b c a b c"] if command == "generate" else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write(b"a b c\nd e f\n")
+    proc.stdin.close()
+    assert len(proc.stdout.read(20)) == 20
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 0, err
+    assert b"Traceback" not in err
+
+
 def test_json_output_stays_valid_and_the_run_is_logged(tiny_model: Path) -> None:
     res = interrupted(f"{DECODE}@8", "generate", "-m", str(tiny_model), "-n", "40", "--json", "hello")
     assert_interrupted(res)
