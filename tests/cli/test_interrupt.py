@@ -9,7 +9,8 @@ a short message, no traceback, and what was done is kept.
 
 The rule the commands follow: Ctrl-C that cuts work short exits 130.
 A server (`serve`) and a chat session at its prompt run until the user stops
-them: there Ctrl-C is the way to end, and the exit status is 0.
+them: there Ctrl-C is the way to end, and the exit status is 0 (a server's
+second Ctrl-C, which cuts the requests in flight short, is 130).
 """
 
 from __future__ import annotations
