@@ -330,11 +330,22 @@ def _chat_line(name: str, replies: list[Streamed]) -> str:
 
 def part_chat(model: Path, args: argparse.Namespace) -> None:
     print(f"3. a {args.turns}-turn chat re-sending its history: time to first token, turn {args.turns} / turn 2")
-    with localrun_server(model, 1, args) as server:
-        print(_chat_line("serve", chat_turns(server, args.turns, args.tokens)), flush=True)
-    if args.llama_server:
-        with llama_server(args.llama_server, model, 1, args) as server:
-            print(_chat_line("llama-server", chat_turns(server, args.turns, args.tokens)), flush=True)
+    ratios: dict[str, list[float]] = {"serve": [], "llama-server": []}
+    for _ in range(args.rounds):
+        with localrun_server(model, 1, args) as server:
+            replies = chat_turns(server, args.turns, args.tokens)
+        print(_chat_line("serve", replies), flush=True)
+        ratios["serve"].append(replies[-1].ttft / replies[1].ttft)
+        if args.llama_server:
+            with llama_server(args.llama_server, model, 1, args) as server:
+                replies = chat_turns(server, args.turns, args.tokens)
+            print(_chat_line("llama-server", replies), flush=True)
+            ratios["llama-server"].append(replies[-1].ttft / replies[1].ttft)
+    if args.rounds > 1:
+        for name, values in ratios.items():
+            if values:
+                print(f"   {name}: median {statistics.median(values):.2f}x over {len(values)} rounds "
+                      f"(range {min(values):.2f}-{max(values):.2f})", flush=True)  # fmt: skip
 
 
 def _malformed(server: Server, k: int) -> bool:
