@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -48,13 +49,15 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     folder, then a rename, so a failure (a full disk, a folder where the file
     should be) leaves the old file as it was. The folder must exist (a
     missing one is the user's to create). An OSError names ``path``, never
-    the temporary file."""
+    the temporary file. The file gets the old one's mode, or a new file's
+    (what the umask allows), not the temporary file's private 0600."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         raise _naming(exc, path) from exc
     try:
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
         Path(tmp).replace(path)
@@ -63,6 +66,28 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         if isinstance(exc, OSError):
             raise _naming(exc, path) from exc
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits ``path`` has, or a new file's under the umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it
+    (setting it to read it back would race with other threads' new files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _naming(exc: OSError, path: Path) -> OSError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,6 +67,22 @@ def test_a_folder_where_the_file_should_be_is_named_not_the_temporary(tmp_path: 
     with pytest.raises(FileNotFoundError) as gone:
         paths.atomic_write(missing, "x")
     assert gone.value.filename == str(missing)
+
+
+def test_atomic_write_gives_the_umask_mode_or_keeps_the_old_one(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        new = tmp_path / "new.txt"
+        paths.atomic_write(new, "x")
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640  # not the temporary file's 0600
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        kept.chmod(0o604)
+        paths.atomic_write(kept, "new")
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o604
+        assert kept.read_text() == "new"
+    finally:
+        os.umask(old)
 
 
 def test_ensure_dir_names_the_file_in_the_way(tmp_path: Path) -> None:
