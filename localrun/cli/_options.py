@@ -139,6 +139,16 @@ def check_positive(**values: int | None) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
 
 
+def check_output_file(option: str, path: Path) -> None:
+    """Refuse, before any work, a file to write that cannot be: a folder, or
+    one whose folder is missing (`--chart out/x.svg` -> names out)."""
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a folder", hint="give a file")
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UsageError(f"{option} {path}: the folder {path.parent} {what}", hint="create it first")
+
+
 @dataclass
 class Resolved:
     """The model file, what its name resolved to, its header, and the run's

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from localrun.cli import _history
+from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
@@ -31,17 +32,10 @@ def _read_source(source: str) -> list[BatchLine]:
         return read_lines(current().stdin)
     path = Path(source)
     if not path.is_file():
-        raise UsageError(f"--batch {source}: no such file", hint="give a file of prompts, or - for stdin")
-    with path.open(encoding="utf-8", errors="replace") as f:
+        what = "is a folder" if path.is_dir() else "no such file"
+        raise UsageError(f"--batch {source}: {what}", hint="give a file of prompts, or - for stdin")
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:  # a line not UTF-8 fails alone
         return read_lines(f)
-
-
-def check_resume(path: Path) -> None:
-    """Refuse a --resume file that cannot be appended to, before any work."""
-    if path.is_dir():
-        raise UsageError(f"--resume {path}: is a folder", hint="give a file for the results")
-    if not path.parent.is_dir():
-        raise UsageError(f"--resume {path}: the folder {path.parent} does not exist", hint="create it first")
 
 
 @contextmanager
@@ -66,7 +60,7 @@ def _jobs(source: str, settings: BatchSettings, resume: Path | None) -> list[Job
     """The lines still to run (those ``resume`` has no record of), after the settings and the file are checked."""
     check_settings(settings)
     if resume is not None:
-        check_resume(resume)
+        opt.check_output_file("--resume", resume)
     done_ids = finished_ids(resume) if resume is not None else set()
     return jobs_for([line for line in _read_source(source) if line.id not in done_ids])
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from localrun import paths
 from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
@@ -74,8 +75,8 @@ def bench_command(
         budget_bytes = parse_size(budget) if budget else None
     except ValueError as exc:
         raise UsageError(str(exc), hint="--budget 4GiB") from None
-    if chart is not None and not chart.parent.is_dir():  # before the run, not after it
-        raise UsageError(f"--chart {chart}: the folder {chart.parent} does not exist", hint="create it first")
+    if chart is not None:  # before the run, not after it
+        opt.check_output_file("--chart", chart)
     env = current()
     found = resolve_model(model, offline=offline)
     entry = found.target.entry
@@ -110,7 +111,7 @@ def bench_command(
         out().note(f"interrupted: {measured} of {len(result.rows)} rows measured; the advice is not kept")
         return ExitCode.INTERRUPTED
     if chart is not None:
-        chart.write_text(benchview.chart(result), encoding="utf-8")
+        paths.atomic_write(chart, benchview.chart(result))
         out().note(f"chart: {chart}")
     _keep_advice(found.path, result.advice.defaults)
     if save:
@@ -124,15 +125,11 @@ def _keep_advice(model: Path, advice: dict[str, object]) -> None:
     """The advice joins this machine's wisdom for the model: one home for what was measured here."""
     from datetime import UTC, datetime
 
-    from localrun.tune.wisdom import ModelKey, WisdomFile
+    from localrun.cli.tune import keep_wisdom
+    from localrun.tune.wisdom import ModelKey
 
-    wisdom_file = WisdomFile.load()
-    for problem in wisdom_file.problems:
-        out().warn(problem)
-    wisdom_file.merge_bench(ModelKey.of(model), "f16/f16", advice, datetime.now(UTC).isoformat(timespec="seconds"))
-    try:
-        written = wisdom_file.save()
-    except OSError as exc:
-        out().warn(f"the advice could not be kept: {exc}")
-        return
-    out().note(f"advice kept with this machine's wisdom in {written}")
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    key = ModelKey.of(model)
+    written = keep_wisdom(lambda wisdom_file: wisdom_file.merge_bench(key, "f16/f16", advice, now), "the advice")
+    if written is not None:
+        out().note(f"advice kept with this machine's wisdom in {written}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from localrun import paths
+from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._errors import bounded
 from localrun.cli._output import out
@@ -184,8 +185,8 @@ def stats(
     keys = _keys(by)
     filters = _filters(model, since, until, text, command)
     sides = (query.selector(compare[0]), query.selector(compare[1])) if compare else None
-    if chart is not None and not chart.parent.is_dir():
-        raise UsageError(f"--chart {chart}: the folder {chart.parent} does not exist")
+    if chart is not None:
+        opt.check_output_file("--chart", chart)
     from localrun.ui.history import chart as draw
     from localrun.ui.history import compare_table, comparison, stats_table
 
