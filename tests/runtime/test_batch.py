@@ -399,6 +399,17 @@ def test_cli_bad_lines_are_reported_and_the_run_goes_on(tiny_model: Path, tmp_pa
     assert "3 of 5 lines failed" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_cli_a_line_that_is_not_utf8_fails_alone(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"alpha\nbe\xfftween\ngamma\n")
+    res = run_cli(tiny_model, str(src), "-n", "3")
+    assert res.returncode == 8, res.stderr
+    out = {r["id"]: r for r in records(res.stdout)}
+    assert "not UTF-8" in out[2]["error"]
+    assert out[1]["generated_tokens"] == out[3]["generated_tokens"] == 3
+    assert "Traceback" not in res.stderr
+
+
 def test_cli_resume_skips_what_is_done(tiny_model: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.txt"
     src.write_text("alpha\nbeta\ngamma\ndelta\n")

@@ -223,12 +223,24 @@ def read_lines(lines: Iterable[str]) -> list[BatchLine]:
             continue
         if json_lines is None:
             json_lines = text.lstrip().startswith("{")
-        line = _object_line(number, text) if json_lines else BatchLine(number, number, prompt=text)
+        if not _is_utf8(text):
+            line = BatchLine(number, number, error=f"line {number} is not UTF-8 text")
+        else:
+            line = _object_line(number, text) if json_lines else BatchLine(number, number, prompt=text)
         if line.error is None and line.id in seen:
             line = BatchLine(number, line.id, error=f"duplicate id {json.dumps(line.id)}")
         seen.add(line.id)
         out.append(line)
     return out
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a line read with errors="surrogateescape" that held bytes UTF-8 does not allow."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def finished_ids(path: Path) -> set[LineId]:
