@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from localrun import paths
 from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._output import out
@@ -14,7 +16,7 @@ from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
 
 if TYPE_CHECKING:
-    from localrun.tune.wisdom import Wisdom
+    from localrun.tune.wisdom import Wisdom, WisdomFile
 
 DEFAULT_SECONDS = 60.0
 BUSY_WARNING = 0.15  # warn when other processes took this share of the CPUs during the measurements
@@ -55,21 +57,37 @@ def tune_command(
         out().result(describe(wisdom))
 
 
+def keep_wisdom(change: Callable[[WisdomFile], object], what: str) -> Path | None:
+    """This machine's wisdom with ``change`` made, written back; where. A file
+    that cannot be written costs a warning, not the run: what was measured is
+    shown all the same."""
+    from localrun.tune.wisdom import WisdomFile
+
+    wisdom_file = WisdomFile.load()
+    for problem in wisdom_file.problems:
+        out().warn(problem)
+    change(wisdom_file)
+    try:
+        written = wisdom_file.save()
+    except OSError as exc:
+        out().warn(f"{what} could not be kept in {exc.filename or wisdom_file.path}: {paths.why_failed(exc)}")
+        return None
+    if wisdom_file.moved_to is not None:
+        out().warn(f"the damaged wisdom file is kept as {wisdom_file.moved_to}")
+    return written
+
+
 def run_tune(path: Path, *, seconds: float = DEFAULT_SECONDS, kv: tuple[str, str] = ("f16", "f16")) -> Wisdom:
     """Measure with a progress bar on stderr, and keep the result."""
     from localrun.tune.measure import tune
-    from localrun.tune.wisdom import WisdomFile
     from localrun.ui.tune import TuneBar
 
     env = current()
     with TuneBar(env.stderr, path.name, terminal=env.stderr_isatty) as progress:
         wisdom = tune(path, seconds=seconds, kv=kv, progress=progress.update, memory_budget=env.config.memory_budget)
-    wisdom_file = WisdomFile.load()
-    for problem in wisdom_file.problems:
-        out().warn(problem)
-    wisdom_file.put(wisdom)
-    written = wisdom_file.save()
-    out().note(f"kept in {written}")
+    written = keep_wisdom(lambda wisdom_file: wisdom_file.put(wisdom), "the measurements")
+    if written is not None:
+        out().note(f"kept in {written}")
     if wisdom.busy >= BUSY_WARNING:
         out().warn(
             f"other processes took {wisdom.busy:.0%} of the CPUs while it measured: the choices fit a busy "
