@@ -222,17 +222,22 @@ class LiveRenderer:
             transient=True,
             vertical_overflow="crop",  # never taller than the screen: a scrolled live region leaves stray borders
         )
-        with live:
-            for ev in events:
-                if isinstance(ev, TokenEvent):
-                    self._chunks.append(ev.text)
-                    self._last = ev
-                    now = time.perf_counter()
-                    if now >= next_refresh:
-                        live.refresh()
-                        next_refresh = now + interval
-                elif isinstance(ev, DoneEvent):
-                    stats = ev.stats
+        try:
+            with live:
+                for ev in events:
+                    if isinstance(ev, TokenEvent):
+                        self._chunks.append(ev.text)
+                        self._last = ev
+                        now = time.perf_counter()
+                        if now >= next_refresh:
+                            live.refresh()
+                            next_refresh = now + interval
+                    elif isinstance(ev, DoneEvent):
+                        stats = ev.stats
+        except BaseException:  # a second Ctrl-C, an error: the text shown so far stays on the screen
+            if self._chunks:
+                self.console.print(Panel(Text("".join(self._chunks)), title=self.title or None, border_style="blue"))
+            raise
         final = _final(stats)
         foot = footer(
             final.generated_tokens,

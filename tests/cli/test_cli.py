@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,26 @@ def test_live_panel_stays_within_the_screen() -> None:
         rows = console.render_lines(renderer._panel(), console.options)
         assert len(rows) <= console.height, text[:20]
         assert text.rstrip()[-2:] in "".join(seg.text for row in rows for seg in row)  # the end is what shows
+
+
+def test_live_panel_leaves_the_text_on_screen_when_interrupted() -> None:
+    """The live panel is transient; a second Ctrl-C mid-stream must not take
+    the text shown so far off the screen with it."""
+    import io
+
+    from rich.console import Console
+
+    from localrun.events import Event, TokenEvent
+    from localrun.ui.stream import LiveRenderer
+
+    def events() -> Iterator[Event]:
+        for i, word in enumerate(("kept ", "on ", "screen")):
+            yield TokenEvent(word, i + 1, 0.1, 0.1 * (i + 1), 10.0)
+        raise KeyboardInterrupt
+
+    screen = io.StringIO()
+    console = Console(file=screen, width=60, height=20, force_terminal=True)
+    with pytest.raises(KeyboardInterrupt):
+        LiveRenderer(console, title="t").render(events())
+    last = screen.getvalue().rsplit("\x1b[2K", 1)[-1]  # after the live region was erased
+    assert "kept on screen" in last
