@@ -68,19 +68,19 @@ def _history() -> Iterator[sqlite3.Connection | None]:
     """The history for reading (None when nothing was logged yet); its errors as one line."""
     import sqlite3
 
-    from localrun.history.db import HistoryError, is_damaged, move_aside, reader
+    from localrun.history.db import HistoryError, reader
 
+    moved: list[Path] = []
     try:
-        conn = reader()
+        conn = reader(moved=moved)
     except sqlite3.DatabaseError as exc:
-        if not is_damaged(exc):
-            raise LocalrunError(f"cannot read the run history {paths.history_db()}: {exc}") from None
-        out().warn(f"the run history was damaged; moved it to {move_aside(paths.history_db())}")
-        conn = None
+        raise LocalrunError(f"cannot read the run history {paths.history_db()}: {exc}") from None
     except HistoryError as exc:
         raise LocalrunError(
             f"cannot read the run history {paths.history_db()}: {exc}", hint="upgrade localrun"
         ) from None
+    for aside in moved:
+        out().warn(f"the run history was damaged; moved it to {aside}")
     try:
         yield conn
     except sqlite3.Error as exc:
