@@ -1,3 +1,3 @@
-from localrun.cli import main
+from localrun.entry import main
 
 raise SystemExit(main())

@@ -105,6 +105,35 @@ def history_rows() -> list[dict[str, object]]:
     return rows if isinstance(rows, list) else list(rows.get("runs", []))
 
 
+# ----------------------------------------------------------------- start-up --
+
+STARTUP = """
+import importlib.abc, os, signal, sys
+
+MODULE = sys.argv.pop(1)
+
+class CtrlCAtImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlCAtImport())
+from localrun.entry import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("module", ["typer", "localrun.cli.generate"])
+def test_while_the_command_line_is_imported(module: str) -> None:
+    """Importing the command line (Typer, the commands) takes a moment: a Ctrl-C there too is 130, not a traceback."""
+    res = subprocess.run(
+        [sys.executable, "-c", STARTUP, module, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert_interrupted(res)
+    assert res.stdout == ""
+
+
 # ---------------------------------------------------------------- generate --
 
 
