@@ -78,13 +78,20 @@ def build_prompt(
         full = render_messages(engine, template, messages)
         tokens = tokenize_rendered(engine, full)
     stable = material.rstrip("\n") if material and material.strip() else system
+    return Prompt(tokens, stable_prefix(engine, full, tokens, stable, templated=template is not None))
+
+
+def stable_prefix(engine: Engine, full: str, tokens: list[int], stable: str | None, *, templated: bool) -> int:
+    """How many leading ``tokens`` (of the prompt text ``full``) stand for
+    everything up to the end of ``stable`` (a system prompt, piped material),
+    leaving at least one: what a prompt cache keeps for the next prompt that
+    starts the same way."""
     end = full.find(stable) + len(stable) if stable and stable in full else 0
     if not end:
-        return Prompt(tokens, 0)
-    prefix = (
-        tokenize_rendered(engine, full[:end]) if template else engine.tokenize(full[:end], add_special=engine.add_bos)
-    )
-    return Prompt(tokens, common_prefix(prefix, tokens, len(tokens) - 1))
+        return 0
+    head = full[:end]
+    prefix = tokenize_rendered(engine, head) if templated else engine.tokenize(head, add_special=engine.add_bos)
+    return common_prefix(prefix, tokens, len(tokens) - 1)
 
 
 def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:

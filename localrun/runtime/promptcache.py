@@ -129,6 +129,7 @@ class Checkpoint:
     prefix: list[int]
     outcome: Outcome | None = None
     warnings: list[str] = field(default_factory=list)
+    touched: bool = False  # the last load_into emptied its sequence before llama.cpp refused the state
 
     def __post_init__(self) -> None:
         config = self.engine.config
@@ -149,6 +150,18 @@ class Checkpoint:
     def restore(self, decoder: Decoder) -> bool:
         """Load the prefix's KV state into the decoder's sequence; False on a
         miss (nothing there, or a file that cannot be trusted)."""
+        if self.load_into(0):
+            decoder.tokens[:] = self.prefix
+            return True
+        if self.touched:
+            decoder.tokens.clear()
+        return False
+
+    def load_into(self, seq_id: int) -> bool:
+        """Load the prefix's KV state into sequence ``seq_id``, replacing what
+        it held; False on a miss. A miss leaves the sequence as it was, unless
+        ``touched``: a state llama.cpp refused midway leaves it empty."""
+        self.touched = False
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -159,12 +172,13 @@ class Checkpoint:
         state = self._verified_state(data)
         if state is None:
             return False
-        decoder.rollback(0)
+        memory = self.engine.memory
+        llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
+        self.touched = True
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if not llama_cpp.llama_state_seq_set_data(self.engine.ctx, buf, len(state), 0):
-            decoder.rollback(0)
+        if not llama_cpp.llama_state_seq_set_data(self.engine.ctx, buf, len(state), seq_id):
+            llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
             return self._distrust("was refused by llama.cpp")
-        decoder.tokens[:] = self.prefix
         self.cache.mark_used(self.path)  # evicted last
         self.outcome = "hit"
         return True
@@ -205,10 +219,14 @@ class Checkpoint:
 
     def save(self, decoder: Decoder) -> None:
         """Store the decoder's state, which holds exactly the prefix."""
+        self.save_from(0)
+
+    def save_from(self, seq_id: int) -> None:
+        """Store sequence ``seq_id``'s state, which holds exactly the prefix."""
         ctx = self.engine.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq_id)
         state = bytes(buf)[:written]
         header = {**self.header, "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
         try:  # a cache that cannot be written costs a warning, never the run
