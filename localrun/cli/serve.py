@@ -51,6 +51,7 @@ def _plans(
     queue: int,
     template: str | None,
     spec: str = "lookup",
+    prompt_cache: bool = True,
     contexts: dict[str, RunContext] | None = None,
 ) -> list[ModelPlan]:
     """Each model's plan; ``contexts`` gets each one's run history context, by id."""
@@ -85,6 +86,7 @@ def _plans(
                 system=settings.system,
                 speculate=spec == "lookup",
                 verify_curve=resolved.verify_curve,
+                prompt_cache=prompt_cache,
             )
         )
     return plans
@@ -153,6 +155,14 @@ def serve_command(
             help="lookup: a request decoding alone drafts from its prompt where that pays; none: never.",
         ),
     ] = "lookup",
+    no_prompt_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-prompt-cache",
+            help="Do not keep long system prompts' KV state on disk (kept by default from "
+            "1,024 tokens on, as `generate` does, and loaded by the next server or run that starts the same way).",
+        ),
+    ] = False,
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
 ) -> ExitCode:
@@ -191,7 +201,15 @@ def serve_command(
     )
     contexts: dict[str, RunContext] = {}
     plans = _plans(
-        names, options, offline=offline, verbose=verbose, queue=queue, template=template, spec=spec, contexts=contexts
+        names,
+        options,
+        offline=offline,
+        verbose=verbose,
+        queue=queue,
+        template=template,
+        spec=spec,
+        prompt_cache=not no_prompt_cache,
+        contexts=contexts,
     )
     table = ModelTable(load_models(plans), env.registry)
     settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from localrun.errors import ContextOverflowError, InvalidRequestError, UsageError
 from localrun.runtime.batch.scheduler import BatchRequest
-from localrun.runtime.prompt import render_messages, tokenize_rendered
+from localrun.runtime.prompt import Prompt, render_messages, stable_prefix, tokenize_rendered
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import Message
 from localrun.serve.schemas import ChatRequest, CompletionRequest
@@ -26,7 +26,8 @@ def sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
     return replace(SamplingParams(), **given)
 
 
-def chat_prompt(model: ServedModel, request: ChatRequest) -> list[int]:
+def chat_prompt(model: ServedModel, request: ChatRequest) -> Prompt:
+    """The conversation's tokens, and how many of them stand for its system prompt."""
     if model.template is None:
         raise InvalidRequestError(
             f"{model.id} has no chat template: use /v1/completions, or start the server with --template", "messages"
@@ -34,7 +35,10 @@ def chat_prompt(model: ServedModel, request: ChatRequest) -> list[int]:
     messages: list[Message] = [{"role": ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages]
     if model.system and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": model.system})
-    return tokenize_rendered(model.engine, render_messages(model.engine, model.template, messages))
+    full = render_messages(model.engine, model.template, messages)
+    tokens = tokenize_rendered(model.engine, full)
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+    return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True))
 
 
 def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[int]:
@@ -63,7 +67,11 @@ def output_spec(model: ServedModel, request: ChatRequest | CompletionRequest) ->
 def prepare(model: ServedModel, request: ChatRequest | CompletionRequest, index: int) -> BatchRequest:
     """The scheduler's request, or an error naming the field: a prompt that
     does not fit its slot gets the numbers (nothing is cut silently)."""
-    tokens = chat_prompt(model, request) if isinstance(request, ChatRequest) else completion_prompt(model, request)
+    if isinstance(request, ChatRequest):
+        prompt = chat_prompt(model, request)
+    else:
+        prompt = Prompt(completion_prompt(model, request), 0)
+    tokens = prompt.tokens
     if not tokens:
         raise InvalidRequestError("the prompt is empty", "messages" if isinstance(request, ChatRequest) else "prompt")
     if len(tokens) >= model.capacity:
@@ -80,4 +88,5 @@ def prepare(model: ServedModel, request: ChatRequest | CompletionRequest, index:
         max_tokens=request.limit(),
         stop=request.stops(),
         output=output_spec(model, request),
+        shared=prompt.shared,
     )

@@ -14,6 +14,7 @@ from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import chat_template
+from localrun.runtime.promptcache import default_cache
 from localrun.runtime.sizing import DEFAULT_CTX, default_parallel, memory_budget, parallel_that_fits
 from localrun.serve.events import ServerStatus
 from localrun.serve.worker import Worker
@@ -40,6 +41,7 @@ class ModelPlan:
     system: str | None = None  # put first in a conversation that has no system message
     speculate: bool = False  # prompt lookup for a request decoding alone (see ContinuousBatch)
     verify_curve: tuple[float, ...] | None = None  # `localrun tune`'s verify costs here, for the controller
+    prompt_cache: bool = True  # long system prompts kept on disk (see ContinuousBatch)
 
 
 @dataclass
@@ -122,7 +124,15 @@ def load_model(plan: ModelPlan, reserved: int = 0) -> ServedModel:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
         capacity = engine.n_ctx // engine.n_seq_max
         speculation = Speculation(lookup_drafters(engine), verify_curve=plan.verify_curve) if plan.speculate else None
-        worker = Worker(engine, parallel, capacity, max_queue=plan.max_queue, name=plan.id, speculation=speculation)
+        worker = Worker(
+            engine,
+            parallel,
+            capacity,
+            max_queue=plan.max_queue,
+            name=plan.id,
+            speculation=speculation,
+            prompt_cache=default_cache() if plan.prompt_cache else None,
+        )
     except LocalrunError:
         engine.close()
         raise

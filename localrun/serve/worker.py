@@ -20,6 +20,7 @@ from localrun.errors import EngineError, LocalrunError, ServerBusyError
 from localrun.events import SequenceDone, SequenceText
 from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
 from localrun.runtime.engine import Engine
+from localrun.runtime.promptcache import PromptCache
 from localrun.speculative import Speculation
 
 RATE_WINDOW_S = 5.0  # the aggregate decode rate is measured over this much recent time
@@ -63,9 +64,18 @@ class Worker:
         max_queue: int,
         name: str = "engine",
         speculation: Speculation | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.engine = engine
-        self.run = ContinuousBatch(engine, parallel, capacity, reuse_prefix=True, stream=True, speculation=speculation)
+        self.run = ContinuousBatch(
+            engine,
+            parallel,
+            capacity,
+            reuse_prefix=True,
+            stream=True,
+            speculation=speculation,
+            prompt_cache=prompt_cache,
+        )
         self.parallel = len(self.run.slots)
         self.capacity = capacity
         self.max_queue = max_queue

@@ -21,7 +21,8 @@ from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch, run_
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.llama import DecodeStatus
-from localrun.runtime.prompt import prompt_tokens
+from localrun.runtime.prompt import build_prompt, prompt_tokens
+from localrun.runtime.promptcache import AUTO_MIN_TOKENS, PromptCache
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.sizing import LLAMA_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.ui.batch import JsonlWriter
@@ -256,6 +257,34 @@ def test_reuse_prefix_picks_the_slot_holding_the_longest_prefix(tiny_model: Path
     assert again[2].stats.cached_tokens >= len(first)
     assert again[2].stats.cached_tokens <= held
     assert again[2].text == alone(single, follow, max_tokens=8)[0]
+
+
+def test_a_long_shared_prefix_is_stored_and_then_loaded_from_the_prompt_cache(long_model: Path, tmp_path: Path) -> None:
+    """A system prompt of AUTO_MIN_TOKENS or more no slot holds is stored once
+    evaluated; a fresh scheduler (a restarted server) loads it into the slot
+    and evaluates only the rest, and the text is what it is without a cache."""
+    cache = PromptCache(tmp_path / "prompts")
+    with batch_engine(long_model, 2, seq_ctx=2048) as engine:
+        system = "answer briefly."
+        while len(engine.tokenize(system, add_special=False)) < AUTO_MIN_TOKENS + 16:
+            system += " the cat sat on the mat."
+        first = build_prompt(engine, "what is a cat", system=system)
+        second = build_prompt(engine, "and a dog", system=system)
+        assert first.shared >= AUTO_MIN_TOKENS and first.shared == second.shared
+        run = ContinuousBatch(engine, 2, 2048, reuse_prefix=True, prompt_cache=cache)
+        run.submit(BatchRequest(0, first.tokens, GREEDY, max_tokens=6, shared=first.shared))
+        _, done = drain(run)
+        run.close()
+        assert done[0].stats.cached_tokens == 0
+        assert len(cache.entries()) == 1
+    with batch_engine(long_model, 2, seq_ctx=2048) as engine:
+        run = ContinuousBatch(engine, 2, 2048, reuse_prefix=True, prompt_cache=cache)
+        run.submit(BatchRequest(1, second.tokens, GREEDY, max_tokens=6, shared=second.shared))
+        _, done = drain(run)
+        run.close()
+    assert done[1].stats.cached_tokens == second.shared
+    with Engine(EngineConfig(model_path=long_model, n_ctx=2048)) as reference:
+        assert done[1].text == alone(reference, second.tokens, max_tokens=6)[0]
 
 
 # ----------------------------------------------------------------- input --

@@ -13,6 +13,8 @@ from localrun.errors import InvalidRequestError, ModelNotFoundError, UsageError
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.engine import EngineConfig
+from localrun.serve.prompts import prepare
+from localrun.serve.schemas import ChatRequest
 from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models, slots_for
 from localrun.store.registry import load as load_registry
 
@@ -66,3 +68,22 @@ def test_a_request_names_a_served_model(two: list[ServedModel], tiny_model: Path
     for name in ("llama3.2:1b", "owner/repo:Q4_K_M", "nothing"):
         with pytest.raises(ModelNotFoundError):
             table.find(name)
+
+
+def test_a_system_prompt_is_the_prefix_the_prompt_cache_keeps(two: list[ServedModel], tiny_model: Path) -> None:
+    model = two[0]
+    assert model.worker.run.prompt_cache is not None  # on by default
+
+    def chat(*messages: tuple[str, str]) -> ChatRequest:
+        return ChatRequest.model_validate({"messages": [{"role": r, "content": c} for r, c in messages]})
+
+    a = prepare(model, chat(("system", "be terse"), ("user", "hi")), 0)
+    b = prepare(model, chat(("system", "be terse"), ("user", "something else entirely")), 1)
+    assert 0 < a.shared == b.shared < len(a.tokens)
+    assert a.tokens[: a.shared] == b.tokens[: b.shared]
+    assert prepare(model, chat(("user", "hi")), 2).shared == 0
+    (off,) = load_models([plan(tiny_model, prompt_cache=False)])
+    try:
+        assert off.worker.run.prompt_cache is None
+    finally:
+        off.close()

@@ -38,12 +38,14 @@ from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
+from localrun.runtime.promptcache import AUTO_MIN_TOKENS
 from localrun.runtime.sampling import Sampler, SamplingParams, logits
 from localrun.speculative.loop import Tally, accept_rows, propose
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec
 
 if TYPE_CHECKING:
+    from localrun.runtime.promptcache import Checkpoint, PromptCache
     from localrun.speculative import Speculation
 
 
@@ -58,6 +60,7 @@ class BatchRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     output: OutputSpec | None = None  # the text must follow this schema or grammar
+    shared: int = 0  # leading tokens other requests are likely to share (a system prompt): what a prompt cache keeps
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -94,6 +97,7 @@ class _Slot:
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
         self.next_token: int | None = None
         self.tally: Tally | None = None  # its drafts, once it has decoded alone with speculation
+        self.checkpoint: Checkpoint | None = None  # its shared prefix, stored once the cells hold it
         self.take = 0  # tokens this sequence puts in the current batch
         self.row = -1  # its logits' row in the current batch, -1 for none
 
@@ -112,7 +116,11 @@ class ContinuousBatch:
     sequence's text as it comes (`SequenceText`), not only at the end.
     ``speculation`` (prompt lookup, `localrun.speculative`): a sequence that
     decodes alone (nothing queued, no other slot busy) drafts, and its draft
-    is verified in the step's batch, where the controller finds it pays."""
+    is verified in the step's batch, where the controller finds it pays.
+    ``prompt_cache``: a request's shared prefix (`BatchRequest.shared`, a
+    system prompt) of `AUTO_MIN_TOKENS` or more that no slot holds is loaded
+    from it, or stored there once evaluated (a server restarted, or the same
+    system prompt in `localrun generate`)."""
 
     def __init__(
         self,
@@ -124,9 +132,11 @@ class ContinuousBatch:
         reuse_prefix: bool = False,
         stream: bool = False,
         speculation: Speculation | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.engine = engine
         self.speculation = speculation
+        self.prompt_cache = prompt_cache
         self._drafting: _Slot | None = None  # the slot the drafters follow
         self._rng = np.random.default_rng()
         self.memory = engine.memory
@@ -229,14 +239,16 @@ class ContinuousBatch:
 
     # -- the loop --
 
-    def _place(self, request: BatchRequest, free: list[int]) -> tuple[int, int]:
+    def _place(self, request: BatchRequest, free: list[int]) -> tuple[int, int, Checkpoint | None]:
         """(the free slot for ``request``, how many of its tokens that slot holds already).
         With ``reuse_prefix``: the free slot holding the longest prefix of it;
         and where another slot, busy or free, holds a prefix longer by at least
         `COPY_MIN` tokens (a system prompt many clients share), its cells are
-        copied into that slot rather than evaluated again."""
+        copied into that slot rather than evaluated again. The last: the
+        prompt cache's checkpoint of the request's shared prefix, to store
+        once evaluated (see `_cached`)."""
         if not self.reuse_prefix:
-            return free[0], len(self.prefix_tokens)
+            return free[0], len(self.prefix_tokens), None
         limit = len(request.tokens) - 1  # the last prompt token is evaluated: its logits give the first sample
         seq_id = max(free, key=lambda i: (common_prefix(self.held[i], request.tokens, limit), -self.last_used[i]))
         keep = common_prefix(self.held[seq_id], request.tokens, limit)
@@ -248,7 +260,19 @@ class ContinuousBatch:
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq_id, keep, -1):  # a cache that cannot cut midway
             llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
             keep = 0
-        return seq_id, keep
+        keep, checkpoint = self._cached(request, seq_id, keep)
+        return seq_id, keep, checkpoint
+
+    def _cached(self, request: BatchRequest, seq_id: int, keep: int) -> tuple[int, Checkpoint | None]:
+        """(what ``seq_id`` holds of ``request`` after the prompt cache had its
+        say, the checkpoint to store when it missed). Only a shared prefix of
+        `AUTO_MIN_TOKENS` or more that the slot does not hold already."""
+        if self.prompt_cache is None or request.shared < AUTO_MIN_TOKENS or keep >= request.shared:
+            return keep, None
+        checkpoint = self.prompt_cache.checkpoint(self.engine, request.tokens[: request.shared])
+        if checkpoint.load_into(seq_id):
+            return checkpoint.length, None
+        return (0 if checkpoint.touched else keep), checkpoint
 
     def _donor(self, tokens: Sequence[int], limit: int) -> tuple[int | None, int]:
         """The slot whose cells hold the longest prefix of ``tokens``, and its length."""
@@ -264,20 +288,18 @@ class ContinuousBatch:
         free = [seq_id for seq_id, slot in enumerate(self.slots) if slot is None]
         while free and self.queue:
             request = self.queue.popleft()
-            seq_id, start = self._place(request, free)
+            seq_id, start, checkpoint = self._place(request, free)
             free.remove(seq_id)
-            self.slots[seq_id] = _Slot(self.engine, seq_id, request, start, self.capacity)
+            slot = _Slot(self.engine, seq_id, request, start, self.capacity)
+            slot.checkpoint = checkpoint
+            self.slots[seq_id] = slot
 
     def _step(self) -> DecodeStatus:  # noqa: C901  the scheduler's one step: kept whole
         """One shared decode: each decoding sequence's next token, and prompt
         tokens in the room left. Tokens go in seq_id order: with a KV cache per
         sequence, llama.cpp splits a batch into ubatches of consecutive seq_ids."""
         live = [s for s in self.slots if s is not None]
-        room = self.engine.n_batch - sum(1 for s in live if not s.pending)
-        for s in live:
-            s.take = 1 if not s.pending else min(len(s.pending), room)
-            if s.pending:
-                room -= s.take
+        self._share_room(live)
         self.batch.clear()
         with_prompt = False
         for s in live:
@@ -300,11 +322,26 @@ class ContinuousBatch:
                 del s.pending[: s.take]
                 s.pos += s.take
                 self.evaluated += s.take
+                if s.checkpoint is not None and s.pos == s.checkpoint.length:
+                    s.checkpoint.save_from(s.seq_id)
+                    s.checkpoint = None
                 if not s.pending:
                     s.out.prompt_done(s.cached)
             elif not s.pending:
                 s.pos += 1
         return status
+
+    def _share_room(self, live: list[_Slot]) -> None:
+        """Each sequence's tokens in the next batch (``take``): one for each
+        decoding sequence, then prompt tokens in the room left, in seq_id
+        order; a prompt stops at the end of a shared prefix to be stored."""
+        room = self.engine.n_batch - sum(1 for s in live if not s.pending)
+        for s in live:
+            s.take = 1 if not s.pending else min(len(s.pending), room)
+            if s.pending and s.checkpoint is not None:
+                s.take = min(s.take, s.checkpoint.length - s.pos)
+            if s.pending:
+                room -= s.take
 
     def _choose(self, s: _Slot, row: int) -> int:
         """The token of ``row`` for sequence ``s``: masked to what its grammar allows, sampled, taken."""
