@@ -25,6 +25,11 @@
    every well-formed request completed, every malformed one got 400, every slot
    is free at the end, and reports the server's resident memory before and
    after (before: after a warm-up of --load-clients requests).
+5. restart: a system prompt of about 1,500 tokens no earlier run has seen;
+   a new server's first request with it (cold: evaluated and stored in the
+   prompt cache), then a second new server's first request with it (loaded
+   from the prompt cache), then one started with --no-prompt-cache; time to
+   first token of each, and cached / not.
 
 Servers are started by this script on 127.0.0.1 with a port the system picks.
 A shared machine is noisy: read the ranges. `--quick` (2 clients, 24 tokens,
@@ -41,6 +46,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import re
 import socket
 import statistics
@@ -95,9 +101,9 @@ def _drain(proc: subprocess.Popen[str], lines: list[str], ready: threading.Event
 
 
 @contextmanager
-def localrun_server(model: Path, parallel: int, args: argparse.Namespace) -> Iterator[Server]:
+def localrun_server(model: Path, parallel: int, args: argparse.Namespace, *extra: str) -> Iterator[Server]:
     cmd = [sys.executable, "-m", "localrun", "serve", "-m", str(model), "--port", "0", "--parallel", str(parallel)]
-    cmd += ["--ctx", str(args.ctx), "--queue", str(args.load)]
+    cmd += ["--ctx", str(args.ctx), "--queue", str(args.load), *extra]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
     proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -420,6 +426,36 @@ def part_load(model: Path, args: argparse.Namespace) -> None:
     print(f"   resident memory: {rss_before:.0f} MiB before, {rss_after:.0f} MiB after ({change:+.1f}%)", flush=True)
 
 
+def long_system_prompt() -> str:
+    """A system prompt of about 1,500 tokens that no earlier run has seen (a
+    fresh number first), so the prompt cache starts without it."""
+    rules = [
+        f"Rule {i}: when the question is about {topic}, answer with the shortest correct code, name the one "
+        f"pitfall that matters most, and never repeat the question back."
+        for i, topic in enumerate(["strings", "files", "regular expressions", "processes", "sockets", "dates"] * 8)
+    ]
+    return f"Session {random.randrange(10**9)}. {SYSTEM}\n" + "\n".join(rules)
+
+
+def part_restart(model: Path, args: argparse.Namespace) -> None:
+    print("5. a long system prompt after a restart: time to first token of a new server's first request")
+    for _ in range(args.rounds):
+        system = long_system_prompt()
+        figures: dict[str, Streamed] = {}
+        for name, extra in (("cold", ()), ("from the prompt cache", ()), ("--no-prompt-cache", ("--no-prompt-cache",))):
+            with localrun_server(model, 1, args, *extra) as server:
+                question = SHORT[len(figures)]
+                messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+                figures[name] = stream_chat(server, messages, 16)
+        line = ", ".join(
+            f"{name} {got.ttft * 1000:.0f} ms ({got.timings.get('cache_n', got.cached)} of "
+            f"{int(got.timings.get('prompt_n', 0)) + int(got.timings.get('cache_n', 0))} tokens reused)"
+            for name, got in figures.items()
+        )
+        ratio = figures["from the prompt cache"].ttft / figures["--no-prompt-cache"].ttft
+        print(f"   {line}: cached / not {ratio:.3f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL)
@@ -432,7 +468,7 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=4096, help="each slot's context")
     parser.add_argument("--threads", type=int, help="fixed CPU threads everywhere (default: each one's own)")
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server, for a column beside serve")
-    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run")
+    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small everything")
     args = parser.parse_args()
     if args.quick:
@@ -440,7 +476,7 @@ def main() -> None:
     args.clients = [int(c) for c in str(args.clients).split(",")]
     model = model_path(args.model)
     os.environ.pop("LOCALRUN_API_KEY", None)
-    parts = {"1": part_throughput, "2": part_single, "3": part_chat, "4": part_load}
+    parts = {"1": part_throughput, "2": part_single, "3": part_chat, "4": part_load, "5": part_restart}
     for key in args.parts.split(","):
         parts[key.strip()](model, args)
 
