@@ -179,7 +179,8 @@ class Checkpoint:
         if not llama_cpp.llama_state_seq_set_data(self.engine.ctx, buf, len(state), seq_id):
             llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
             return self._distrust("was refused by llama.cpp")
-        self.cache.mark_used(self.path)  # evicted last
+        with contextlib.suppress(OSError):  # another process evicting meanwhile: the hit stands
+            self.cache.mark_used(self.path)  # evicted last
         self.outcome = "hit"
         return True
 
@@ -223,11 +224,19 @@ class Checkpoint:
 
     def save_from(self, seq_id: int) -> None:
         """Store sequence ``seq_id``'s state, which holds exactly the prefix."""
+        self.write(self.capture(seq_id))
+
+    def capture(self, seq_id: int) -> bytes:
+        """Sequence ``seq_id``'s state (on the engine's thread); `write` may then run on another."""
         ctx = self.engine.ctx
         size = llama_cpp.llama_state_seq_get_size(ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq_id)
-        state = bytes(buf)[:written]
+        return bytes(buf)[:written]
+
+    def write(self, state: bytes) -> None:
+        """Store ``state`` (from `capture`) as this prefix's entry; a cache that
+        cannot be written costs a warning."""
         header = {**self.header, "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest()}
         try:  # a cache that cannot be written costs a warning, never the run
             paths.ensure_dir(self.cache.directory)

@@ -47,5 +47,12 @@ class Stopping:
     grace_s: float
 
 
-ServeEvent = Listening | RequestDone | ServerStatus | Stopping
+@dataclass(frozen=True)
+class Notice:
+    """Something the server got over but the user should know (a damaged prompt cache file, a full disk)."""
+
+    text: str
+
+
+ServeEvent = Listening | RequestDone | ServerStatus | Stopping | Notice
 OnEvent = Callable[[ServeEvent], None]

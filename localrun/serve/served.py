@@ -211,6 +211,10 @@ class ModelTable:
             tokens_per_s=sum(s.tokens_per_s for s in each),
         )
 
+    def notices(self) -> list[str]:
+        """What each model's scheduler had to say since the last call."""
+        return [f"{m.id}: {text}" for m in self.models for text in m.worker.notices()]
+
     def stop(self) -> None:
         """End every request still running or waiting (each gets an error saying why); no more are taken."""
         for model in self.models:

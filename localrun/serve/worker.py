@@ -128,6 +128,13 @@ class Worker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def notices(self) -> list[str]:
+        """What the scheduler had to say since the last call (the prompt cache's warnings)."""
+        taken = []
+        while self.run.warnings:  # appended to by the engine thread and the cache's writer: pop is atomic
+            taken.append(self.run.warnings.pop(0))
+        return taken
+
     def status(self) -> WorkerStatus:
         with self._cond:
             admitted = len(self._deliver)

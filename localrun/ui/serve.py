@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from localrun.serve.events import Listening, RequestDone, ServeEvent, ServerStatus, Stopping
+from localrun.serve.events import Listening, Notice, RequestDone, ServeEvent, ServerStatus, Stopping
 
 
 def listening_line(ev: Listening) -> str:
@@ -85,5 +85,7 @@ class ServeView:
                 self._line(listening_line(ev))
             elif isinstance(ev, RequestDone):
                 self._line(request_line(ev))
+            elif isinstance(ev, Notice):
+                self._line(f"warning: {ev.text}")
             else:
                 self._line(stopping_line(ev))

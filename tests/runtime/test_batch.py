@@ -259,15 +259,21 @@ def test_reuse_prefix_picks_the_slot_holding_the_longest_prefix(tiny_model: Path
     assert again[2].text == alone(single, follow, max_tokens=8)[0]
 
 
+def long_system(engine: Engine) -> str:
+    """A system prompt just long enough for the prompt cache to keep."""
+    system = "answer briefly."
+    while len(engine.tokenize(system, add_special=False)) < AUTO_MIN_TOKENS + 16:
+        system += " the cat sat on the mat."
+    return system
+
+
 def test_a_long_shared_prefix_is_stored_and_then_loaded_from_the_prompt_cache(long_model: Path, tmp_path: Path) -> None:
     """A system prompt of AUTO_MIN_TOKENS or more no slot holds is stored once
     evaluated; a fresh scheduler (a restarted server) loads it into the slot
     and evaluates only the rest, and the text is what it is without a cache."""
     cache = PromptCache(tmp_path / "prompts")
     with batch_engine(long_model, 2, seq_ctx=2048) as engine:
-        system = "answer briefly."
-        while len(engine.tokenize(system, add_special=False)) < AUTO_MIN_TOKENS + 16:
-            system += " the cat sat on the mat."
+        system = long_system(engine)
         first = build_prompt(engine, "what is a cat", system=system)
         second = build_prompt(engine, "and a dog", system=system)
         assert first.shared >= AUTO_MIN_TOKENS and first.shared == second.shared
@@ -285,6 +291,31 @@ def test_a_long_shared_prefix_is_stored_and_then_loaded_from_the_prompt_cache(lo
     assert done[1].stats.cached_tokens == second.shared
     with Engine(EngineConfig(model_path=long_model, n_ctx=2048)) as reference:
         assert done[1].text == alone(reference, second.tokens, max_tokens=6)[0]
+    (entry,) = cache.entries()
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[:-100])  # damaged: not trusted, said so, and stored again
+    with batch_engine(long_model, 2, seq_ctx=2048) as engine:
+        run = ContinuousBatch(engine, 2, 2048, reuse_prefix=True, prompt_cache=cache)
+        run.submit(BatchRequest(2, second.tokens, GREEDY, max_tokens=6, shared=second.shared))
+        _, done = drain(run)
+        run.close()
+    assert done[2].stats.cached_tokens == 0
+    assert any("truncated" in warning for warning in run.warnings), run.warnings
+    assert cache.entries() == [entry] and entry.stat().st_size == len(whole)
+
+
+def test_a_prompt_cache_that_cannot_be_written_costs_a_warning(long_model: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "prompts"
+    blocker.write_text("a file where the cache's folder should be")
+    with batch_engine(long_model, 1, seq_ctx=2048) as engine:
+        system = long_system(engine)
+        prompt = build_prompt(engine, "what is a cat", system=system)
+        run = ContinuousBatch(engine, 1, 2048, reuse_prefix=True, prompt_cache=PromptCache(blocker))
+        run.submit(BatchRequest(0, prompt.tokens, GREEDY, max_tokens=4, shared=prompt.shared))
+        _, done = drain(run)
+        run.close()
+    assert done[0].stats.generated_tokens == 4
+    assert any("could not write the prompt cache" in warning for warning in run.warnings), run.warnings
 
 
 # ----------------------------------------------------------------- input --
@@ -529,3 +560,24 @@ def test_plan_sizes_sequences_and_caps_them(tiny_model: Path) -> None:
         fixed = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, seq_ctx=300), weights, config)
     assert (sized.seq_ctx, capped.seq_ctx, fixed.seq_ctx) == (512, 256, 512)  # steps of 256, at most trained 512
     assert sized.parallel == capped.parallel == 2 and not sized.failed
+
+
+def test_a_prompt_cache_that_fails_leaves_the_request_running(
+    long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model file gone from under a server (the cache keys on it): the
+    request runs without the cache, and the server says why."""
+
+    def gone(*args: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", str(long_model))
+
+    monkeypatch.setattr(PromptCache, "checkpoint", gone)
+    with batch_engine(long_model, 1, seq_ctx=2048) as engine:
+        system = long_system(engine)
+        prompt = build_prompt(engine, "what is a cat", system=system)
+        run = ContinuousBatch(engine, 1, 2048, reuse_prefix=True, prompt_cache=PromptCache(tmp_path / "prompts"))
+        run.submit(BatchRequest(0, prompt.tokens, GREEDY, max_tokens=4, shared=prompt.shared))
+        _, done = drain(run)
+        run.close()
+    assert done[0].stats.generated_tokens == 4
+    assert any("prompt cache not used" in warning for warning in run.warnings), run.warnings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from localrun.serve.events import Listening, RequestDone, ServerStatus, Stopping
+from localrun.serve.events import Listening, Notice, RequestDone, ServerStatus, Stopping
 from localrun.ui.serve import ServeView
 
 
@@ -15,11 +15,13 @@ def test_log_lines_without_a_terminal() -> None:
         view.handle(ServerStatus(4, 1, 0, 0, 0, 12.5))  # a status tick: only a terminal shows it
         view.handle(RequestDone("POST", "/v1/chat/completions", 200, "tiny", 21, 18, 8, 40.0, 0.5, "length"))
         view.handle(RequestDone("POST", "/v1/completions", 400, outcome="not supported by this server: n"))
+        view.handle(Notice("tiny: prompt cache file x.kv is truncated: ignored, rebuilding it"))
         view.handle(Stopping(2, 10.0))
     lines = [line.split(" ", 1)[1] for line in stream.getvalue().splitlines()]  # after the time
     assert lines == [
         "serving tiny on http://127.0.0.1:8080/v1 (4 slots of 512 tokens, API key required); Ctrl-C stops",
         "POST /v1/chat/completions 200 tiny: prompt 21 (18 cached), 8 tokens at 40.0 tok/s, 0.50s, length",
         "POST /v1/completions 400 not supported by this server: n",
+        "warning: tiny: prompt cache file x.kv is truncated: ignored, rebuilding it",
         "stopping: 2 request(s) in flight get up to 10s to finish",
     ]

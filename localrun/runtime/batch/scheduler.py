@@ -23,6 +23,7 @@ new tokens are evaluated. `run_batch` runs a fixed list of prompts through it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -137,6 +138,8 @@ class ContinuousBatch:
         self.engine = engine
         self.speculation = speculation
         self.prompt_cache = prompt_cache
+        self.warnings: list[str] = []  # what the prompt cache had to say (a damaged file, a full disk), to show
+        self._writers: list[threading.Thread] = []  # prompt cache entries being written
         self._drafting: _Slot | None = None  # the slot the drafters follow
         self._rng = np.random.default_rng()
         self.memory = engine.memory
@@ -269,10 +272,26 @@ class ContinuousBatch:
         `AUTO_MIN_TOKENS` or more that the slot does not hold already."""
         if self.prompt_cache is None or request.shared < AUTO_MIN_TOKENS or keep >= request.shared:
             return keep, None
-        checkpoint = self.prompt_cache.checkpoint(self.engine, request.tokens[: request.shared])
-        if checkpoint.load_into(seq_id):
+        try:
+            checkpoint = self.prompt_cache.checkpoint(self.engine, request.tokens[: request.shared])
+        except OSError as exc:  # the model file is gone from under the server: no cache, the request runs
+            self.warnings.append(f"prompt cache not used: {exc}")
+            return keep, None
+        loaded = checkpoint.load_into(seq_id)
+        self.warnings += checkpoint.warnings
+        checkpoint.warnings = self.warnings  # what its later write says comes here too
+        if loaded:
             return checkpoint.length, None
         return (0 if checkpoint.touched else keep), checkpoint
+
+    def _store(self, s: _Slot, checkpoint: Checkpoint) -> None:
+        """Store ``s``'s cells, which hold exactly the checkpoint's prefix: the
+        state is taken here, and hashed and written on a thread of its own, so
+        the other sequences do not wait for the disk."""
+        state = checkpoint.capture(s.seq_id)
+        writer = threading.Thread(target=checkpoint.write, args=(state,), name="localrun-prompt-cache", daemon=True)
+        writer.start()
+        self._writers = [w for w in self._writers if w.is_alive()] + [writer]
 
     def _donor(self, tokens: Sequence[int], limit: int) -> tuple[int | None, int]:
         """The slot whose cells hold the longest prefix of ``tokens``, and its length."""
@@ -288,9 +307,13 @@ class ContinuousBatch:
         free = [seq_id for seq_id, slot in enumerate(self.slots) if slot is None]
         while free and self.queue:
             request = self.queue.popleft()
-            seq_id, start, checkpoint = self._place(request, free)
+            try:
+                seq_id, start, checkpoint = self._place(request, free)
+                slot = _Slot(self.engine, seq_id, request, start, self.capacity)
+            except BaseException:
+                self.queue.appendleft(request)  # still the scheduler's: a reset ends it with the others
+                raise
             free.remove(seq_id)
-            slot = _Slot(self.engine, seq_id, request, start, self.capacity)
             slot.checkpoint = checkpoint
             self.slots[seq_id] = slot
 
@@ -323,7 +346,7 @@ class ContinuousBatch:
                 s.pos += s.take
                 self.evaluated += s.take
                 if s.checkpoint is not None and s.pos == s.checkpoint.length:
-                    s.checkpoint.save_from(s.seq_id)
+                    self._store(s, s.checkpoint)
                     s.checkpoint = None
                 if not s.pending:
                     s.out.prompt_done(s.cached)
@@ -491,6 +514,8 @@ class ContinuousBatch:
             if s is not None:
                 s.sampler.close()
         self.batch.close()
+        for writer in self._writers:  # an entry half written would be left as a temporary file
+            writer.join()
 
 
 def run_batch(engine: Engine, requests: Sequence[BatchRequest], *, share_prefix: bool = True) -> Iterator[BatchEvent]:
