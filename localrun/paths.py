@@ -6,6 +6,7 @@ the XDG base directories apply.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -57,8 +58,9 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     except OSError as exc:
         raise _naming(exc, path) from exc
     try:
-        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
+            with contextlib.suppress(OSError):  # a file system without modes (vfat) keeps its own
+                os.fchmod(f.fileno(), _mode_for(path))
             f.write(raw)
         Path(tmp).replace(path)
     except BaseException as exc:
@@ -69,9 +71,10 @@ def atomic_write(path: Path, data: bytes | str) -> None:
 
 
 def _mode_for(path: Path) -> int:
-    """The permission bits ``path`` has, or a new file's under the umask."""
+    """The permission bits ``path`` has, or a new file's under the umask; the
+    owner can always read and write it (a file of mode 000 is rewritten 0600)."""
     try:
-        return stat.S_IMODE(path.stat().st_mode)
+        return stat.S_IMODE(path.stat().st_mode) | 0o600
     except OSError:
         return 0o666 & ~_umask()
 

@@ -14,6 +14,7 @@ it.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -236,6 +237,7 @@ class WisdomFile:
     hinted: set[str] = field(default_factory=set)  # models already told how to tune
     damaged: bool = False  # the file holds something unreadable: `save` moves it aside, never overwrites it
     moved_to: Path | None = None  # where `save` moved the damaged file
+    unreadable: bool = False  # the file is there but could not be read: `save` refuses to overwrite it
 
     @classmethod
     def load(cls, path: Path | None = None) -> WisdomFile:
@@ -251,6 +253,7 @@ class WisdomFile:
             return found
         except (OSError, UnicodeDecodeError) as exc:
             found.damaged = not isinstance(exc, IsADirectoryError | NotADirectoryError | PermissionError)
+            found.unreadable = not found.damaged
             found.problems.append(f"{path} cannot be read and is ignored ({paths.why_failed(exc)})")
             return found
         try:
@@ -298,7 +301,11 @@ class WisdomFile:
 
     def save(self) -> Path:
         """Write the entries atomically; a damaged file found by `load` is moved
-        aside first (``moved_to``), so what could not be read is never lost."""
+        aside first (``moved_to``), so what could not be read is never lost;
+        one that could not be read at all (its permissions) is not
+        overwritten: an OSError says so."""
+        if self.unreadable:
+            raise OSError(errno.EACCES, "it could not be read, so it is not overwritten", str(self.path))
         body = {
             "version": VERSION,
             "entries": [w.as_dict() for w in self.entries],

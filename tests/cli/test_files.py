@@ -29,6 +29,9 @@ class _FullDisk:
     def write(self, data: bytes) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def fileno(self) -> int:
+        return self.file.fileno()
+
     def __enter__(self) -> _FullDisk:
         return self
 
@@ -148,6 +151,30 @@ def test_unreadable_wisdom_is_neither_moved_nor_overwritten_by_a_hint(
     res = cli("generate", "-m", str(tiny_model), "-n", "2", "hi")
     assert res.returncode == 0 and res.stdout and "it is a folder, not a file" in res.stderr
     assert path.is_dir()
+
+
+def test_wisdom_that_cannot_be_read_is_not_overwritten_by_tune(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its permissions keep the user from reading it: a new measurement must
+    not replace what is in it (tune shows what it measured, and says why it
+    was not kept)."""
+    path = wisdom_file()
+    path.parent.mkdir(parents=True)
+    path.write_text('{"version": 1, "entries": []}')
+    real_read = Path.read_text
+
+    def denied(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    res = cli("tune", str(tiny_model), "--seconds", "5")
+    assert res.returncode == 0, res.stderr
+    assert "threads" in res.stdout  # the measurements, shown
+    assert f"could not be kept in {path}: it could not be read, so it is not overwritten" in res.stderr
+    assert real_read(path) == '{"version": 1, "entries": []}'
 
 
 @pytest.mark.parametrize(
