@@ -4,6 +4,7 @@ write one JSON object per line."""
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,10 @@ if TYPE_CHECKING:
 
 def _read_source(source: str) -> list[BatchLine]:
     if source == "-":
-        return read_lines(current().stdin)
+        stdin = current().stdin
+        if isinstance(stdin, io.TextIOWrapper):  # as for a file: a line not UTF-8 fails alone
+            stdin.reconfigure(errors="surrogateescape")
+        return read_lines(stdin)
     path = Path(source)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "no such file"

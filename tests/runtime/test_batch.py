@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -468,6 +469,16 @@ def test_cli_a_line_that_is_not_utf8_fails_alone(tiny_model: Path, tmp_path: Pat
     assert "not UTF-8" in out[2]["error"]
     assert out[1]["generated_tokens"] == out[3]["generated_tokens"] == 3
     assert "Traceback" not in res.stderr
+
+
+def test_cli_a_line_that_is_not_utf8_on_stdin_fails_alone(tiny_model: Path) -> None:
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(tiny_model), "-t", "0", "-n", "3", "--batch", "-"]
+    strict = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}  # stdin as under a UTF-8 locale
+    data = b"alpha\nbe\xfftween\ngamma\n"
+    res = subprocess.run(cmd, input=data, capture_output=True, timeout=120, check=False, env=strict)
+    assert res.returncode == 8, res.stderr
+    out = {r["id"]: r for r in records(res.stdout.decode())}
+    assert "not UTF-8" in out[2]["error"] and out[3]["generated_tokens"] == 3
 
 
 def test_cli_resume_skips_what_is_done(tiny_model: Path, tmp_path: Path) -> None:
