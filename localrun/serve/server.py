@@ -81,10 +81,15 @@ class _Server(uvicorn.Server):
         self.signals = 0  # Ctrl-C or SIGTERM received
         self.cut_short = False  # a second Ctrl-C ended the requests in flight before the grace period did
         self._now = threading.Event()  # set by that second Ctrl-C
+        self._stop = threading.Event()  # set by the first
+        # started here, not from the signal handler: starting a thread takes a
+        # lock that the code the signal interrupted may hold
+        self._stopper = threading.Thread(target=self._stop_requests, name="serve-stop", daemon=True)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
+            self._stopper.start()
             self.on_event(self.listening)
 
     async def on_tick(self, counter: int) -> bool:
@@ -105,7 +110,7 @@ class _Server(uvicorn.Server):
         self.signals += 1
         if self.signals == 1:
             self.should_exit = True
-            threading.Thread(target=self._stop_requests, name="serve-stop", daemon=True).start()
+            self._stop.set()
         elif sig == signal.SIGINT and not self.cut_short:
             self.cut_short = True
             self._now.set()
@@ -117,6 +122,7 @@ class _Server(uvicorn.Server):
         at a second Ctrl-C). On a thread of its own: `ModelTable.stop` waits for
         the engine threads, and showing an event takes a lock that the code
         the signal interrupted may hold."""
+        self._stop.wait()
         status = self.table.status()
         self.on_event(Stopping(status.busy + status.queued, self.grace_s))
         if self._now.wait(self.grace_s):
@@ -127,9 +133,10 @@ class _Server(uvicorn.Server):
 
 @contextlib.contextmanager
 def _signals_handled() -> Iterator[None]:
-    """uvicorn raises the signal that stopped it again once it has shut down;
-    here that finds a handler that does nothing, so the models are freed and
-    the process exits normally."""
+    """While uvicorn runs, its handlers (`_Server.handle_exit`) take SIGINT
+    and SIGTERM; once it has stopped, while the models are freed, a signal
+    finds a handler that does nothing, so they are freed and the process
+    exits normally."""
     previous = {sig: signal.signal(sig, lambda s, f: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
