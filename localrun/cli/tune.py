@@ -67,12 +67,12 @@ def keep_wisdom(change: Callable[[WisdomFile], object], what: str) -> Path | Non
     for problem in wisdom_file.problems:
         out().warn(problem)
     change(wisdom_file)
+    written: Path | None = None
     try:
         written = wisdom_file.save()
     except OSError as exc:
         out().warn(f"{what} could not be kept in {exc.filename or wisdom_file.path}: {paths.why_failed(exc)}")
-        return None
-    if wisdom_file.moved_to is not None:
+    if wisdom_file.moved_to is not None:  # even when the new file then failed
         out().warn(f"the damaged wisdom file is kept as {wisdom_file.moved_to}")
     return written
 

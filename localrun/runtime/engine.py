@@ -35,8 +35,14 @@ def _load_model(info: GGUFInfo, repack: bool) -> Any:
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
     mparams.use_extra_bufts = repack
-    with native_call():  # seconds of llama.cpp logging: Ctrl-C must not land in the log callback
-        model = llama_cpp.llama_model_load_from_file(str(info.path).encode(), mparams)
+    model = None
+    try:
+        with native_call():  # seconds of llama.cpp logging: Ctrl-C must not land in the log callback
+            model = llama_cpp.llama_model_load_from_file(str(info.path).encode(), mparams)
+    except BaseException:  # a Ctrl-C held until the load returned: the model loaded is freed, not lost
+        if model:
+            llama_cpp.llama_model_free(model)
+        raise
     if not model:
         raise BadModelError(
             f"llama.cpp could not load {info.path}: {llama_log.last_error() or 'unknown error'}",
