@@ -236,7 +236,7 @@ class LiveRenderer:
                         stats = ev.stats
         except BaseException:  # a second Ctrl-C, an error: the text shown so far stays on the screen
             if self._chunks:
-                self.console.print(Panel(Text("".join(self._chunks)), title=self.title or None, border_style="blue"))
+                self._print_whole()
             raise
         final = _final(stats)
         foot = footer(
@@ -249,9 +249,13 @@ class LiveRenderer:
             threads=final.threads,
             width=self._footer_room(),
         )
+        self._print_whole(foot)
+        return final
+
+    def _print_whole(self, foot: Text | None = None) -> None:
+        """The whole text in a panel that stays (the live one is erased), with ``foot`` under it."""
         text = "".join(self._chunks)
         body: RenderableType = Markdown(text, code_theme="monokai") if self.markdown else Text(text)
         self.console.print(
             Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )
-        return final
