@@ -10,7 +10,7 @@ import sys
 def main() -> int:
     try:
         from localrun.cli import main as run_command_line
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # what cli._errors.error_boundary does, which is what could not be imported
         sys.stderr.write("interrupted\n")
-        return 130
+        return 130  # ExitCode.INTERRUPTED
     return run_command_line()
