@@ -31,16 +31,28 @@ _ATTEMPTS = 5  # transfers in a row that end with no new byte written
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+_NO_CONNECTION = {"ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled"}
+_CUT = {"TransportError", "StreamError", "RemoteProtocolError", "ReadTimeout", "ReadError"}
+
+
+def _named(exc: BaseException, names: set[str]) -> bool:
+    """Matched by class name: the client raises its HTTP library's classes (httpx2 in huggingface-hub 2.x)."""
+    return bool(names & {cls.__name__ for cls in type(exc).__mro__})
+
+
 def unreachable(exc: BaseException) -> bool:
-    """DNS or connection failure (or offline mode), as opposed to an HTTP answer.
-    Matched by class name: the client raises its HTTP library's classes (httpx2 in huggingface-hub 2.x)."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled"})
+    """No answer from the hub: DNS or connection failure, offline mode, or a
+    connection cut (or silent) before any answer, as a hub that takes the
+    connection and drops it does; as opposed to an HTTP answer."""
+    return _named(exc, _NO_CONNECTION | _CUT)
+
+
+def _unreachable_error(exc: BaseException) -> SourceUnreachableError:
+    return SourceUnreachableError(f"the hub cannot be reached ({f'{exc}' or type(exc).__name__})")
 
 
 def _transport_error(exc: BaseException) -> bool:
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"TransportError", "StreamError", "RemoteProtocolError", "ReadTimeout", "ReadError"})
+    return _named(exc, _CUT)
 
 
 def check_reachable() -> None:
@@ -74,7 +86,7 @@ def list_files(repo: str) -> list[str]:
         raise ModelNotFoundError(f"no repo {repo!r} on the hub") from exc
     except Exception as exc:
         if unreachable(exc):
-            raise SourceUnreachableError("the hub cannot be reached") from exc
+            raise _unreachable_error(exc) from exc
         raise DownloadError(f"listing {repo} failed: {exc}") from exc
 
 
@@ -206,7 +218,7 @@ def download(repo: str, file: str, label: str, progress: TransferProgress | None
         raise
     except Exception as exc:
         if unreachable(exc):
-            raise SourceUnreachableError("the hub cannot be reached") from exc
+            raise _unreachable_error(exc) from exc
         if isinstance(exc, OSError) and exc.filename:
             raise  # a folder of the cache that cannot be made: a path for the user to fix
         raise DownloadError(f"download of {file} failed: {exc}") from exc
