@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -27,8 +28,10 @@ from localrun import paths
 from localrun.cli._errors import ExitCode
 from localrun.store import hub as hub_module
 from localrun.store import registry
+from tests import fakehub
 from tests.fakehub import HubState, serve
 from tests.helpers import Result, cli, cli_process
+from tests.store.tcpproxy import TcpProxy
 from tests.store.test_pull import split_into_wheels
 
 REPO = "tester/faults-GGUF"
@@ -41,12 +44,19 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubState]:
 
     state = HubState()
     with serve(state) as url:
-        monkeypatch.setenv("HF_ENDPOINT", url)  # for a subprocess
-        monkeypatch.setattr(constants, "ENDPOINT", url)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+        point_at(monkeypatch, url)
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_cache()))
         monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.5)
         yield state
+
+
+def point_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The pull's hub endpoint, in process and for a subprocess."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
 
 
 def hf_cache() -> Path:
@@ -410,3 +420,100 @@ def test_mirror_disk_full_and_ctrl_c_at_the_rename_leave_nothing(
     res = mirror_pull()
     assert res.returncode == 0, res.stderr
     assert [p.read_bytes() for p in mirror_files()] == [mirror_only]
+
+
+# ------------------------------------------------- a proxy cutting the TCP --
+
+
+@pytest.fixture
+def tcp(hub: HubState, monkeypatch: pytest.MonkeyPatch) -> Iterator[TcpProxy]:
+    """A TCP proxy between the pull and the hub, for the endpoint and for the
+    blob host the hub redirects to; its faults are set per test."""
+    from huggingface_hub import constants
+
+    hub_port = urlsplit(constants.ENDPOINT).port
+    assert hub_port is not None
+    with TcpProxy(("127.0.0.1", hub_port)).serve() as proxy:
+        point_at(monkeypatch, proxy.url)
+        real = fakehub._Handler.send_header
+
+        def send_header(handler: fakehub._Handler, keyword: str, value: str) -> None:
+            if keyword == "Location":  # the hub names its own port: the blob host is behind the proxy too
+                value = value.replace(f":{hub_port}/", f":{proxy.port}/")
+            real(handler, keyword, value)
+
+        monkeypatch.setattr(fakehub._Handler, "send_header", send_header)
+        yield proxy
+
+
+def test_a_reset_midway_is_retried_from_where_it_stopped(hub: HubState, tcp: TcpProxy) -> None:
+    data = add(hub, "reset.gguf", 3 * MIB)
+    tcp.only, tcp.faults = b"/blobs/", [f"reset:{MIB + MIB // 2}"]
+    assert_pulled(pull("reset.gguf"), data)
+    assert tcp.faulted == 1
+    starts = resumed_from(hub)
+    assert len(starts) == 1 and 0 < starts[0] <= MIB + MIB // 2
+
+
+def test_a_reset_on_every_connection_fails_keeping_the_partial(hub: HubState, tcp: TcpProxy) -> None:
+    data = add(hub, "resets.gguf", 3 * MIB)
+    tcp.only, tcp.faults, tcp.default = b"/blobs/", [f"reset:{MIB}"], "reset:20"  # then not even a status line
+    res = pull("resets.gguf")
+    kept = kept_bytes()
+    one_line_error(res, ExitCode.DOWNLOAD_FAILED, f"cut off at {kept} bytes", "reset")
+    assert "resumes" in res.stderr
+    assert 0 < kept <= MIB and finals() == []
+    assert tcp.faulted == 1 + hub_module._ATTEMPTS
+    tcp.default = "pass"
+    assert_pulled(pull("resets.gguf"), data)
+    assert blob_ranges(hub)[-1] == f"bytes={kept}-"
+
+
+@pytest.mark.parametrize(
+    ("faults", "default", "ok"),
+    [
+        ([f"close:{MIB}"], "pass", True),  # once: resumed
+        ([], f"close:{MIB}", True),  # every answer cut short, each brings bytes: followed to the end
+        ([f"close:{MIB}"], "close:20", False),  # then answers cut before their status line: given up
+    ],
+    ids=["once", "every-time", "then-nothing"],
+)
+def test_a_clean_close_midway_is_a_short_body_never_a_file(
+    hub: HubState, tcp: TcpProxy, faults: list[str], default: str, ok: bool
+) -> None:
+    data = add(hub, "short.gguf", 3 * MIB)
+    tcp.only, tcp.faults, tcp.default = b"/blobs/", list(faults), default
+    res = pull("short.gguf")
+    assert_cache_honest()
+    if ok:
+        assert_pulled(res, data)
+        starts = resumed_from(hub)
+        assert starts == sorted(set(starts)) and 0 < starts[0] <= MIB
+        return
+    kept = kept_bytes()
+    one_line_error(res, ExitCode.DOWNLOAD_FAILED, f"cut off at {kept} bytes")
+    assert 0 < kept <= MIB and finals() == []
+    tcp.default = "pass"
+    assert_pulled(pull("short.gguf"), data)
+    assert blob_ranges(hub)[-1] == f"bytes={kept}-"
+
+
+def test_a_hub_that_drops_every_connection_is_unreachable(hub: HubState, tcp: TcpProxy) -> None:
+    data = add(hub, "refused.gguf", MIB)
+    tcp.default = "refuse"
+    one_line_error(pull("refused.gguf"), ExitCode.DOWNLOAD_FAILED, "the hub cannot be reached")
+    assert hub.requests == [] and tcp.faulted > 0
+    assert finals() == [] and partials() == []
+    tcp.default = "pass"
+    assert_pulled(pull("refused.gguf"), data)
+
+
+def test_a_hub_that_drops_every_connection_falls_back_to_the_mirror(
+    hub: HubState, tcp: TcpProxy, mirror_only: bytes
+) -> None:
+    tcp.default = "refuse"
+    res = cli("pull", "faults:q4", "--no-tune")
+    assert res.returncode == 0, res.stderr
+    assert "the hub cannot be reached" in res.stderr and "trying 1 mirror" in res.stderr
+    assert Path(res.stdout.split("\t")[1].strip()).read_bytes() == mirror_only
+    assert hub.requests == [] and finals() == [] and partials() == []
