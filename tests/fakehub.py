@@ -82,11 +82,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, {"X-Repo-Commit": COMMIT, "X-Error-Code": "EntryNotFound"}, b"not found", head)
                 return
             sha = hashlib.sha256(data).hexdigest()
+            # the port the client reached (a proxy's, in front of this server)
+            port = self.headers.get("Host", "").rpartition(":")[2] or str(self.server.server_address[1])
             self._send(
                 302,
                 {
                     # another host name for the same server, as the Hub redirects to its CDN
-                    "Location": f"http://localhost:{self.server.server_address[1]}/blobs/{sha}",
+                    "Location": f"http://localhost:{port}/blobs/{sha}",
                     "X-Repo-Commit": COMMIT,
                     "X-Linked-Etag": f'"{sha}"',
                     "ETag": '"0000"',
