@@ -47,8 +47,11 @@ def unreachable(exc: BaseException) -> bool:
     return _named(exc, _NO_CONNECTION | _CUT)
 
 
+UNREACHABLE_HINT = "check your network, or HF_ENDPOINT if you set it"
+
+
 def _unreachable_error(exc: BaseException) -> SourceUnreachableError:
-    return SourceUnreachableError(f"the hub cannot be reached ({f'{exc}' or type(exc).__name__})")
+    return SourceUnreachableError(f"the hub cannot be reached ({f'{exc}' or type(exc).__name__})", UNREACHABLE_HINT)
 
 
 def _transport_error(exc: BaseException) -> bool:
@@ -65,7 +68,9 @@ def check_reachable() -> None:
     try:
         socket.create_connection((url.hostname or "", port), timeout=5).close()
     except OSError as exc:
-        raise SourceUnreachableError(f"the hub cannot be reached ({url.hostname}: {exc.strerror or exc})") from exc
+        raise SourceUnreachableError(
+            f"the hub cannot be reached ({url.hostname}: {exc.strerror or exc})", UNREACHABLE_HINT
+        ) from exc
 
 
 def cached(repo: str, file: str) -> Path | None:
@@ -213,7 +218,7 @@ def download(repo: str, file: str, label: str, progress: TransferProgress | None
     except LocalEntryNotFoundError as exc:  # no usable answer from the hub, and not in the cache
         if isinstance(exc.__cause__, FileMetadataError):  # it answered, but not like a hub
             raise DownloadError(f"{repo}/{file}: {exc.__cause__}", hint="check HF_ENDPOINT") from exc
-        raise SourceUnreachableError("the hub cannot be reached") from exc
+        raise SourceUnreachableError("the hub cannot be reached", UNREACHABLE_HINT) from exc
     except (DownloadError, ModelNotFoundError):
         raise
     except Exception as exc:

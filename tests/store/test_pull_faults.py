@@ -492,7 +492,9 @@ def test_a_clean_close_midway_is_a_short_body_never_a_file(
 def test_a_hub_that_drops_every_connection_is_unreachable(hub: HubState, tcp: TcpProxy) -> None:
     data = add(hub, "refused.gguf", MIB)
     tcp.default = "refuse"
-    one_line_error(pull("refused.gguf"), ExitCode.DOWNLOAD_FAILED, "the hub cannot be reached")
+    res = pull("refused.gguf")
+    one_line_error(res, ExitCode.DOWNLOAD_FAILED, "the hub cannot be reached")
+    assert "hint: check your network" in res.stderr
     assert hub.requests == [] and tcp.faulted > 0
     assert finals() == [] and partials() == []
     tcp.default = "pass"
