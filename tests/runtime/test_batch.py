@@ -260,6 +260,27 @@ def test_reuse_prefix_picks_the_slot_holding_the_longest_prefix(tiny_model: Path
     assert again[2].text == alone(single, follow, max_tokens=8)[0]
 
 
+def test_requests_that_come_together_evaluate_their_shared_start_once(tiny_model: Path, single: Engine) -> None:
+    """Three requests with one system prompt, queued at once: the first
+    evaluates it, the others wait for its cells and copy them; each text is
+    what it is alone."""
+    system = "you are a terse assistant who answers in one short line."
+    with batch_engine(tiny_model, 3) as engine:
+        prompts = [build_prompt(engine, q, system=system) for q in ("the cat", "a dog ran", "and then")]
+        run = ContinuousBatch(engine, 3, 256, reuse_prefix=True)
+        for i, prompt in enumerate(prompts):
+            run.submit(BatchRequest(i, prompt.tokens, GREEDY, max_tokens=8))
+        _, done = drain(run)
+        run.close()
+    shared = shared_prefix([p.tokens for p in prompts])
+    assert shared >= 16
+    cached = sorted(done[i].stats.cached_tokens for i in range(3))
+    assert cached[0] == 0 and cached[1] >= shared and cached[2] >= shared
+    assert run.evaluated == sum(len(p.tokens) for p in prompts) - sum(cached)
+    for i, prompt in enumerate(prompts):
+        assert done[i].text == alone(single, prompt.tokens, max_tokens=8)[0]
+
+
 def long_system(engine: Engine) -> str:
     """A system prompt just long enough for the prompt cache to keep."""
     system = "answer briefly."

@@ -77,8 +77,9 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
 
 
 # the fewest tokens worth copying another slot's cells for (a copy across
-# per-sequence caches copies the whole sequence): a choice, not a measurement
-COPY_MIN = 32
+# per-sequence caches copies the whole sequence), or waiting for them: a
+# choice, not a measurement (a chat template's system turn is about this long)
+COPY_MIN = 16
 
 
 class _Slot:
@@ -99,6 +100,7 @@ class _Slot:
         self.next_token: int | None = None
         self.tally: Tally | None = None  # its drafts, once it has decoded alone with speculation
         self.checkpoint: Checkpoint | None = None  # its shared prefix, stored once the cells hold it
+        self.waiting: tuple[int, int, int] | None = None  # (seq_id, request index, n): copy that slot's first n tokens
         self.take = 0  # tokens this sequence puts in the current batch
         self.row = -1  # its logits' row in the current batch, -1 for none
 
@@ -266,6 +268,44 @@ class ContinuousBatch:
         keep, checkpoint = self._cached(request, seq_id, keep)
         return seq_id, keep, checkpoint
 
+    def _future_donor(self, request: BatchRequest, keep: int) -> tuple[int, int, int] | None:
+        """A busy slot whose prompt, not yet evaluated that far, starts as
+        ``request`` does for at least `COPY_MIN` tokens more than ``keep``
+        (requests that came together with one system prompt): (its seq_id,
+        its request's index, how many tokens). The new slot waits for those
+        cells and copies them, rather than evaluating them a second time."""
+        limit = len(request.tokens) - 1
+        best: tuple[int, int, int] | None = None
+        for seq_id, s in enumerate(self.slots):
+            if s is None or s.waiting is not None:
+                continue
+            n = common_prefix(s.context, request.tokens, limit)
+            if s.pos < n and n >= keep + COPY_MIN and (best is None or n > best[2]):
+                best = (seq_id, s.request.index, n)
+        return best
+
+    def _end_waits(self) -> None:
+        """Slots waiting for a donor's cells: copy them once the donor holds
+        them; a donor gone before (cancelled) leaves the slot to evaluate its own."""
+        for seq_id, s in enumerate(self.slots):
+            if s is None or s.waiting is None:
+                continue
+            donor_id, index, n = s.waiting
+            donor = self.slots[donor_id]
+            if donor is not None and donor.request.index == index and donor.pos < n:
+                continue  # not there yet
+            held = donor.context[: donor.pos] if donor is not None else self.held[donor_id]
+            s.waiting = None
+            if common_prefix(held, s.context, n) < n:
+                continue  # the donor went before it held them
+            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self.memory, donor_id, seq_id, -1, -1)  # across streams: whole ones only
+            if not llama_cpp.llama_memory_seq_rm(self.memory, seq_id, n, -1):
+                llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+                n = 0
+            s.pos = s.cached = n
+            s.pending = list(s.request.tokens[n:])
+
     def _cached(self, request: BatchRequest, seq_id: int, keep: int) -> tuple[int, Checkpoint | None]:
         """(what ``seq_id`` holds of ``request`` after the prompt cache had its
         say, the checkpoint to store when it missed). Only a shared prefix of
@@ -315,6 +355,8 @@ class ContinuousBatch:
                 raise
             free.remove(seq_id)
             slot.checkpoint = checkpoint
+            if self.reuse_prefix and checkpoint is None:
+                slot.waiting = self._future_donor(request, start)
             self.slots[seq_id] = slot
 
     def _step(self) -> DecodeStatus:  # noqa: C901  the scheduler's one step: kept whole
@@ -360,7 +402,7 @@ class ContinuousBatch:
         order; a prompt stops at the end of a shared prefix to be stored."""
         room = self.engine.n_batch - sum(1 for s in live if not s.pending)
         for s in live:
-            s.take = 1 if not s.pending else min(len(s.pending), room)
+            s.take = 1 if not s.pending else 0 if s.waiting is not None else min(len(s.pending), room)
             if s.pending and s.checkpoint is not None:
                 s.take = min(s.take, s.checkpoint.length - s.pos)
             if s.pending:
@@ -471,6 +513,7 @@ class ContinuousBatch:
         """Give free slots to queued requests, decode once, sample each
         sequence: the decode's status, and the text and ends it produced."""
         self._fill_slots()
+        self._end_waits()
         self.steps += 1
         alone = self._alone() if self.speculation is not None else None
         if alone is not None:
