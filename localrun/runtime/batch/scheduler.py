@@ -115,7 +115,9 @@ class ContinuousBatch:
     ``prefix_tokens`` (a prefix every request shares) is evaluated once by
     `evaluate_prefix` and kept in every slot. ``reuse_prefix``: a slot keeps
     its whole sequence when it ends, and a new request takes the free slot
-    holding the longest prefix of its tokens. ``stream``: `step` reports each
+    holding the longest prefix of its tokens; a longer one another slot holds,
+    or is about to evaluate, is copied from it (`_place`, `_future_donor`).
+    ``stream``: `step` reports each
     sequence's text as it comes (`SequenceText`), not only at the end.
     ``speculation`` (prompt lookup, `localrun.speculative`): a sequence that
     decodes alone (nothing queued, no other slot busy) drafts, and its draft
