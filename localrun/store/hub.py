@@ -109,7 +109,7 @@ def sha256_of(path: Path) -> str:
 
 def write_failed(exc: OSError, path: Path, file: str, resumes: bool) -> DownloadError:
     """A download stopped because its file in the cache could not be written."""
-    kept = path.stat().st_size if resumes and path.exists() else 0
+    kept = _length(path) if resumes else 0
     what = f"{kept} bytes of {file} kept" if resumes else f"nothing of {file} kept"
     again = "run the pull again: it resumes where it stopped" if resumes else "run the pull again"
     hint = f"free some space, then {again}" if exc.errno in _DISK_FULL else again
@@ -123,7 +123,7 @@ def _transfer(
     past ``size`` (a server that sends more is cut off: the hash decides)."""
     from huggingface_hub import constants, get_session
 
-    start = part.stat().st_size if part.exists() else 0
+    start = _length(part)
     if size is not None and start >= size:
         return
     request_headers = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
@@ -235,7 +235,7 @@ def remove(repo: str, file: str) -> int:
     if path is None:
         return 0
     blob = path.resolve()
-    freed = blob.stat().st_size if blob.exists() else 0
+    freed = _length(blob)
     blob.unlink(missing_ok=True)
     path.unlink(missing_ok=True)
     return freed
