@@ -229,6 +229,18 @@ def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
     return prompt + room, prompt + min(room, 1024) // 2
 
 
+def conversation_depth(options: Options) -> int:
+    """The depth a conversation mostly decodes at, for flash attention: a chat,
+    or a server's slot that clients re-send their history to, grows turn by
+    turn toward its context, so the middle of that context (DEFAULT_CTX when
+    --ctx is auto or not given)."""
+    from localrun.runtime.sizing import DEFAULT_CTX
+    from localrun.settings import parse_ctx
+
+    ctx = parse_ctx(options.ctx) if options.ctx else None
+    return (ctx or DEFAULT_CTX) // 2
+
+
 def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:
     """`--schema` or `--grammar`, checked before any model loads."""
     from localrun.structured.spec import parse_grammar, parse_schema

@@ -119,7 +119,9 @@ def chat(
     resumed = _history.last_conversation() if continue_last else None
     if resumed is not None:
         saved = resumed[1], resumed[2]
-    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose)
+    resolved = opt.resolve_engine(
+        model, options, offline=offline, verbose=verbose, depth=opt.conversation_depth(options)
+    )
     env = current()
     with (
         opt.load(resolved) as engine,

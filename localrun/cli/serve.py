@@ -63,7 +63,15 @@ def _plans(
     need = (slot_ctx or DEFAULT_CTX) * (options.parallel or LLAMA_PARALLEL)  # for --kv auto: every slot full
     plans: list[ModelPlan] = []
     for name in names:
-        resolved = opt.resolve_engine(name, options, offline=offline, verbose=verbose, with_draft=False, need=need)
+        resolved = opt.resolve_engine(
+            name,
+            options,
+            offline=offline,
+            verbose=verbose,
+            with_draft=False,
+            need=need,
+            depth=opt.conversation_depth(options),
+        )
         settings = resolved.settings
         tuned = settings.sources["parallel"] == "wisdom"
         ident = model_id(resolved.target)

@@ -12,6 +12,7 @@ class Listening:
     models: tuple[str, ...]
     parallel: int  # slots, all models together
     slot_ctx: int  # each slot's context (of the first model)
+    flash_attn: str  # on, off, or auto where llama.cpp decides (of the first model)
     auth: bool  # whether requests need the API key (the key itself is never reported)
 
 

@@ -166,6 +166,7 @@ def serve(
             models=tuple(m.id for m in table.models),
             parallel=sum(m.worker.parallel for m in table.models),
             slot_ctx=first.capacity,
+            flash_attn=first.engine.flash_attn,
             auth=settings.api_key is not None,
         )
         config = uvicorn.Config(

@@ -18,9 +18,12 @@ from localrun.serve.events import Listening, Notice, RequestDone, ServeEvent, Se
 
 def listening_line(ev: Listening) -> str:
     auth = "API key required" if ev.auth else "no API key"
+    attention = (
+        "flash attention as llama.cpp decides" if ev.flash_attn == "auto" else f"flash attention {ev.flash_attn}"
+    )
     return (
         f"serving {', '.join(ev.models)} on {ev.url}/v1 ({ev.parallel} slot{'s' if ev.parallel != 1 else ''} "
-        f"of {ev.slot_ctx} tokens, {auth}); Ctrl-C stops"
+        f"of {ev.slot_ctx} tokens, {attention}, {auth}); Ctrl-C stops"
     )
 
 

@@ -11,7 +11,7 @@ from localrun.ui.serve import ServeView
 def test_log_lines_without_a_terminal() -> None:
     stream = io.StringIO()
     with ServeView(stream, terminal=False) as view:
-        view.handle(Listening("http://127.0.0.1:8080", ("tiny",), 4, 512, auth=True))
+        view.handle(Listening("http://127.0.0.1:8080", ("tiny",), 4, 512, "off", auth=True))
         view.handle(ServerStatus(4, 1, 0, 0, 0, 12.5))  # a status tick: only a terminal shows it
         view.handle(RequestDone("POST", "/v1/chat/completions", 200, "tiny", 21, 18, 8, 40.0, 0.5, "length"))
         view.handle(RequestDone("POST", "/v1/completions", 400, outcome="not supported by this server: n"))
@@ -19,7 +19,8 @@ def test_log_lines_without_a_terminal() -> None:
         view.handle(Stopping(2, 10.0))
     lines = [line.split(" ", 1)[1] for line in stream.getvalue().splitlines()]  # after the time
     assert lines == [
-        "serving tiny on http://127.0.0.1:8080/v1 (4 slots of 512 tokens, API key required); Ctrl-C stops",
+        "serving tiny on http://127.0.0.1:8080/v1 (4 slots of 512 tokens, flash attention off, API key required); "
+        "Ctrl-C stops",
         "POST /v1/chat/completions 200 tiny: prompt 21 (18 cached), 8 tokens at 40.0 tok/s, 0.50s, length",
         "POST /v1/completions 400 not supported by this server: n",
         "warning: tiny: prompt cache file x.kv is truncated: ignored, rebuilding it",

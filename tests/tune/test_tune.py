@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from localrun.cli.serve import _plans as serve_plans
+from localrun.settings import Options
 from localrun.tune.machine import this_machine
 from localrun.tune.measure import MAX_ROWS
 from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, WisdomFile
@@ -111,6 +113,30 @@ def test_batch_takes_the_tuned_parallel_count(wide_model: Path, tmp_path: Path) 
     res = cli("generate", "-m", str(wide_model), "--batch", str(src), "-n", "3", "--stats")
     assert res.returncode == 0, res.stderr
     assert "3 at a time" in res.stderr, res.stderr
+
+
+def test_conversations_choose_flash_attention_for_their_depth(wide_model: Path) -> None:
+    """Where tune measured flash attention faster shallow and slower deep, a
+    short `generate` takes it on, while a chat and a server, whose
+    conversations grow toward their context, take it off."""
+    f = WisdomFile.load()
+    curve = Attention((32, 512), off_ms=(10.0, 11.0), on_ms=(8.0, 12.0))
+    f.put(Wisdom(this_machine(), ModelKey.of(wide_model), "f16/f16", "2026-12-03T00:00:00+00:00", flash_attn=curve))
+    f.save()
+    short = cli("generate", "-m", str(wide_model), "-n", "2", "-t", "0", "--spec", "none", "--json", "hi")
+    assert short.returncode == 0, short.stderr
+    settings = _done(short.stdout)["settings"]
+    assert isinstance(settings, dict) and settings["flash_attn"]["value"] == "on", settings
+    chat = cli("chat", "-m", str(wide_model), "-n", "2", "-t", "0", "--json", input="hi\n")
+    assert chat.returncode == 0, chat.stderr
+    settings = _done(chat.stdout)["settings"]
+    assert isinstance(settings, dict) and settings["flash_attn"]["value"] == "off", settings
+    assert "at depth 2048" in settings["flash_attn"]["why"]
+    # the server's plan, and the small context it is given
+    plans = serve_plans([str(wide_model)], Options(ctx="512"), offline=True, verbose=False, queue=4, template=None)
+    assert plans[0].config.flash_attn == "on"  # a 512-token slot stays shallow: depth 256
+    plans = serve_plans([str(wide_model)], Options(), offline=True, verbose=False, queue=4, template=None)
+    assert plans[0].config.flash_attn == "off"
 
 
 def test_tune_refuses_a_bad_kv_type(wide_model: Path) -> None:
