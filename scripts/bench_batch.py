@@ -136,11 +136,15 @@ _PARALLEL = re.compile(r"(\d+) at a time")
 
 
 def run_cli_batch(
-    model: Path | str, prompts: list[str], args: argparse.Namespace, fixed: int | None = None
+    model: Path | str,
+    prompts: list[str],
+    args: argparse.Namespace,
+    fixed: int | None = None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[float, int, list[str], int]:
     """(aggregate tok/s, generated tokens, texts, parallel) of `localrun generate --batch`,
-    with localrun's default --parallel unless ``fixed`` is given; ``model`` a
-    server's URL runs it there (the server has the threads)."""
+    with localrun's default --parallel unless ``fixed`` is given, and ``extra``
+    options; ``model`` a server's URL runs it there (the server has the threads)."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for i, p in enumerate(prompts):
             f.write(json.dumps({"id": i, "prompt": p}) + "\n")
@@ -149,7 +153,7 @@ def run_cli_batch(
         cmd += ["--threads", str(args.threads)]
     if fixed is not None:
         cmd += ["--parallel", str(fixed)]
-    cmd += ["-t", "0", "-n", str(args.tokens), "-s", SYSTEM, "--stats", "--batch", f.name]
+    cmd += ["-t", "0", "-n", str(args.tokens), "-s", SYSTEM, "--stats", *extra, "--batch", f.name]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=HERE, stdin=subprocess.DEVNULL)
     Path(f.name).unlink()
     found = _SUMMARY.search(out.stderr)

@@ -6,20 +6,30 @@
         [--llama-server PATH/TO/llama-server] [--quick]
 
 1. throughput: for each N of --clients, N concurrent streaming clients (the
-   official `openai` client, greedy, one prompt each, up to --tokens) against
+   official `openai` client, greedy, one prompt each, a coding task whose
+   answer runs past --tokens, so that every system does the same work) against
    `localrun serve --parallel N`; aggregate tokens/sec = completion tokens of
    all clients / wall time from the first request to the last end. Beside it,
    the same prompts through `localrun generate --batch --parallel N` (its own
    summary: generated tokens / generation time), and with --llama-server the
-   same clients against `llama-server -np N` on the same file. Ratios serve /
-   batch and serve / llama-server are taken within each round.
+   same clients against `llama-server -np N` on the same file. Both run with
+   the flash attention the server chose (its log says which): the same
+   arithmetic gives the same greedy texts, so all three do the same work (the
+   tokens each generated are printed). Ratios serve / batch and serve /
+   llama-server are taken within each round.
 2. single client: one streaming client, decode tokens/sec seen by the client
    (tokens after the first / time from the first chunk to the last), against
-   `localrun generate --spec none --json` on the same prompt (its done event).
+   `localrun generate --spec none --json` on the same prompt (its done event)
+   with the flash attention the server chose (its log says which): the
+   ratio is what HTTP costs. Beside it, generate with its own choice for
+   that short prompt (serve chooses for the middle of a slot's context).
 3. chat: one client holds a --turns-turn conversation, re-sending the whole
    history each turn; time to first token of each turn, turn --turns / turn 2,
    and the server's own timings behind it (tokens evaluated, tokens reused, ms
    per evaluated token); with --llama-server the same conversation against it.
+   The last turn asks turn 2's question again, so both evaluate the same new
+   tokens and the ratio is what the history between them costs (a longer
+   question costs its extra tokens at any turn).
 4. load: --load requests from --load-clients concurrent clients, 10% of which
    disconnect after a few chunks and 5% of which are malformed; it checks that
    every well-formed request completed, every malformed one got 400, every slot
@@ -66,11 +76,12 @@ import openai
 
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import ratio_summary
-from scripts.bench_batch import SHORT, SYSTEM, bench_prompts, run_cli_batch
+from scripts.bench_batch import SHORT, SYSTEM, run_cli_batch
 
 HERE = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "qwen2.5-coder:1.5b"
 _LISTENING = re.compile(r"on (http://127\.0\.0\.1:\d+)/v1")
+_ATTENTION = re.compile(r"flash attention (on|off|as llama\.cpp decides)")
 
 
 # ---------------------------------------------------------------- servers --
@@ -81,6 +92,12 @@ class Server:
     proc: subprocess.Popen[str]
     url: str
     lines: list[str] = field(default_factory=list)
+
+    @property
+    def flash_attn(self) -> str:
+        """The flash attention `localrun serve` says it runs with (auto: llama.cpp decides)."""
+        found = next((m for m in map(_ATTENTION.search, self.lines) if m), None)
+        return "auto" if found is None or found.group(1) == "as llama.cpp decides" else found.group(1)
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=600)
@@ -130,9 +147,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_server(binary: Path, model: Path, parallel: int, args: argparse.Namespace) -> Iterator[Server]:
+def llama_server(
+    binary: Path, model: Path, parallel: int, args: argparse.Namespace, flash_attn: str = "auto"
+) -> Iterator[Server]:
     port = _free_port()
     cmd = [str(binary), "-m", str(model), "--port", str(port), "-np", str(parallel), "-c", str(args.ctx * parallel)]
+    cmd += ["-fa", flash_attn]
     if args.threads is not None:
         cmd += ["-t", str(args.threads)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -243,8 +263,9 @@ def _model_id(server: Server) -> str:
     return _ids[server.url]
 
 
-def concurrent(server: Server, prompts: list[str], tokens: int) -> tuple[float, int]:
-    """(aggregate tok/s, completion tokens) of one streaming client per prompt, all at once."""
+def concurrent(server: Server, prompts: list[str], tokens: int) -> tuple[float, int, int]:
+    """(aggregate tok/s, completion tokens, requests that ran to ``tokens``) of
+    one streaming client per prompt, all at once."""
     results: list[Streamed] = []
     lock = threading.Lock()
 
@@ -260,48 +281,106 @@ def concurrent(server: Server, prompts: list[str], tokens: int) -> tuple[float, 
     for t in threads:
         t.join()
     generated = sum(r.tokens for r in results)
-    return generated / (time.perf_counter() - t0), generated
+    return generated / (time.perf_counter() - t0), generated, sum(r.finish == "length" for r in results)
 
 
 # ------------------------------------------------------------------ parts --
 
+# Tasks whose answers run past --tokens (128 by default): every request of
+# part 1 generates the same number of tokens whatever the arithmetic, so the
+# three systems do the same work (a greedy text can end earlier or later
+# when the batch around it changes the arithmetic's rounding).
+LONG_ANSWERS = [
+    "Write a complete Python module for a command-line todo list: argument parsing, a JSON store, add, list, "
+    "done and remove commands, with a docstring on every function.",
+    "Implement a binary search tree class in Java with insert, delete, search, in-order, pre-order and post-order "
+    "traversal, and a main method that exercises each.",
+    "Write a C program that reads a CSV file given on the command line, parses quoted fields, and prints each "
+    "column's minimum, maximum and mean; handle every error.",
+    "Write a Go HTTP server with handlers to create, read, update and delete notes kept in memory behind a mutex, "
+    "with JSON bodies and proper status codes.",
+    "Write a Rust program that counts word frequencies in a text file and prints the twenty most common words with "
+    "their counts, with error handling and unit tests.",
+    "Write a TypeScript class for an LRU cache with get, set, delete, has and clear, generic over keys and values, "
+    "and a set of Jest tests for it.",
+    "Write a bash script that backs up a directory to a timestamped tar.gz archive, keeps only the newest seven "
+    "archives, logs each step, and checks every command's status.",
+    "Write a Python asyncio web crawler that fetches pages up to a given depth, stays on one domain, limits "
+    "concurrency with a semaphore, and prints each URL with its title.",
+]
+
+
+def long_answer_prompts(n: int) -> list[str]:
+    """``n`` of LONG_ANSWERS; one used again gets a suffix."""
+    k = len(LONG_ANSWERS)
+    return [LONG_ANSWERS[i % k] + (f" (take {i // k + 1})" if i >= k else "") for i in range(n)]
+
 
 def part_throughput(model: Path, args: argparse.Namespace) -> None:
-    print("1. aggregate decode tokens/sec, N concurrent streaming clients")
+    print("1. aggregate decode tokens/sec, N concurrent streaming clients (and tokens generated, all requests)")
     for n in args.clients:
-        prompts = bench_prompts(n) if not args.quick else SHORT[:n]
+        prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
         serve, batch, native = [], [], []
+        full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
+        made: dict[str, list[int]] = {"serve": [], "--batch": [], "llama-server": []}
+        attention = "auto"
         for _ in range(args.rounds):
             with localrun_server(model, n, args) as server:
                 concurrent(server, prompts[:1], 4)  # warm-up
-                serve.append(concurrent(server, prompts, args.tokens)[0])
+                rate, tokens, ran = concurrent(server, prompts, args.tokens)
+                attention = server.flash_attn
+            full.append(ran)
+            serve.append(rate)
+            made["serve"].append(tokens)
+            # the others with the flash attention serve chose: the same arithmetic, so the same texts
+            same = () if attention == "auto" else ("--flash-attn", attention)
             batch_args = argparse.Namespace(threads=args.threads, tokens=args.tokens)
-            batch.append(run_cli_batch(model, prompts, batch_args, fixed=n)[0])
+            rate, tokens, _, _ = run_cli_batch(model, prompts, batch_args, fixed=n, extra=same)
+            batch.append(rate)
+            made["--batch"].append(tokens)
             if args.llama_server:
-                with llama_server(args.llama_server, model, n, args) as server:
+                with llama_server(args.llama_server, model, n, args, attention) as server:
                     concurrent(server, prompts[:1], 4)
-                    native.append(concurrent(server, prompts, args.tokens)[0])
+                    rate, tokens, ran = concurrent(server, prompts, args.tokens)
+                full.append(ran)
+                native.append(rate)
+                made["llama-server"].append(tokens)
         line = f"   N={n}: serve {statistics.median(serve):.1f} tok/s, --batch {statistics.median(batch):.1f}"
         line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
         if native:
             line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
         print(line, flush=True)
+        counts = "; ".join(f"{name} {'/'.join(map(str, got))}" for name, got in made.items() if got)
+        print(f"      flash attention {attention} in all; tokens generated per round: {counts}; "
+              f"requests that ran to {args.tokens} tokens: {min(full)}-{max(full)} of {n}", flush=True)  # fmt: skip
+
+
+def _generate_rate(model: Path, prompt: str, args: argparse.Namespace, *extra: str) -> float:
+    """`localrun generate`'s decode tokens/sec (its done event) for ``prompt``, greedy, no speculation."""
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "-t", "0", "--spec", "none"]
+    cmd += ["-n", str(args.tokens), "--json", *extra, prompt]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    out = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+    done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x][-1]
+    return float(done["decode_tokens_per_s"])
 
 
 def part_single(model: Path, args: argparse.Namespace) -> None:
     print("2. one client: decode tokens/sec")
     prompt = SHORT[0]
-    served, alone = [], []
+    served, alike, alone = [], [], []
+    attention = "auto"
     for _ in range(args.rounds):
         with localrun_server(model, 1, args) as server:
             stream_chat(server, [{"role": "user", "content": prompt}], 4)
             served.append(stream_chat(server, [{"role": "user", "content": prompt}], args.tokens).decode_rate)
-        cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "-t", "0", "--spec", "none"]
-        cmd += ["-n", str(args.tokens), "--json", prompt] + (["--threads", str(args.threads)] if args.threads else [])
-        out = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
-        done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x][-1]
-        alone.append(float(done["decode_tokens_per_s"]))
-    print(f"   serve {statistics.median(served):.1f} tok/s (client side), generate {statistics.median(alone):.1f}, "
+            attention = server.flash_attn
+        alike.append(_generate_rate(model, prompt, args, "--flash-attn", attention))
+        alone.append(_generate_rate(model, prompt, args))
+    print(f"   serve {statistics.median(served):.1f} tok/s (client side, flash attention {attention}), "
+          f"generate --flash-attn {attention} {statistics.median(alike):.1f}: "
+          f"serve/generate {ratio_summary(served, alike, range_of_one=False)}", flush=True)  # fmt: skip
+    print(f"   generate with its own flash attention for this short prompt {statistics.median(alone):.1f}: "
           f"serve/generate {ratio_summary(served, alone, range_of_one=False)}", flush=True)  # fmt: skip
 
 
@@ -310,7 +389,8 @@ def chat_turns(server: Server, turns: int, tokens: int) -> list[Streamed]:
     messages = [{"role": "system", "content": SYSTEM}]
     replies = []
     for turn in range(turns):
-        messages.append({"role": "user", "content": SHORT[turn % len(SHORT)]})
+        question = SHORT[(1 if turn == turns - 1 and turns > 2 else turn) % len(SHORT)]  # the last asks turn 2's again
+        messages.append({"role": "user", "content": question})
         got = stream_chat(server, messages, tokens)
         messages.append({"role": "assistant", "content": got.text})
         replies.append(got)
@@ -335,7 +415,8 @@ def _chat_line(name: str, replies: list[Streamed]) -> str:
 
 
 def part_chat(model: Path, args: argparse.Namespace) -> None:
-    print(f"3. a {args.turns}-turn chat re-sending its history: time to first token, turn {args.turns} / turn 2")
+    print(f"3. a {args.turns}-turn chat re-sending its history: time to first token, turn {args.turns} / turn 2 "
+          f"(turn {args.turns} asks turn 2's question again)")  # fmt: skip
     ratios: dict[str, list[float]] = {"serve": [], "llama-server": []}
     for _ in range(args.rounds):
         with localrun_server(model, 1, args) as server:
