@@ -88,6 +88,7 @@ class SequenceText:
 
     index: int
     text: str
+    generated: int = 0  # the prompt's tokens generated so far, this text's among them
 
 
 @dataclass(frozen=True)

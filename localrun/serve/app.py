@@ -110,9 +110,13 @@ async def _until_disconnect(receive: Receive) -> None:
 class Job:
     """One admitted request: its events from the engine thread, and its end, reported once."""
 
-    def __init__(self, model: ServedModel, index: int, request: Request, on_event: OnEvent | None) -> None:
+    def __init__(
+        self, model: ServedModel, index: int, prompt_tokens: int, request: Request, on_event: OnEvent | None
+    ) -> None:
         self.model = model
         self.index = index
+        self.prompt_tokens = prompt_tokens
+        self.generated = 0  # tokens so far: what the log says of a request that ends without its stats
         self.queue: asyncio.Queue[JobEvent] = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         self.method, self.path = request.method, request.url.path
@@ -138,9 +142,9 @@ class Job:
                     self.path,
                     status,
                     self.model.id,
-                    stats.prompt_tokens if stats else 0,
+                    stats.prompt_tokens if stats else self.prompt_tokens,
                     stats.cached_tokens if stats else 0,
-                    stats.generated_tokens if stats else 0,
+                    stats.generated_tokens if stats else self.generated,
                     stats.decode_tokens_per_s if stats else 0.0,
                     time.perf_counter() - self.t0,
                     outcome or (stats.stop_reason if stats else ""),
@@ -195,6 +199,7 @@ async def _stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[
     while True:
         event = await job.queue.get()
         if isinstance(event, SequenceText):
+            job.generated = event.generated
             yield reply.chunk(event.text)
         elif isinstance(event, SequenceDone):
             yield reply.chunk(None, stats=event.stats)
@@ -224,6 +229,7 @@ async def _whole(job: Job, request: Request, reply: Reply) -> Response:
         while result is None:
             event = await job.queue.get()
             if isinstance(event, SequenceText):
+                job.generated = event.generated
                 parts.append(event.text)
             else:
                 result = event
@@ -273,7 +279,7 @@ async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: O
     model = table.find(parsed.model)
     index = model.worker.next_index()
     batch_request = await run_in_threadpool(prepare, model, parsed, index)
-    job = Job(model, index, request, on_event)
+    job = Job(model, index, len(batch_request.tokens), request, on_event)
     model.worker.submit(batch_request, job.deliver)
     reply = Reply(kind, model.id)
     if not parsed.stream:

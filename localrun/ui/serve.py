@@ -32,9 +32,10 @@ def request_line(ev: RequestDone) -> str:
     if ev.model is None:
         return f"{head} {ev.outcome}".rstrip()
     cached = f" ({ev.cached_tokens} cached)" if ev.cached_tokens else ""
+    rate = f" at {ev.decode_tokens_per_s:.1f} tok/s" if ev.decode_tokens_per_s else ""  # none for one cut short
     return (
-        f"{head} {ev.model}: prompt {ev.prompt_tokens}{cached}, {ev.generated_tokens} tokens "
-        f"at {ev.decode_tokens_per_s:.1f} tok/s, {ev.elapsed_s:.2f}s, {ev.outcome}"
+        f"{head} {ev.model}: prompt {ev.prompt_tokens}{cached}, {ev.generated_tokens} tokens{rate}, "
+        f"{ev.elapsed_s:.2f}s, {ev.outcome}"
     )
 
 

@@ -448,6 +448,11 @@ def test_serve_ctrl_c_with_a_request_in_flight_stops_cleanly(long_model: Path) -
         assert proc.stderr is not None
         err = proc.stderr.read()
     assert "Traceback" not in err and "interrupted" not in err
+    # its log line counts the tokens it streamed before the cut
+    cut = re.search(
+        r"POST /v1/completions 503 \S+: prompt [1-9]\d*, (\d+) tokens, [\d.]+s, the server is shutting", err
+    )
+    assert cut is not None and int(cut.group(1)) > 0, err
 
 
 def test_serve_second_ctrl_c_ends_the_requests_at_once(long_model: Path) -> None:

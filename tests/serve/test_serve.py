@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -230,6 +231,8 @@ def test_a_disconnect_frees_its_slot(narrow: Server) -> None:
     after = idle(narrow)  # long before 30000 tokens could be generated
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1
     assert after["requests_done"] == before["requests_done"]
+    gone = re.findall(r"POST /v1/completions 499 \S+: prompt [1-9]\d*, (\d+) tokens, [\d.]+s, disconnected", narrow.log)
+    assert gone and int(gone[-1]) >= 3, narrow.log  # the tokens it had before it left
     reply = narrow.client().completions.create(model="tiny-long", prompt="go", max_tokens=2)
     assert reply.choices[0].finish_reason == "length"
 

@@ -431,7 +431,7 @@ class ContinuousBatch:
             event = s.out.push(token)
             self.generated += s.out.n_gen - before
             if event is not None and self.stream:
-                yield SequenceText(s.request.index, event.text)
+                yield SequenceText(s.request.index, event.text, s.out.n_gen)
             if s.out.reason is not None or s.out.n_gen >= s.limit:
                 yield from self._finish(seq_id, s)
                 return
@@ -493,7 +493,9 @@ class ContinuousBatch:
             self._drafting = None
         events = list(s.out.finish("length", **({"draft": s.tally.snapshot()} if s.tally is not None else {})))
         if self.stream:
-            yield from (SequenceText(s.request.index, ev.text) for ev in events if isinstance(ev, TokenEvent))
+            yield from (
+                SequenceText(s.request.index, ev.text, s.out.n_gen) for ev in events if isinstance(ev, TokenEvent)
+            )
         stats = [ev for ev in events if isinstance(ev, DoneEvent)][-1].stats
         if s.constraint is not None:  # the whole text is known now: check it
             checked = s.constraint.check(s.out.text)
