@@ -16,7 +16,9 @@
    the flash attention the server chose (its log says which): the same
    arithmetic gives the same greedy texts, so all three do the same work (the
    tokens each generated are printed). Ratios serve / batch and serve /
-   llama-server are taken within each round.
+   llama-server are taken within each round, whose order turns by one each
+   round (serve first, then --batch first, ...) so that a drift in the
+   machine's speed favours none.
 2. single client: one streaming client, decode tokens/sec seen by the client
    (tokens after the first / time from the first chunk to the last), against
    `localrun generate --spec none --json` on the same prompt (its done event)
@@ -319,40 +321,57 @@ def long_answer_prompts(n: int) -> list[str]:
 def part_throughput(model: Path, args: argparse.Namespace) -> None:
     print("1. aggregate decode tokens/sec, N concurrent streaming clients (and tokens generated, all requests)")
     for n in args.clients:
-        prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
-        serve, batch, native = [], [], []
-        full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
-        made: dict[str, list[int]] = {"serve": [], "--batch": [], "llama-server": []}
-        attention = "auto"
-        for _ in range(args.rounds):
-            with localrun_server(model, n, args) as server:
-                concurrent(server, prompts[:1], 4)  # warm-up
-                rate, tokens, ran = concurrent(server, prompts, args.tokens)
-                attention = server.flash_attn
-            full.append(ran)
-            serve.append(rate)
-            made["serve"].append(tokens)
-            # the others with the flash attention serve chose: the same arithmetic, so the same texts
-            same = () if attention == "auto" else ("--flash-attn", attention)
-            batch_args = argparse.Namespace(threads=args.threads, tokens=args.tokens)
-            rate, tokens, _, _ = run_cli_batch(model, prompts, batch_args, fixed=n, extra=same)
-            batch.append(rate)
-            made["--batch"].append(tokens)
-            if args.llama_server:
-                with llama_server(args.llama_server, model, n, args, attention) as server:
-                    concurrent(server, prompts[:1], 4)
-                    rate, tokens, ran = concurrent(server, prompts, args.tokens)
-                full.append(ran)
-                native.append(rate)
-                made["llama-server"].append(tokens)
-        line = f"   N={n}: serve {statistics.median(serve):.1f} tok/s, --batch {statistics.median(batch):.1f}"
-        line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
-        if native:
-            line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
-        print(line, flush=True)
-        counts = "; ".join(f"{name} {'/'.join(map(str, got))}" for name, got in made.items() if got)
-        print(f"      flash attention {attention} in all; tokens generated per round: {counts}; "
-              f"requests that ran to {args.tokens} tokens: {min(full)}-{max(full)} of {n}", flush=True)  # fmt: skip
+        throughput(model, n, args)
+
+
+def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
+    """Part 1 for ``n`` clients: its rounds, and its lines of figures."""
+    prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
+    serve, batch, native = [], [], []
+    full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
+    made: dict[str, list[int]] = {"serve": [], "--batch": [], "llama-server": []}
+    attention = "auto"
+
+    def on_serve() -> None:
+        nonlocal attention
+        with localrun_server(model, n, args) as server:
+            concurrent(server, prompts[:1], 4)  # warm-up
+            rate, tokens, ran = concurrent(server, prompts, args.tokens)
+            attention = server.flash_attn
+        full.append(ran)
+        serve.append(rate)
+        made["serve"].append(tokens)
+
+    def on_batch() -> None:
+        # the others with the flash attention serve chose: the same arithmetic, so the same texts
+        same = () if attention == "auto" else ("--flash-attn", attention)
+        batch_args = argparse.Namespace(threads=args.threads, tokens=args.tokens)
+        rate, tokens, _, _ = run_cli_batch(model, prompts, batch_args, fixed=n, extra=same)
+        batch.append(rate)
+        made["--batch"].append(tokens)
+
+    def on_native() -> None:
+        with llama_server(args.llama_server, model, n, args, attention) as server:
+            concurrent(server, prompts[:1], 4)
+            rate, tokens, ran = concurrent(server, prompts, args.tokens)
+        full.append(ran)
+        native.append(rate)
+        made["llama-server"].append(tokens)
+
+    # serve first (it tells the others its flash attention), then each round
+    # starts one further on, so a drift in the machine's speed favours none
+    systems = [on_serve, on_batch, *([on_native] if args.llama_server else [])]
+    for r in range(args.rounds):
+        for run in systems[r % len(systems) :] + systems[: r % len(systems)]:
+            run()
+    line = f"   N={n}: serve {statistics.median(serve):.1f} tok/s, --batch {statistics.median(batch):.1f}"
+    line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
+    if native:
+        line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
+    print(line, flush=True)
+    counts = "; ".join(f"{name} {'/'.join(map(str, got))}" for name, got in made.items() if got)
+    print(f"      flash attention {attention} in all; tokens generated per round: {counts}; "
+          f"requests that ran to {args.tokens} tokens: {min(full)}-{max(full)} of {n}", flush=True)  # fmt: skip
 
 
 def _generate_rate(model: Path, prompt: str, args: argparse.Namespace, *extra: str) -> float:
