@@ -327,36 +327,35 @@ def part_throughput(model: Path, args: argparse.Namespace) -> None:
 def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
     """Part 1 for ``n`` clients: its rounds, and its lines of figures."""
     prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
-    serve, batch, native = [], [], []
+    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": []}
+    made: dict[str, list[int]] = {name: [] for name in rates}  # tokens generated, each round
     full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
-    made: dict[str, list[int]] = {"serve": [], "--batch": [], "llama-server": []}
     attention = "auto"
+
+    def clients(name: str, server: Server) -> None:
+        concurrent(server, prompts[:1], 4)  # warm-up
+        rate, tokens, ran = concurrent(server, prompts, args.tokens)
+        rates[name].append(rate)
+        made[name].append(tokens)
+        full.append(ran)
 
     def on_serve() -> None:
         nonlocal attention
         with localrun_server(model, n, args) as server:
-            concurrent(server, prompts[:1], 4)  # warm-up
-            rate, tokens, ran = concurrent(server, prompts, args.tokens)
+            clients("serve", server)
             attention = server.flash_attn
-        full.append(ran)
-        serve.append(rate)
-        made["serve"].append(tokens)
 
     def on_batch() -> None:
         # the others with the flash attention serve chose: the same arithmetic, so the same texts
         same = () if attention == "auto" else ("--flash-attn", attention)
         batch_args = argparse.Namespace(threads=args.threads, tokens=args.tokens)
         rate, tokens, _, _ = run_cli_batch(model, prompts, batch_args, fixed=n, extra=same)
-        batch.append(rate)
+        rates["--batch"].append(rate)
         made["--batch"].append(tokens)
 
     def on_native() -> None:
         with llama_server(args.llama_server, model, n, args, attention) as server:
-            concurrent(server, prompts[:1], 4)
-            rate, tokens, ran = concurrent(server, prompts, args.tokens)
-        full.append(ran)
-        native.append(rate)
-        made["llama-server"].append(tokens)
+            clients("llama-server", server)
 
     # serve first (it tells the others its flash attention), then each round
     # starts one further on, so a drift in the machine's speed favours none
@@ -364,6 +363,7 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         for run in systems[r % len(systems) :] + systems[: r % len(systems)]:
             run()
+    serve, batch, native = rates["serve"], rates["--batch"], rates["llama-server"]
     line = f"   N={n}: serve {statistics.median(serve):.1f} tok/s, --batch {statistics.median(batch):.1f}"
     line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
     if native:
