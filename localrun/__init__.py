@@ -1,3 +1,7 @@
 """localrun: fast local text generation with llama.cpp."""
 
+from localrun import openmp
+
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
+openmp.configure()  # before any module loads llama.cpp (see localrun/openmp.py)
