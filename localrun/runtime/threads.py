@@ -35,12 +35,23 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   made it go down stops. Where the fewer threads already had their cores to
   themselves, the load's end cannot be seen from this process, and the probe
   up on its doubling schedule (at most `MAX_GAP` windows away) finds it.
+- The load, read: below the full count, where the machine says how many
+  other tasks are runnable (`free_cpus`, from /proc on Linux), a probe up
+  follows its own gap only when the CPUs they leave free hold one thread
+  more; while they do not, the others are still there, and the probe waits
+  the longest gap, as while contended (a task that yields its CPU, such as
+  a niced one, is counted too: the rare probe finds out). On a machine that
+  cannot say, the schedule above decides alone.
+- A probe step slower than `ABORT` times the settled median ends the probe
+  at once, as a loss: under load a thread more can make a step many times
+  slower, and a whole window of them would cost more than the probe can win.
 - Step times grow with the context's depth, so a probe is only ever compared
   with the window right before it, never with older figures; medians, so that
   one preempted step does not decide.
 
 `ThreadMeter` is the thin part: it reads the clock and the CPU time around
-each single-token step of a decode loop and applies the governor's count to
+each decode step of one token per sequence (a single-sequence loop's, or a
+batch's without prompt tokens in it) and applies the governor's count to
 the engine. A governor lives as long as its engine, so a chat's turns go on
 from where the last one left off. ``EngineConfig.adapt_threads=False`` (a
 count the user gave) or a single thread: nothing is measured or changed.
@@ -48,11 +59,15 @@ count the user gave) or a single thread: nothing is measured or changed.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from localrun.system import cpu_count
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
@@ -65,6 +80,7 @@ CLEAR_SHARE = 0.02  # ... or at most this share
 MARGIN = 0.05  # a probe is kept when its median step is this much shorter than the window's before it
 MIN_GAP = 4  # windows before a probe up, or a probe down again after one that lost; doubles per loss
 MAX_GAP = 64
+ABORT = 2.0  # a probe step this many times slower than the settled median ends the probe
 
 
 class ThreadGovernor:
@@ -73,9 +89,16 @@ class ThreadGovernor:
     probe runs, `running` is the probe's."""
 
     def __init__(
-        self, max_threads: int, *, threads: int | None = None, adapt: bool = True, window: int = WINDOW
+        self,
+        max_threads: int,
+        *,
+        threads: int | None = None,
+        adapt: bool = True,
+        window: int = WINDOW,
+        free_cpus: Callable[[], int | None] | None = None,
     ) -> None:
         self.max_threads = max(1, max_threads)
+        self.free_cpus = free_cpus  # the CPUs other runnable tasks leave free now (None: cannot tell)
         self.threads = self.max_threads
         self.active = adapt and self.max_threads > 1
         self.window = window
@@ -89,6 +112,7 @@ class ThreadGovernor:
         self._up_gap = self._down_gap = MIN_GAP
         self._next_up = self._next_down = 0  # the window from which a probe that way may run
         self._last_up = 0  # the window the last probe up started
+        self._rows = 1  # the rows of the steps in the window
         self.resume(self.max_threads if threads is None else threads)
 
     @property
@@ -117,10 +141,23 @@ class ThreadGovernor:
         self._wall = self._cpu = 0.0
         return self.threads
 
-    def observe(self, wall_s: float, cpu_s: float) -> int:
-        """One single-token step took ``wall_s`` seconds, over which the
-        process used ``cpu_s`` CPU seconds. Returns the count for the next step."""
+    def observe(self, wall_s: float, cpu_s: float, rows: int = 1) -> int:
+        """One decode step of ``rows`` tokens (one per sequence) took ``wall_s``
+        seconds, over which the process used ``cpu_s`` CPU seconds. Returns the
+        count for the next step. Only steps of the same rows are compared: a
+        change of rows (a batch's sequence ended or joined) starts the window,
+        and any probe, afresh."""
         if not self.active:
+            return self.threads
+        if rows != self._rows:
+            self._rows = rows
+            self.resume(self.threads)
+        if self._probe is not None and self._base is not None and wall_s > ABORT * self._base:
+            self._n = 0  # the probe lost already: its window is dropped
+            self._wall = self._cpu = 0.0
+            self._windows += 1
+            up, self._probe = self._probe > self.threads, None
+            self._lose(up, self._windows)
             return self.threads
         self._steps[self._n] = wall_s
         self._wall += wall_s
@@ -143,13 +180,7 @@ class ThreadGovernor:
         if probe is not None:
             up = probe > self.threads
             if self._base is None or median_s >= self._base * (1 - MARGIN):  # lost: back, and wait longer
-                if up:
-                    self._up_gap = min(2 * self._up_gap, MAX_GAP)
-                    self._next_up = now + self._up_gap
-                else:
-                    self._down_gap = min(2 * self._down_gap, MAX_GAP)
-                    self._next_down = now + self._down_gap
-                self._base = None  # the settled count is measured afresh before the next probe
+                self._lose(up, now)
                 return self.threads
             self.threads, self._contended = probe, None  # won: this window is the new count's first
             if up:
@@ -158,15 +189,34 @@ class ThreadGovernor:
                 self._next_down, self._next_up = now, now + self._up_gap
         self._base = median_s
         self._judge(lost, now)
-        # while the others still take our threads' time they have not gone: a probe up (a window at a
-        # count that lost already) waits the longest gap; without contention it follows its own gap
-        up_at = self._next_up if not self._contended else max(self._next_up, self._last_up + MAX_GAP)
-        if self.threads < self.max_threads and now >= up_at:
+        # while the others still take our threads' time, or the load read says they leave no CPU for one
+        # thread more, they have not gone: a probe up (a window at a count that lost already) waits the
+        # longest gap; otherwise it follows its own gap
+        below = self.threads < self.max_threads
+        crowded = self._contended or (below and not self._room_for(self.threads + 1))
+        up_at = self._next_up if not crowded else max(self._next_up, self._last_up + MAX_GAP)
+        if below and now >= up_at:
             self._probe = self.threads + 1
             self._last_up = now
         elif self._contended and self.threads > 1 and now >= self._next_down:
             self._probe = self.threads - 1
         return self.running
+
+    def _lose(self, up: bool, now: int) -> None:
+        """A probe lost: back to the settled count, and the next probe that way waits longer."""
+        if up:
+            self._up_gap = min(2 * self._up_gap, MAX_GAP)
+            self._next_up = now + self._up_gap
+        else:
+            self._down_gap = min(2 * self._down_gap, MAX_GAP)
+            self._next_down = now + self._down_gap
+        self._base = None  # the settled count is measured afresh before the next probe
+
+    def _room_for(self, threads: int) -> bool:
+        """Whether the CPUs the other runnable tasks leave free hold ``threads``
+        (True where the machine cannot say)."""
+        free = self.free_cpus() if self.free_cpus is not None else None
+        return free is None or free >= threads
 
     def _judge(self, lost: float, now: int) -> None:
         n = self.threads
@@ -188,26 +238,50 @@ def governor(engine: Engine) -> ThreadGovernor:
     """The engine's governor, made on first use (pinned when its config says so)."""
     gov = _governors.get(engine)
     if gov is None:
-        gov = ThreadGovernor(engine.max_threads, threads=engine.threads, adapt=engine.config.adapt_threads)
+        gov = ThreadGovernor(
+            engine.max_threads, threads=engine.threads, adapt=engine.config.adapt_threads, free_cpus=free_cpus
+        )
         _governors[engine] = gov
     return gov
 
 
+def _runnable_now() -> int | None:
+    """Runnable tasks on the machine now, less this process's own: the
+    others that compete for the CPUs (one spinning thread of ours would
+    otherwise count as a competitor). None where /proc cannot say."""
+    try:
+        with Path("/proc/stat").open(encoding="ascii") as f:
+            running = next((int(line.split()[1]) for line in f if line.startswith("procs_running")), None)
+        ours = 0
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that just ended
+                stat = (task / "stat").read_text(encoding="ascii", errors="replace")
+                ours += stat[stat.rindex(")") + 2] == "R"  # the state follows the command's name
+    except (OSError, ValueError):
+        return None
+    return None if running is None else max(0, running - max(ours, 1))
+
+
 def others_running(samples: int = 5, gap_s: float = 0.001) -> int:
     """How many other tasks keep the CPUs busy now: the fewest runnable tasks
-    in /proc/stat over a few samples (a passing task is seldom in all of
-    them), less this one reading it; 0 where it cannot be read."""
+    not of this process over a few samples (a passing task is seldom in all
+    of them); 0 where it cannot be read."""
     seen = []
     for i in range(samples):
-        try:
-            with Path("/proc/stat").open(encoding="ascii") as f:
-                running = next((int(line.split()[1]) for line in f if line.startswith("procs_running")), 1)
-        except (OSError, ValueError):
+        now = _runnable_now()
+        if now is None:
             return 0
-        seen.append(running)
+        seen.append(now)
         if i + 1 < samples:
             time.sleep(gap_s)
-    return max(0, min(seen) - 1)
+    return min(seen)
+
+
+def free_cpus() -> int | None:
+    """The CPUs this process may use that other runnable tasks leave free now
+    (one reading); None where the machine cannot say."""
+    others = _runnable_now()
+    return None if others is None else max(0, cpu_count() - others)
 
 
 def _cpu_seconds() -> float:
@@ -243,8 +317,9 @@ class ThreadMeter:
         self._wall = time.perf_counter()
         self._cpu = _cpu_seconds()
 
-    def end(self) -> None:
-        n = self.governor.observe(time.perf_counter() - self._wall, _cpu_seconds() - self._cpu)
+    def end(self, rows: int = 1) -> None:
+        """The step begun ended; it decoded ``rows`` tokens, one per sequence."""
+        n = self.governor.observe(time.perf_counter() - self._wall, _cpu_seconds() - self._cpu, rows)
         if n != self.engine.threads:
             self.engine.set_threads(n)
 

@@ -123,7 +123,9 @@ class DraftModelDrafter:
                 EngineConfig(
                     model_path=self.path,
                     n_ctx=self.target.n_ctx,
-                    n_threads=config.n_threads,
+                    n_threads=self.target.threads,  # the count the target decodes with now (it may adapt)
+                    max_threads=self.target.max_threads,
+                    adapt_threads=False,  # its steps are not timed: it follows the target's governor
                     n_batch=min(config.n_batch, 512),
                     flash_attn=config.flash_attn,
                     verbose=config.verbose,
@@ -156,6 +158,8 @@ class DraftModelDrafter:
         last token (whose logits the next draft step reads). Returns how many
         tokens were evaluated, or -1 when the draft's context could not take them."""
         decoder = self._load()
+        if self.engine is not None and self.engine.threads != self.target.threads:
+            self.engine.set_threads(self.target.threads)  # the target's governor speaks for both
         keep = min(self._common(context), len(context) - 1)
         decoder.rollback(keep)
         status = decoder.evaluate(context[keep:])

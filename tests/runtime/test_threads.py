@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +199,7 @@ def test_pinned_engine_keeps_its_count(tiny_model: Path) -> None:
 class Flipping(ThreadGovernor):
     """Changes the count at every step."""
 
-    def observe(self, wall_s: float, cpu_s: float) -> int:
+    def observe(self, wall_s: float, cpu_s: float, rows: int = 1) -> int:
         self.threads = 3 - self.threads
         return self.threads
 
@@ -209,3 +210,128 @@ def test_changing_threads_while_generating(engine: Engine, monkeypatch: pytest.M
     text, stats = collect(generate(engine, engine.tokenize("on the"), GREEDY, max_tokens=50))
     assert stats.generated_tokens == 50 and stats.threads == engine.threads
     assert text == with_two  # a row's dot products do not depend on how the rows are split among threads
+
+
+# -- the load read, and probes cut short --
+
+
+class Load:
+    """A fake load reading: the CPUs other tasks leave free, set by the test."""
+
+    def __init__(self, free: int | None) -> None:
+        self.free = free
+        self.reads = 0
+
+    def __call__(self) -> int | None:
+        self.reads += 1
+        return self.free
+
+
+def test_no_probe_up_while_the_load_read_leaves_no_cpu() -> None:
+    """One other busy process on 2 CPUs, seen at the start: the count stays
+    down, and a probe up (which can only lose) runs at most once per MAX_GAP windows."""
+    load = Load(free=1)
+    gov = ThreadGovernor(2, free_cpus=load)
+    gov.start_below(1)
+    counts = drive(gov, HALF, 4000)
+    assert gov.threads == 1 and load.reads > 0
+    assert counts.count(2) <= WINDOW * (len(counts) // (MAX_GAP * WINDOW) + 1)
+    without = ThreadGovernor(2)  # the same without the reading: its cleared windows probe up sooner
+    without.start_below(1)
+    assert drive(without, HALF, 4000).count(2) > counts.count(2)
+
+
+def test_probes_up_soon_once_the_load_read_frees_a_cpu() -> None:
+    load = Load(free=1)
+    gov = ThreadGovernor(2, free_cpus=load)
+    gov.start_below(1)
+    drive(gov, HALF, 2000)
+    load.free = 2
+    counts = drive(gov, IDLE, 40 * WINDOW)
+    assert gov.threads == 2 and counts.index(2) <= 16 * WINDOW
+
+
+def test_the_load_is_not_read_at_the_full_count() -> None:
+    load = Load(free=0)
+    gov = ThreadGovernor(2, free_cpus=load)
+    assert set(drive(gov, IDLE, 2000)) == {2} and load.reads == 0
+
+
+def test_a_probe_step_far_slower_ends_the_probe_at_once() -> None:
+    """A thread more under load can make a step many times slower: one such
+    step ends the probe, not a whole window of them."""
+    collapse = Machine({1: 1 / 60.0, 2: 1 / 0.5}, {1: 1.0, 2: 0.5})
+    gov = ThreadGovernor(2)
+    gov.start_below(1)
+    counts = drive(gov, collapse, 3000)
+    assert gov.threads == 1
+    probes = sum(1 for i, n in enumerate(counts) if n == 2 and (i == 0 or counts[i - 1] == 1))
+    assert probes >= 1 and counts.count(2) == probes  # each probe took one step
+
+
+def test_a_dropped_thread_stops_running(tiny_model: Path) -> None:
+    """After the count drops to 1, one thread of the process does the decoding:
+    the thread dropped sleeps (it neither computes nor spins) while 1-thread
+    decodes run. Counts the CPU time of every thread of the process."""
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2, adapt_threads=False)) as eng:
+        prompt = eng.tokenize("the cat sat on the mat")
+        collect(generate(eng, prompt, GREEDY, max_tokens=8))  # the worker pool starts and decodes
+        eng.set_threads(1)
+        before = _thread_cpu()
+        for _ in range(500):
+            collect(generate(eng, prompt, GREEDY, max_tokens=200))
+            if sum(_thread_cpu().values()) - sum(before.values()) >= 0.6:
+                break
+    after = _thread_cpu()
+    used = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
+    assert used[0] >= 0.5
+    assert sum(used[1:]) <= 0.1 * used[0], used  # the others: a spin after the first decode at most
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds per thread of this process (Linux)."""
+    tick = float(os.sysconf("SC_CLK_TCK"))
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def test_a_change_of_rows_starts_the_window_afresh() -> None:
+    """A batch's steps are compared only with steps of as many rows: a probe
+    whose window saw a sequence end is dropped, not judged."""
+    gov = ThreadGovernor(2)
+    drive(gov, BUSY, WINDOW)  # contended: the next window probes one fewer
+    assert gov.running == 1
+    gov.observe(0.01, 0.01, rows=3)  # a sequence joined: the probe is dropped
+    assert gov.running == 2 and gov.threads == 2
+
+
+class Recording(ThreadGovernor):
+    """Records the rows of every step it is fed."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.rows: list[int] = []
+
+    def observe(self, wall_s: float, cpu_s: float, rows: int = 1) -> int:
+        self.rows.append(rows)
+        return super().observe(wall_s, cpu_s, rows)
+
+
+def test_batch_steps_feed_the_governor(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--batch` and `serve` adapt their threads as generate does: each step of
+    one token per sequence is timed, with its rows."""
+    from localrun.runtime.batch.scheduler import BatchRequest, run_batch
+
+    recording = Recording()
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512, n_threads=2, n_seq_max=2)) as eng:
+        monkeypatch.setitem(threads_mod._governors, eng, recording)
+        prompts = ("the cat", "a dog")
+        list(run_batch(eng, [BatchRequest(i, eng.tokenize(p), GREEDY, max_tokens=20) for i, p in enumerate(prompts)]))
+    assert recording.rows.count(2) >= 15  # both sequences decoding, a row each
+    assert set(recording.rows) <= {1, 2}

@@ -452,3 +452,21 @@ def test_a_named_draft_model_that_drafted_nothing_is_said(
     res = cli("generate", "-m", str(models["target"]), "-n", "8", "--draft-model", str(models["other"]), "hi")
     assert res.returncode == 0, res.stderr
     assert "other.gguf drafted nothing" in res.stderr
+
+
+def test_the_draft_model_decodes_with_the_targets_thread_count(models: dict[str, Path]) -> None:
+    """The thread governor speaks for the target: when it drops a thread, the
+    draft model's context drops it too (else the draft would collapse under load)."""
+    with Engine(EngineConfig(model_path=models["target"], n_ctx=256, n_threads=2)) as target:
+        drafter = DraftModelDrafter(models["other"], target, eager=True, p_min=0.0)
+        try:
+            assert drafter.engine is not None and drafter.engine.threads == 2
+            assert not drafter.engine.config.adapt_threads  # its own steps are never timed
+            target.set_threads(1)
+            drafter.draft(target.tokenize("once upon a time"), 3, GREEDY, np.random.default_rng(0))
+            assert drafter.engine.threads == 1
+            target.set_threads(2)
+            drafter.draft(target.tokenize("once upon a time"), 3, GREEDY, np.random.default_rng(0))
+            assert drafter.engine.threads == 2
+        finally:
+            drafter.close()

@@ -41,6 +41,7 @@ from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS
 from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.runtime.threads import ThreadMeter
 from localrun.speculative.loop import Tally, accept_rows, propose
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec
@@ -160,6 +161,7 @@ class ContinuousBatch:
         self.done = self.cancelled = self.generated = self.evaluated = 0
         self.t0 = time.perf_counter()
         self.batch = Batch(engine.n_batch)
+        self.meter = ThreadMeter(engine)  # steps of one token per sequence feed the thread governor
 
     # -- requests --
 
@@ -223,8 +225,14 @@ class ContinuousBatch:
 
     # -- the batch --
 
-    def _decode(self, with_prompt: bool) -> DecodeStatus:
+    def _decode(self, with_prompt: bool, *, timed: bool = False) -> DecodeStatus:
+        """Decode the batch; ``timed``: a step of one token per sequence, which feeds the thread governor."""
+        timed = timed and self.meter.active
+        if timed:
+            self.meter.begin()
         status = self.batch.decode(self.engine, abortable=with_prompt)  # a prompt is long: Ctrl-C stops it midway
+        if timed and status == DecodeStatus.OK:
+            self.meter.end(rows=self.batch.n)
         if status == DecodeStatus.NO_SLOT:
             raise EngineError(f"llama_decode found no room in the KV cache for a batch of {self.batch.n} tokens")
         return status
@@ -381,7 +389,7 @@ class ContinuousBatch:
                     row = self.batch.add(s.pending[k], s.pos + k, s.seq_id, last and k == s.take - 1)
                 if last:
                     s.row = row
-        status = self._decode(with_prompt)
+        status = self._decode(with_prompt, timed=not with_prompt)
         if status != DecodeStatus.OK:
             return status
         for s in live:
@@ -557,6 +565,7 @@ class ContinuousBatch:
             self.close()
 
     def close(self) -> None:
+        self.meter.finish()
         for s in self.slots:
             if s is not None:
                 s.sampler.close()
