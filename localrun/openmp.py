@@ -25,12 +25,26 @@ from collections.abc import MutableMapping
 
 SPINCOUNT = "1000"
 USER_KEYS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+_set_here = False  # whether localrun set this process's spin count (not the user)
 
 
 def configure(environ: MutableMapping[str, str] = os.environ) -> bool:
     """Set localrun's spin count in ``environ`` unless the user set a wait
     policy or spin count; returns whether it was set."""
+    global _set_here
     if any(key in environ for key in USER_KEYS):
         return False
     environ["GOMP_SPINCOUNT"] = SPINCOUNT
+    if environ is os.environ:
+        _set_here = True
     return True
+
+
+def others_environ() -> dict[str, str]:
+    """This process's environment as another program (llama.cpp's own tools,
+    in the benchmarks) would have it from the user: without the spin count
+    localrun set for itself."""
+    env = dict(os.environ)
+    if _set_here:
+        env.pop("GOMP_SPINCOUNT", None)
+    return env

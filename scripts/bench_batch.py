@@ -58,6 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import BatchProgress, DoneEvent, TokenEvent
+from localrun.openmp import others_environ
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine, EngineConfig
@@ -243,7 +244,9 @@ def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int)
     ctx = n * (pp + tg)
     cmd = [binary, "-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512"]
     cmd += ["-npp", str(pp), "-ntg", str(tg), "-npl", str(n)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=others_environ()
+    )
     for m in _ROW.finditer(out.stdout + out.stderr):
         cols = [c.strip() for c in m.group(4).split("|") if c.strip()]
         # N_KV, T_PP s, S_PP t/s, T_TG s, S_TG t/s, T s, S t/s

@@ -82,6 +82,7 @@ import llama_cpp
 from rich.console import Console
 
 from localrun.events import Stats
+from localrun.openmp import others_environ
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
@@ -150,7 +151,9 @@ class Native:
         """Decode and prompt rates of one run with ``options``; and its log."""
         cmd = [self.binary, "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv"]
         cmd += ["--no-warmup", *options]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, env=others_environ()
+        )
         figures = timings(out.stderr)
         if threads := _THREADS.search(out.stderr):
             self.threads[column] = int(threads.group(1))

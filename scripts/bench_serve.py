@@ -76,6 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import openai
 
+from localrun.openmp import others_environ
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import ratio_summary
 from scripts.bench_batch import SHORT, SYSTEM, run_cli_batch
@@ -157,7 +158,14 @@ def llama_server(
     cmd += ["-fa", flash_attn]
     if args.threads is not None:
         cmd += ["-t", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        env=others_environ(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     ready = threading.Event()
     threading.Thread(target=_drain, args=(proc, lines, ready, re.compile("listening")), daemon=True).start()

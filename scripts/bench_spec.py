@@ -70,6 +70,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.events import DraftStats, Event, Stats, TokenEvent
+from localrun.openmp import others_environ
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
@@ -249,7 +250,9 @@ def native_run(args: argparse.Namespace, spec_type: str, prompt_file: Path, n: i
     cmd += ["-td", threads, "--temp", "0", "-c", "4096", "--spec-type", spec_type]
     if spec_type.startswith("draft"):
         cmd += ["-md", str(args.draft)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, env=others_environ()
+    )
     found = _DECODED.search(out.stderr)
     if found is None:
         raise RuntimeError("could not read llama-speculative-simple's figures:\n" + out.stderr[-2000:])

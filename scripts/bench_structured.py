@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jsonschema
 
 from localrun.events import DoneEvent, Stats, TokenEvent
+from localrun.openmp import others_environ
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import PLAIN, Decoding
@@ -204,7 +205,9 @@ class Native:
         cmd = [self.binary, "-m", str(self.model), "-f", str(self.files[name]), "-n", str(n), "-c", "2048"]
         cmd += ["-t", str(self.threads), "--temp", str(temperature), "--seed", str(seed), "-no-cnv"]
         cmd += ["--no-display-prompt", "--no-warmup", "--json-schema", json.dumps(schema)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, env=others_environ()
+        )
         text = out.stdout.rstrip("\n").removesuffix(" [end of text]")
         return text, timings(out.stderr).decode_per_s
 
