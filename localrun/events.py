@@ -63,6 +63,7 @@ class Stats:
     invalid: str | None = None  # ... and why not
     forced_tokens: int | None = None  # tokens of the text the grammar left no choice about
     threads: int | None = None  # CPU threads decoding when the run ended
+    thread_shares: dict[int, float] | None = None  # the share of decode steps run at each thread count
 
 
 @dataclass(frozen=True)

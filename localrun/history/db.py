@@ -83,6 +83,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             VALUES ('delete', old.id, old.prompt, old.response, old.system);
         END""",
     ),
+    (
+        # the share of decode steps at each thread count ("2:0.125,1:0.875"): `threads` is the count a run
+        # ended with, which says nothing of the steps the governor ran before it dropped a thread
+        "ALTER TABLE runs ADD COLUMN thread_shares TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -31,7 +31,7 @@ GROUP_KEYS: dict[str, str] = {
     "draft": "draft",
     "drafter": "drafter",
     "ctx": "ctx",
-    "threads": "threads",
+    "threads": "CASE WHEN thread_shares LIKE '%,%' THEN 'mixed' ELSE threads END",  # runs that changed count
     "parallel": "parallel",
     "schema": "CASE WHEN schema IS NULL THEN 'none' ELSE 'schema' END",
     "cpu": "cpu",

@@ -110,6 +110,7 @@ COLUMNS: tuple[str, ...] = (
     "drafter",
     "ctx",
     "threads",
+    "thread_shares",
     "parallel",
     "schema",
     "settings",
@@ -184,6 +185,8 @@ def row(
         }
         if stats.threads is not None:
             values["threads"] = stats.threads
+        if stats.thread_shares:
+            values["thread_shares"] = ",".join(f"{n}:{share:g}" for n, share in stats.thread_shares.items())
         if stats.draft is not None:
             draft = stats.draft
             values |= {"drafter": draft.drafter, "drafted": draft.proposed, "accepted": draft.accepted}

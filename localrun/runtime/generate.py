@@ -134,7 +134,8 @@ class Generation:
         outcome = self.checkpoint.outcome if self.checkpoint is not None else None
         self.meter.finish()
         threads = self.threads
-        for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, **extra):
+        shares = self.meter.shares or None
+        for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, thread_shares=shares, **extra):
             if isinstance(event, TokenEvent):
                 yield replace(event, threads=threads)
             elif self.constraint is not None:  # the whole text is known now: check it

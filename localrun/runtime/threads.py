@@ -300,6 +300,7 @@ class ThreadMeter:
         self.governor = governor(engine)
         self.active = self.governor.active
         self._wall = self._cpu = 0.0
+        self.steps: dict[int, int] = {}  # timed steps run at each thread count
         if self.active:
             others = others_running()
             free = max(1, self.governor.max_threads - others)
@@ -313,7 +314,14 @@ class ThreadMeter:
         """The settled count (a probe of one window is not reported)."""
         return self.governor.threads if self.active else self.engine.threads
 
+    @property
+    def shares(self) -> dict[int, float]:
+        """The share of the timed steps run at each thread count (empty: none timed)."""
+        total = sum(self.steps.values())
+        return {n: round(k / total, 3) for n, k in sorted(self.steps.items(), reverse=True)} if total else {}
+
     def begin(self) -> None:
+        self.steps[self.engine.threads] = self.steps.get(self.engine.threads, 0) + 1
         self._wall = time.perf_counter()
         self._cpu = _cpu_seconds()
 

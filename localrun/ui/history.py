@@ -70,6 +70,7 @@ _SHOW_ORDER = (
     "drafter",
     "ctx",
     "threads",
+    "thread_shares",
     "parallel",
     "schema",
     "prompt_tokens",

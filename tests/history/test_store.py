@@ -333,3 +333,21 @@ def test_reading_a_damaged_history_moves_it_aside() -> None:
     res = cli("logs")
     assert res.returncode == 0 and "moved it to" in res.stderr
     assert not history.exists() or sqlite3.connect(history).execute("PRAGMA user_version").fetchone()
+
+
+def test_a_run_whose_thread_count_changed_is_not_counted_as_its_last_count() -> None:
+    """A run that started on 2 threads and dropped to 1 is logged with the share
+    of steps at each: comparing threads=1 with threads=2 compares runs that
+    stayed at one count, and the changed ones group as "mixed"."""
+    for shares, threads, rate in (({2: 0.25, 1: 0.75}, 1, 5.0), ({1: 1.0}, 1, 20.0), ({2: 1.0}, 2, 10.0)):
+        rec = recorder()
+        stats = Stats(5, 10, 0.2, rate, 1.0, "eos", threads=threads, thread_shares=shares)
+        rec.add(stats, prompt="p", response="r")
+        rec.flush(0)
+    assert [r["thread_shares"] for r in rows()] == ["2:0.25,1:0.75", "1:1", "2:1"]
+    with db.connect() as conn:
+        one, two = query.compare(conn, query.selector("threads=1"), query.selector("threads=2"), query.Filters())
+        groups = {g.key: g.runs for g in query.group_stats(conn, ("threads",), query.Filters())}
+    assert (one.runs, two.runs) == (1, 1)
+    assert one.rates == [20.0]  # not with the run that spent a quarter of its steps on 2 threads
+    assert groups == {("1",): 1, ("2",): 1, ("mixed",): 1}

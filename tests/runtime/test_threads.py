@@ -178,6 +178,8 @@ def test_done_event_reports_the_thread_count(engine: Engine) -> None:
     done = json.loads(out.getvalue().splitlines()[-1])
     assert done["type"] == "done" and done["threads"] == stats.threads == engine.threads
     assert stats.threads in (1, 2)
+    shares = done["thread_shares"]  # the share of the decode steps at each count, for the history
+    assert set(shares) <= {"1", "2"} and abs(sum(shares.values()) - 1) < 0.01
 
     spec = open_speculation(engine, "lookup")
     assert spec is not None
