@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -186,7 +185,7 @@ def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_
         config = Path(home) / "config" / "config.toml"
         config.parent.mkdir(parents=True)
         config.write_text('[defaults]\ndraft = "none"\n')
-        env = {**os.environ, "LOCALRUN_HOME": home}
+        env = {**others_environ(), "LOCALRUN_HOME": home}  # each side sets its own OpenMP spin
         out = subprocess.run(
             cmd, capture_output=True, text=True, check=True, cwd=cwd, env=env, stdin=subprocess.DEVNULL
         )
@@ -206,7 +205,9 @@ def bench_default(
     if threads is not None:
         cmd += ["--threads", str(threads)]
     cmd.append(PROMPT)
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, stdin=subprocess.DEVNULL, check=False)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=HERE, stdin=subprocess.DEVNULL, check=False, env=others_environ()
+    )
     if out.returncode != 0:
         raise RuntimeError(f"localrun generate failed ({out.returncode}):\n{out.stderr[-2000:]}")
     done = json.loads(out.stdout.strip().splitlines()[-1])
