@@ -85,15 +85,21 @@ def run_tune(path: Path, *, seconds: float = DEFAULT_SECONDS, kv: tuple[str, str
     env = current()
     with TuneBar(env.stderr, path.name, terminal=env.stderr_isatty) as progress:
         wisdom = tune(path, seconds=seconds, kv=kv, progress=progress.update, memory_budget=env.config.memory_budget)
-    written = keep_wisdom(lambda wisdom_file: wisdom_file.put(wisdom), "the measurements")
+    kept = [wisdom]
+    written = keep_wisdom(lambda wisdom_file: kept.append(wisdom_file.put(wisdom)), "the measurements")
     if written is not None:
         out().note(f"kept in {written}")
+    if wisdom.unmeasured:
+        out().warn(
+            f"the machine was busy while it measured {', '.join(wisdom.unmeasured)}: those measurements change "
+            "no default (what an earlier run measured stands); tune again when it is idle"
+        )
     if wisdom.busy >= BUSY_WARNING:
         out().warn(
             f"other processes took {wisdom.busy:.0%} of the CPUs while it measured: the choices fit a busy "
             "machine (threads adapt while generating either way); tune again when it is idle"
         )
-    return wisdom
+    return kept[-1]
 
 
 def _kv_types(kv: str | None) -> tuple[str, str]:

@@ -245,7 +245,7 @@ def governor(engine: Engine) -> ThreadGovernor:
     return gov
 
 
-def _runnable_now() -> int | None:
+def runnable_others() -> int | None:
     """Runnable tasks on the machine now, less this process's own: the
     others that compete for the CPUs (one spinning thread of ours would
     otherwise count as a competitor). None where /proc cannot say."""
@@ -268,7 +268,7 @@ def others_running(samples: int = 5, gap_s: float = 0.001) -> int:
     of them); 0 where it cannot be read."""
     seen = []
     for i in range(samples):
-        now = _runnable_now()
+        now = runnable_others()
         if now is None:
             return 0
         seen.append(now)
@@ -280,7 +280,7 @@ def others_running(samples: int = 5, gap_s: float = 0.001) -> int:
 def free_cpus() -> int | None:
     """The CPUs this process may use that other runnable tasks leave free now
     (one reading); None where the machine cannot say."""
-    others = _runnable_now()
+    others = runnable_others()
     return None if others is None else max(0, cpu_count() - others)
 
 

@@ -18,6 +18,15 @@ In order, each phase with a share of the time:
 Every comparison is a `Race`: rounds of every candidate in rotating order
 until the best is separated beyond noise, the rounds run out, or the phase's
 time is up. A tie keeps llama.cpp's default.
+
+Nothing is learnt from noise. Before each sample the machine's load is read
+(other runnable tasks, localrun.runtime.threads); a phase that ran under load
+in `BUSY_READINGS` of its samples or more is kept as not measured ("machine
+busy") and decides nothing: `WisdomFile.put` keeps what an earlier run
+measured for it. A decision whose samples spread more than `MAX_SPREAD`
+decides nothing, and neither does one that moves a default away from
+llama.cpp's by more than `MAX_GAIN` (a 5x faster KV cache type is a machine
+that was busy while the other type ran, not a result).
 """
 
 from __future__ import annotations
@@ -36,10 +45,11 @@ import llama_cpp
 from localrun.gguf.info import describe
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
+from localrun.runtime.threads import runnable_others
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, spread
-from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, kv_label
+from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom, kv_label
 
 MAX_ROWS = 16  # verify batches and parallel sequences measured: 1..MAX_ROWS
 PARALLEL_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -47,6 +57,8 @@ UBATCH_SIZES = (64, 128, 256, 512)
 LLAMA_UBATCH = 512  # llama.cpp's default prompt batch (n_ubatch)
 LLAMA_PARALLEL = 4  # llama-server's default slots when not told (-np auto)
 PROMPT = 32  # tokens evaluated before anything is timed
+BUSY_READINGS = 0.25  # a phase that saw other runnable tasks before this share of its samples ran under load
+MAX_SPREAD = 0.25  # samples whose interquartile range is more than this share of their median decide nothing
 SAMPLE_S = 0.25  # aim of one timed sample: enough steps that one slow step does not decide
 MIN_DEPTH, MAX_DEPTH = 128, 2048
 # the share of the time cap each phase may use, in order (the rest is load and set-up)
@@ -133,14 +145,31 @@ class _Context:
         self.engine.close()
 
 
-def _decision(race: Race[Any], default: Any, unit: str, *, name: Callable[[Any], int | str] = int) -> Decision:
+def _decision(
+    race: Race[Any],
+    default: Any,
+    unit: str,
+    *,
+    name: Callable[[Any], int | str] = int,
+    max_gain: float | None = None,
+) -> Decision:
     """The race's choice as a Decision (figures in ms): None (llama.cpp's
-    default kept) on a tie that includes ``default``; the smallest of the
-    tied otherwise. ``name``: a candidate as a setting's value."""
+    default kept) on a tie that includes ``default``, when the samples spread
+    more than `MAX_SPREAD`, or when the best is more than ``max_gain`` times
+    as fast as ``default``; the smallest of the tied otherwise. ``name``: a
+    candidate as a setting's value."""
     tied = race.tied()
     figures = {str(name(c)): round(race.median(c) * 1e3, 4) for c in race.candidates}
+    noise = statistics.median(spread(race.samples[c]) for c in race.candidates)
+    if noise > MAX_SPREAD:
+        return Decision(None, figures, unit, note=f"too noisy to decide: the samples spread {noise:.0%}")
     if len(tied) == 1:
-        return Decision(name(tied[0]), figures, unit)
+        best = tied[0]
+        gain = race.median(default) / race.median(best) if default in race.candidates and best != default else 1.0
+        if max_gain is not None and gain > max_gain:
+            note = f"{name(best)} measured {gain:.1f}x as fast: more than a setting gives, so not taken"
+            return Decision(None, figures, unit, note=note)
+        return Decision(name(best), figures, unit)
     note = f"tie: {', '.join(str(name(c)) for c in tied)}"
     return Decision(None if default in tied else name(min(tied)), figures, unit, note=note)
 
@@ -161,8 +190,12 @@ class Tuner:
         kv: tuple[str, str] = ("f16", "f16"),
         progress: Callable[[TuneProgress], None] | None = None,
         memory_budget: int | None = None,
+        load: Callable[[], int | None] | None = None,
     ) -> None:
         self.model = model
+        self.load = load or runnable_others  # other runnable tasks now (None: cannot tell)
+        self.readings: list[int] = []  # the current phase's load readings, one per sample
+        self.unmeasured: dict[str, str] = {}  # phase: why it decides nothing
         self.seconds = seconds
         self.kv = kv
         self.progress = progress
@@ -173,10 +206,30 @@ class Tuner:
 
     def _phase(self, name: str) -> float:
         """Start a phase: report it and return its deadline."""
+        self.readings = []
         now = time.monotonic()
         self.deadline = max(self.deadline, now) + SHARES[name] * self.seconds
         self._report(name)
         return self.deadline
+
+    def _watched(self, sample: Callable[[Any], float]) -> Callable[[Any], float]:
+        """``sample``, with the machine's load read before each call."""
+
+        def watched(candidate: Any) -> float:
+            others = self.load()
+            if others is not None:
+                self.readings.append(others)
+            return sample(candidate)
+
+        return watched
+
+    def _busy(self, phase: str) -> bool:
+        """Whether ``phase`` ran under load; if so it is kept as not measured."""
+        seen = sum(1 for others in self.readings if others > 0)
+        if not self.readings or seen < BUSY_READINGS * len(self.readings):
+            return False
+        self.unmeasured[phase] = f"machine busy: other processes ran during {seen} of its {len(self.readings)} samples"
+        return True
 
     def _report(self, label: str) -> None:
         if self.progress is not None:
@@ -208,7 +261,9 @@ class Tuner:
             tokens = main.tokens
             try:
                 threads = self._threads(main)
-                best_threads = threads.value if isinstance(threads.value, int) else physical_cores()
+                best_threads = (
+                    threads.value if threads is not None and isinstance(threads.value, int) else physical_cores()
+                )
                 main.engine.set_threads(best_threads)
                 verify_ms = self._verify(main)
                 parallel = self._parallel(main)
@@ -231,6 +286,7 @@ class Tuner:
             kv_cost=kv_cost,
             kv_depth=depth,
             busy=round(self.busy, 3),
+            unmeasured=dict(self.unmeasured),
         )
 
     # -- phases --
@@ -238,7 +294,7 @@ class Tuner:
     def _steps(self, seconds_per_step: float) -> int:
         return max(2, min(32, round(SAMPLE_S / max(seconds_per_step, 1e-4))))
 
-    def _threads(self, ctx: _Context) -> Decision:
+    def _threads(self, ctx: _Context) -> Decision | None:
         deadline = self._phase("threads")
         ctx.step_s(2)  # warm up
         steps = self._steps(ctx.step_s(2))
@@ -249,21 +305,29 @@ class Tuner:
             ctx.engine.set_threads(n)
             return ctx.step_s(steps)
 
-        race = Race(candidates).run(sample, deadline=deadline)
-        return _decision(race, physical_cores(), "ms/token")
+        race = Race(candidates).run(self._watched(sample), deadline=deadline)
+        if self._busy("threads"):
+            return None
+        return _decision(race, physical_cores(), "ms/token", max_gain=MAX_GAIN)
 
     def _verify(self, ctx: _Context) -> tuple[float, ...]:
         deadline = self._phase("verify")
-        race = Race(list(range(1, MAX_ROWS + 1))).run(ctx.rows_s, min_rounds=2, max_rounds=5, deadline=deadline)
+        race = Race(list(range(1, MAX_ROWS + 1)))
+        race.run(self._watched(ctx.rows_s), min_rounds=2, max_rounds=5, deadline=deadline)
+        if self._busy("verify"):
+            return ()
         return tuple(race.median(r) * 1e3 for r in race.candidates)
 
-    def _parallel(self, ctx: _Context) -> Decision:
+    def _parallel(self, ctx: _Context) -> Decision | None:
         deadline = self._phase("parallel")
         ctx.share_prompt(MAX_ROWS)
-        race = Race(list(PARALLEL_COUNTS)).run(ctx.parallel_s, min_rounds=2, max_rounds=6, deadline=deadline)
+        race = Race(list(PARALLEL_COUNTS))
+        race.run(self._watched(ctx.parallel_s), min_rounds=2, max_rounds=6, deadline=deadline)
+        if self._busy("parallel"):
+            return None
         return _decision(race, LLAMA_PARALLEL, "ms/token")
 
-    def _ubatch(self, ctx: _Context) -> tuple[Decision, float]:
+    def _ubatch(self, ctx: _Context) -> tuple[Decision | None, float]:
         """The prompt batch size; and the prompt rate (tokens/s) it measured."""
         deadline = self._phase("ubatch")
         budget = SHARES["ubatch"] * self.seconds
@@ -272,8 +336,10 @@ class Tuner:
         sizes = [u for u in UBATCH_SIZES if u * first * sum(1 for s in UBATCH_SIZES if s <= u) <= budget / 2] or [
             UBATCH_SIZES[0]
         ]
-        race = Race(sizes).run(ctx.prompt_s, min_rounds=2, max_rounds=5, deadline=deadline)
+        race = Race(sizes).run(self._watched(ctx.prompt_s), min_rounds=2, max_rounds=5, deadline=deadline)
         rate = 1.0 / race.median(max(sizes))
+        if self._busy("ubatch"):
+            return None, rate
         decision = _decision(race, LLAMA_UBATCH, "ms/token")
         if decision.value is not None and max(sizes) in race.tied() and max(sizes) < LLAMA_UBATCH:
             note = f"fastest at {max(sizes)}, the largest measured: llama.cpp's {LLAMA_UBATCH} kept"
@@ -310,10 +376,14 @@ class Tuner:
                 for ctx in contexts.values():
                     ctx.fill(d)
                 self._report(f"depth {d}")
-                at[d] = Race(kinds).run(lambda k: contexts[k].step_s(steps), max_rounds=6, deadline=deadline)
+                at[d] = Race(kinds).run(
+                    self._watched(lambda k: contexts[k].step_s(steps)), max_rounds=6, deadline=deadline
+                )
         finally:
             for ctx in contexts.values():
                 ctx.close()
+        if self._busy("depth"):
+            return None, None, 0
         attention = None
         if type_v == "f16":
             off, on = (type_k, type_v, "off"), (type_k, type_v, "on")
@@ -327,7 +397,7 @@ class Tuner:
         on_kinds = [k for k in kinds if k[2] == "on"]
         if len(on_kinds) > 1:
             deep = Race(on_kinds, {k: at[depth].samples[k] for k in on_kinds})
-            kv_cost = _decision(deep, on_kinds[0], "ms/token", name=lambda k: kv_label(k[0], k[1]))
+            kv_cost = _decision(deep, on_kinds[0], "ms/token", name=lambda k: kv_label(k[0], k[1]), max_gain=MAX_GAIN)
         return attention, kv_cost, depth
 
 

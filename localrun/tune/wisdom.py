@@ -26,6 +26,15 @@ from localrun.tune.machine import Machine, this_machine
 
 VERSION = 1
 TIE_MARGIN = 0.03  # candidates closer than this share of the better one's figure are a tie
+MAX_GAIN = 2.5  # a setting measured this many times faster than llama.cpp's default is a red flag, not a result
+# the fields each phase of `localrun tune` measures (localrun.tune.measure)
+PHASE_FIELDS: dict[str, tuple[str, ...]] = {
+    "threads": ("threads",),
+    "verify": ("verify_ms",),
+    "parallel": ("parallel",),
+    "ubatch": ("n_ubatch",),
+    "depth": ("flash_attn", "kv_cost", "kv_depth"),
+}
 
 
 def wisdom_file() -> Path:
@@ -112,8 +121,8 @@ class Attention:
             depth = sum(self.depths) / len(self.depths)
         depth = min(depth, 4 * max(self.depths))  # a line says little far beyond what was measured
         off, on = self.predicted("off", depth), self.predicted("on", depth)
-        if abs(off - on) <= max(TIE_MARGIN, self.noise) * min(off, on):
-            return None
+        if abs(off - on) <= max(TIE_MARGIN, self.noise) * min(off, on) or max(off, on) > MAX_GAIN * min(off, on):
+            return None  # a tie, or a gain no setting gives (the machine was busy): llama.cpp's auto
         return "off" if off < on else "on"
 
     @property
@@ -161,6 +170,7 @@ class Wisdom:
     kv_depth: int = 0  # the depth kv_cost was measured at
     bench: Mapping[str, Any] = field(default_factory=dict)  # `localrun bench`'s advice
     busy: float = 0.0  # the share of the CPUs other processes took while it measured
+    unmeasured: Mapping[str, str] = field(default_factory=dict)  # phase: why it decides nothing (machine busy)
 
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
@@ -168,6 +178,13 @@ class Wisdom:
         if not self.verify_ms or self.verify_ms[0] <= 0:
             return None
         return tuple(ms / self.verify_ms[0] for ms in self.verify_ms)
+
+    def keeping(self, previous: Wisdom) -> Wisdom:
+        """This entry, with what ``previous`` measured for the phases this one
+        could not measure (a run on a busy machine changes no default)."""
+        kept = {name: getattr(previous, name) for phase in self.unmeasured for name in PHASE_FIELDS[phase]}
+        still = {phase: why for phase, why in self.unmeasured.items() if phase in previous.unmeasured}
+        return replace(self, **kept, unmeasured=still)
 
     def matches(self, machine: Machine, model: ModelKey, kv: str | None = None) -> bool:
         return self.machine == machine and self.model == model and (kv is None or self.kv == kv)
@@ -191,6 +208,7 @@ class Wisdom:
             "kv_depth": self.kv_depth,
             "bench": dict(self.bench),
             "busy": self.busy,
+            "unmeasured": dict(self.unmeasured),
         }
 
     @classmethod
@@ -224,6 +242,7 @@ class Wisdom:
             kv_depth=int(raw.get("kv_depth", 0)),
             bench=bench if isinstance(bench, dict) else {},
             busy=float(raw.get("busy", 0.0)),
+            unmeasured={str(k): str(v) for k, v in (raw.get("unmeasured") or {}).items()},
         )
 
 
@@ -288,9 +307,15 @@ class WisdomFile:
         machine = machine or this_machine()
         return next((w for w in self.entries if w.model == model and w.machine != machine), None)
 
-    def put(self, wisdom: Wisdom) -> None:
+    def put(self, wisdom: Wisdom) -> Wisdom:
+        """Keep ``wisdom``, replacing the entry of its key; a phase it could not
+        measure keeps the replaced entry's figures. Returns the entry kept."""
+        previous = self.find(wisdom.model, wisdom.kv, wisdom.machine)
+        if previous is not None and wisdom.unmeasured:
+            wisdom = wisdom.keeping(previous)
         self.entries = [w for w in self.entries if not w.matches(wisdom.machine, wisdom.model, wisdom.kv)]
         self.entries.append(wisdom)
+        return wisdom
 
     def merge_bench(self, model: ModelKey, kv: str, advice: Mapping[str, Any], measured_at: str) -> Wisdom:
         """Keep `localrun bench`'s advice in this machine's entry for ``model``."""

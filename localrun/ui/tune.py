@@ -11,6 +11,13 @@ from localrun.tune.measure import TuneProgress
 from localrun.tune.wisdom import Decision, Wisdom
 from localrun.ui.progress import bar
 
+PHASE_LABELS = {
+    "threads": "threads",
+    "verify": "verify batch",
+    "parallel": "--batch parallel",
+    "ubatch": "prompt batch",
+    "depth": "flash attn, KV",
+}
 BUSY_SHOWN = 0.05  # a smaller share of the CPUs taken by others is any machine's background
 
 
@@ -70,6 +77,8 @@ def describe(w: Wisdom) -> str:
     ]
     if w.busy >= BUSY_SHOWN:
         lines.append(f"  machine load       other processes took {w.busy:.0%} of the CPUs while it measured")
+    for phase, why in w.unmeasured.items():
+        lines.append(f"  {PHASE_LABELS.get(phase, phase):<18} not measured ({why}): llama.cpp's default stands")
     if w.threads is not None:
         lines.append(f"  threads            {_choice(w.threads, 'physical cores')}")
         lines.append(f"                     {_figures(w.threads)}")

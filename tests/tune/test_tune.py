@@ -11,8 +11,9 @@ import pytest
 
 from localrun.cli.serve import _plans as serve_plans
 from localrun.settings import Options
+from localrun.tune import measure
 from localrun.tune.machine import this_machine
-from localrun.tune.measure import MAX_ROWS
+from localrun.tune.measure import MAX_ROWS, Tuner
 from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, WisdomFile
 from tests.helpers import cli
 
@@ -24,8 +25,14 @@ def _done(stdout: str) -> dict[str, object]:
     return done
 
 
+@pytest.fixture
+def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine reads as idle to tune (whatever else runs while the tests do)."""
+    monkeypatch.setattr(measure, "runnable_others", lambda: 0)
+
+
 @pytest.mark.slow
-def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path) -> None:
+def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path, quiet: None) -> None:
     tuned = cli("tune", str(wide_model), "--seconds", "6", "--json")
     assert tuned.returncode == 0, tuned.stderr
     measured = json.loads(tuned.stdout)
@@ -142,3 +149,22 @@ def test_conversations_choose_flash_attention_for_their_depth(wide_model: Path) 
 def test_tune_refuses_a_bad_kv_type(wide_model: Path) -> None:
     res = cli("tune", str(wide_model), "--kv", "q5_1")
     assert res.returncode == 2 and "q5_1" in res.stderr
+
+
+@pytest.mark.slow
+def test_tune_on_a_busy_machine_keeps_every_phase_as_not_measured(wide_model: Path) -> None:
+    """Another process runnable at every reading: each phase is measured, then
+    kept as not measured, and the wisdom decides nothing."""
+    reads: list[int] = []
+
+    def busy() -> int:
+        reads.append(1)
+        return 1
+
+    wisdom = Tuner(wide_model, seconds=3, load=busy).run()
+    assert set(wisdom.unmeasured) == {"threads", "verify", "parallel", "ubatch", "depth"}
+    assert all("machine busy" in why for why in wisdom.unmeasured.values())
+    assert (wisdom.threads, wisdom.parallel, wisdom.n_ubatch, wisdom.flash_attn, wisdom.kv_cost) == (None,) * 5
+    assert wisdom.verify_ms == () and len(reads) >= 10
+    quiet = Tuner(wide_model, seconds=3, load=lambda: 0).run()
+    assert not quiet.unmeasured and quiet.verify_ms

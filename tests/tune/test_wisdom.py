@@ -16,8 +16,10 @@ from localrun.settings import Options, resolve
 from localrun.system import physical_cores
 from localrun.tune import apply as tuned
 from localrun.tune.machine import Machine, this_machine
+from localrun.tune.measure import _decision
 from localrun.tune.race import Race, separated, settled_tie
-from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, WisdomFile, wisdom_file
+from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom, WisdomFile, wisdom_file
+from localrun.ui.tune import describe as describe_wisdom
 
 
 def _wisdom(model: Path, machine: Machine | None = None, kv: str = "f16/f16") -> Wisdom:
@@ -156,3 +158,56 @@ def test_the_race_separates_beyond_noise_and_calls_a_tie() -> None:
     assert race.best in ("a", "c") and set(race.tied()) == {"a", "c"}
     assert race.choice("c") == "c" and race.choice("b") in ("a", "c")
     assert calls[:3] == ["a", "b", "c"] and calls[3:6] == ["b", "c", "a"]  # rotating order
+
+
+# -- nothing learnt from noise --
+
+
+def _race(samples: dict[int, list[float]]) -> Race[int]:
+    return Race(list(samples), {k: list(v) for k, v in samples.items()})
+
+
+def test_samples_that_scatter_too_far_decide_nothing() -> None:
+    """Hand-written samples of a loaded machine: the medians differ 2x, but each
+    candidate's samples scatter over a range wider than the difference."""
+    noisy = _race({2: [40.0, 9.0, 120.0, 35.0, 60.0], 1: [20.0, 70.0, 12.0, 25.0, 18.0]})
+    decision = _decision(noisy, 2, "ms/token")
+    assert decision.value is None and "too noisy" in decision.note
+    calm = _race({2: [40.0, 41.0, 40.5, 39.8, 40.2], 1: [20.0, 20.5, 19.9, 20.2, 20.1]})
+    assert _decision(calm, 2, "ms/token").value == 1  # the same medians, measured quietly: a decision
+
+
+def test_a_gain_no_setting_gives_is_a_red_flag() -> None:
+    """The KV cache 5x faster quantized (the default's samples were taken while
+    another process ran): not taken. Where a gain that large is plausible (no
+    max_gain: sequences decoded together), it stands."""
+    five_x = _race({0: [391.0, 392.0, 390.0, 391.5], 1: [72.0, 72.5, 71.8, 72.1]})
+    decision = _decision(five_x, 0, "ms/token", max_gain=MAX_GAIN)
+    assert decision.value is None and "5.4x" in decision.note
+    assert _decision(five_x, 0, "ms/token").value == 1
+
+
+def test_a_busy_run_changes_no_default_and_keeps_the_idle_figures(tiny_model: Path) -> None:
+    idle = _wisdom(tiny_model)
+    busy = dataclasses.replace(
+        idle,
+        measured_at="2026-12-04T00:00:00+00:00",
+        threads=None,
+        flash_attn=None,
+        kv_cost=None,
+        kv_depth=0,
+        verify_ms=(10.0, 130.0),
+        unmeasured={"threads": "machine busy", "depth": "machine busy"},
+    )
+    wisdom = WisdomFile(wisdom_file())
+    wisdom.put(idle)
+    kept = wisdom.put(busy)
+    assert kept.threads == idle.threads and kept.flash_attn == idle.flash_attn and kept.kv_depth == 1024
+    assert kept.verify_ms == busy.verify_ms  # a phase the busy run measured quietly is taken
+    assert not kept.unmeasured and wisdom.entries == [kept]
+    wisdom.save()
+    assert WisdomFile.load().find(idle.model) == kept  # and kept across a save
+    # without an earlier run, the busy phases stay unmeasured: llama.cpp's defaults
+    alone = WisdomFile(wisdom_file()).put(busy)
+    assert alone.threads is None and set(alone.unmeasured) == {"threads", "depth"}
+    assert "not measured (machine busy)" in describe_wisdom(alone)
