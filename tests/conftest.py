@@ -53,3 +53,12 @@ def wide_model(models_dir: Path) -> Path:
 def long_model(models_dir: Path) -> Path:
     """Trained context of 32k tokens: generation runs long enough to interrupt."""
     return write_tiny_model(models_dir / "tiny-long.gguf", n_ctx_train=32768)
+
+
+@pytest.fixture
+def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine reads as idle to tune and bench, whatever else runs while the
+    tests do (a measurement under load decides nothing: localrun.runtime.load)."""
+    from localrun.runtime import load
+
+    monkeypatch.setattr(load, "runnable_others", lambda: 0)

@@ -30,7 +30,7 @@ from localrun.bench.harness import (
     Technique,
     token_times,
 )
-from localrun.bench.stats import Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
+from localrun.bench.stats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
 from localrun.bench.techniques import (
     TECHNIQUES,
     attention_rows,
@@ -44,6 +44,7 @@ from localrun.bench.techniques import (
     weights_rows,
 )
 from localrun.errors import LocalrunError
+from localrun.runtime.load import LoadWatch
 from localrun.runtime.perplexity import Perplexity
 from localrun.system import default_threads
 
@@ -103,7 +104,7 @@ def run(
     measuring: the result holds what was measured (`interrupted`)."""
     specs = [spec for technique in (techniques or TECHNIQUES) for spec in technique(bench)]
     live = [s for s in specs if s.measure is not None]
-    measured = _Measured({s.technique: [] for s in live}, {}, {})
+    measured = _Measured({s.technique: [] for s in live}, {}, {}, LoadWatch())
     try:
         _measure(bench, live, measured, progress)
     except KeyboardInterrupt:
@@ -117,6 +118,10 @@ def run(
     if baseline is None:
         raise RuntimeError("the ladder has no baseline row: a technique list must start with baseline_rows")
     relate_to_baseline(rows, baseline)
+    busy = measured.load.busy()
+    advice = advise(rows, baseline)
+    if busy is not None:
+        advice = Advice(None, None, {}, f"none: {busy}; run it again when the machine is idle")
     return BenchResult(
         model=bench.model,
         quantization=bench.shape.quantization,
@@ -124,8 +129,9 @@ def run(
         threads=bench.plan.threads or default_threads(),
         budget_bytes=bench.budget,
         rows=rows,
-        advice=advise(rows, baseline),
+        advice=advice,
         interrupted=measured.interrupted,
+        busy=busy,
     )
 
 
@@ -134,6 +140,7 @@ class _Measured:
     rounds: dict[str, list[Round]]
     quality: dict[str, Perplexity]
     failed: dict[str, str]  # technique -> why it could not be measured
+    load: LoadWatch  # the machine's load, read before each round of a row
     interrupted: bool = False
 
 
@@ -152,6 +159,7 @@ def _measure(bench: Bench, live: list[RowSpec], got: _Measured, progress: Callab
             if spec.technique in got.failed or spec.measure is None:
                 continue
             step(f"round {r + 1}/{bench.plan.rounds} · {spec.technique}")
+            got.load.read()
             try:
                 got.rounds[spec.technique].append(spec.measure(bench))
             except LocalrunError as exc:  # e.g. a head size a quantized KV cache cannot take

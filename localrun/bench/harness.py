@@ -109,20 +109,25 @@ class BenchResult:
     rows: list[Row]
     advice: Advice
     interrupted: bool = False  # Ctrl-C ended the measuring: the rows measured so far
+    busy: str | None = None  # other processes ran while it measured: why its advice is not kept
 
     def as_dict(self) -> dict[str, Any]:
-        return ({"interrupted": True} if self.interrupted else {}) | {
-            "model": str(self.model),
-            "quantization": self.quantization,
-            "mode": "quick" if self.plan.quick else "full",
-            "rounds": self.plan.rounds,
-            "max_tokens": self.plan.max_tokens,
-            "prompts": len(self.plan.prompts),
-            "threads": self.threads,
-            "memory_budget_bytes": self.budget_bytes,
-            "rows": [r.as_dict() for r in self.rows],
-            "advice": self.advice.as_dict(),
-        }
+        return (
+            ({"interrupted": True} if self.interrupted else {})
+            | ({"busy": self.busy} if self.busy else {})
+            | {
+                "model": str(self.model),
+                "quantization": self.quantization,
+                "mode": "quick" if self.plan.quick else "full",
+                "rounds": self.plan.rounds,
+                "max_tokens": self.plan.max_tokens,
+                "prompts": len(self.plan.prompts),
+                "threads": self.threads,
+                "memory_budget_bytes": self.budget_bytes,
+                "rows": [r.as_dict() for r in self.rows],
+                "advice": self.advice.as_dict(),
+            }
+        )
 
 
 # ------------------------------------------------------------ measurement --

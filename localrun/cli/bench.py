@@ -113,6 +113,9 @@ def bench_command(
     if chart is not None:
         paths.atomic_write(chart, benchview.chart(result))
         out().note(f"chart: {chart}")
+    if result.busy is not None:  # what a busy machine measured changes no default
+        out().warn(f"the advice is not kept ({result.busy})")
+        return ExitCode.OK
     _keep_advice(found.path, result.advice.defaults)
     if save:
         written = save_defaults(result.advice.defaults)

@@ -59,14 +59,13 @@ count the user gave) or a single thread: nothing is measured or changed.
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localrun.runtime.load import runnable_others
 from localrun.system import cpu_count
 
 if TYPE_CHECKING:
@@ -243,23 +242,6 @@ def governor(engine: Engine) -> ThreadGovernor:
         )
         _governors[engine] = gov
     return gov
-
-
-def runnable_others() -> int | None:
-    """Runnable tasks on the machine now, less this process's own: the
-    others that compete for the CPUs (one spinning thread of ours would
-    otherwise count as a competitor). None where /proc cannot say."""
-    try:
-        with Path("/proc/stat").open(encoding="ascii") as f:
-            running = next((int(line.split()[1]) for line in f if line.startswith("procs_running")), None)
-        ours = 0
-        for task in Path("/proc/self/task").iterdir():
-            with contextlib.suppress(OSError):  # a thread that just ended
-                stat = (task / "stat").read_text(encoding="ascii", errors="replace")
-                ours += stat[stat.rindex(")") + 2] == "R"  # the state follows the command's name
-    except (OSError, ValueError):
-        return None
-    return None if running is None else max(0, running - max(ours, 1))
 
 
 def others_running(samples: int = 5, gap_s: float = 0.001) -> int:

@@ -21,7 +21,7 @@ time is up. A tie keeps llama.cpp's default.
 
 Nothing is learnt from noise. Before each sample the machine's load is read
 (other runnable tasks, localrun.runtime.threads); a phase that ran under load
-in `BUSY_READINGS` of its samples or more is kept as not measured ("machine
+in `BUSY_READINGS` (localrun.runtime.load) of its samples or more is kept as not measured ("machine
 busy") and decides nothing: `WisdomFile.put` keeps what an earlier run
 measured for it. A decision whose samples spread more than `MAX_SPREAD`
 decides nothing, and neither does one that moves a default away from
@@ -45,7 +45,7 @@ import llama_cpp
 from localrun.gguf.info import describe
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
-from localrun.runtime.threads import runnable_others
+from localrun.runtime.load import LoadWatch
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, spread
@@ -57,7 +57,6 @@ UBATCH_SIZES = (64, 128, 256, 512)
 LLAMA_UBATCH = 512  # llama.cpp's default prompt batch (n_ubatch)
 LLAMA_PARALLEL = 4  # llama-server's default slots when not told (-np auto)
 PROMPT = 32  # tokens evaluated before anything is timed
-BUSY_READINGS = 0.25  # a phase that saw other runnable tasks before this share of its samples ran under load
 MAX_SPREAD = 0.25  # samples whose interquartile range is more than this share of their median decide nothing
 SAMPLE_S = 0.25  # aim of one timed sample: enough steps that one slow step does not decide
 MIN_DEPTH, MAX_DEPTH = 128, 2048
@@ -193,8 +192,7 @@ class Tuner:
         load: Callable[[], int | None] | None = None,
     ) -> None:
         self.model = model
-        self.load = load or runnable_others  # other runnable tasks now (None: cannot tell)
-        self.readings: list[int] = []  # the current phase's load readings, one per sample
+        self.load = LoadWatch(load)  # the current phase's load readings, one per sample
         self.unmeasured: dict[str, str] = {}  # phase: why it decides nothing
         self.seconds = seconds
         self.kv = kv
@@ -206,7 +204,7 @@ class Tuner:
 
     def _phase(self, name: str) -> float:
         """Start a phase: report it and return its deadline."""
-        self.readings = []
+        self.load.reset()
         now = time.monotonic()
         self.deadline = max(self.deadline, now) + SHARES[name] * self.seconds
         self._report(name)
@@ -216,20 +214,17 @@ class Tuner:
         """``sample``, with the machine's load read before each call."""
 
         def watched(candidate: Any) -> float:
-            others = self.load()
-            if others is not None:
-                self.readings.append(others)
+            self.load.read()
             return sample(candidate)
 
         return watched
 
     def _busy(self, phase: str) -> bool:
         """Whether ``phase`` ran under load; if so it is kept as not measured."""
-        seen = sum(1 for others in self.readings if others > 0)
-        if not self.readings or seen < BUSY_READINGS * len(self.readings):
-            return False
-        self.unmeasured[phase] = f"machine busy: other processes ran during {seen} of its {len(self.readings)} samples"
-        return True
+        why = self.load.busy()
+        if why is not None:
+            self.unmeasured[phase] = why
+        return why is not None
 
     def _report(self, label: str) -> None:
         if self.progress is not None:

@@ -17,10 +17,13 @@ from localrun.runtime import engine
 from localrun.runtime.generate import generate
 from localrun.runtime.quantize import quantize
 from localrun.runtime.sampling import SamplingParams
+from localrun.tune.wisdom import wisdom_file
 from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 
 # ------------------------------------------------------------- arithmetic --
+
+pytestmark = pytest.mark.usefixtures("quiet")  # the machine reads idle: other tests' processes do not count
 
 
 def test_percentiles_of_known_samples() -> None:
@@ -404,3 +407,20 @@ def test_quantize_errors(weights: dict[str, Path], tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     res = cli("quantize", str(weights["q4_0"]), str(tmp_path / "y.gguf"), "--type", "q8_0", "--allow-requantize")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_bench_on_a_busy_machine_advises_nothing_and_keeps_nothing(
+    weights: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localrun.runtime import load
+
+    monkeypatch.setattr(load, "runnable_others", lambda: 1)  # another process runnable at every reading
+    args = ["bench", "--quick", "--rounds", "1", "-n", "3", "-m", str(weights["q4_0"]), "--json", "--save-defaults"]
+    res = cli(*args)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert "machine busy" in data["busy"] and data["advice"]["defaults"] == {}
+    assert data["advice"]["interactive"] is None and "machine busy" in data["advice"]["text"]
+    assert "the advice is not kept" in res.stderr and "saved defaults" not in res.stderr
+    assert not config.config_file().exists()  # no defaults saved
+    assert not wisdom_file().exists()

@@ -11,11 +11,12 @@ import pytest
 
 from localrun.cli.serve import _plans as serve_plans
 from localrun.settings import Options
-from localrun.tune import measure
 from localrun.tune.machine import this_machine
 from localrun.tune.measure import MAX_ROWS, Tuner
 from localrun.tune.wisdom import Attention, Decision, ModelKey, Wisdom, WisdomFile
 from tests.helpers import cli
+
+pytestmark = pytest.mark.usefixtures("quiet")  # the machine reads idle: other tests' processes do not count
 
 
 def _done(stdout: str) -> dict[str, object]:
@@ -25,14 +26,8 @@ def _done(stdout: str) -> dict[str, object]:
     return done
 
 
-@pytest.fixture
-def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The machine reads as idle to tune (whatever else runs while the tests do)."""
-    monkeypatch.setattr(measure, "runnable_others", lambda: 0)
-
-
 @pytest.mark.slow
-def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path, quiet: None) -> None:
+def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path) -> None:
     tuned = cli("tune", str(wide_model), "--seconds", "6", "--json")
     assert tuned.returncode == 0, tuned.stderr
     measured = json.loads(tuned.stdout)
