@@ -75,6 +75,10 @@ class Repl:
         except ImportError:  # no line editing on this platform
             return
         readline.set_history_length(2000)
+        if "libedit" not in (readline.__doc__ or ""):
+            # A paste arrives between ESC[200~ and ESC[201~ and readline takes it
+            # whole, newlines included: one message. Python turns this off.
+            readline.parse_and_bind("set enable-bracketed-paste on")
         with contextlib.suppress(OSError):  # no history yet
             readline.read_history_file(self.history)
 
@@ -88,8 +92,11 @@ class Repl:
             pass
 
     def read_message(self) -> str:
-        """One message: a line, or a block between two `\"\"\"` lines."""
+        """One message: a line, a paste (several lines at once), or a block
+        between two `\"\"\"` lines."""
         line = input(">>> ")
+        if "\n" in line:  # a paste: its last line break is not part of the message
+            line = line.rstrip("\n")
         if not line.strip().startswith(MULTILINE):
             return line
         first = line.strip()[len(MULTILINE) :]

@@ -202,6 +202,28 @@ def test_interactive_session(tiny_model: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.pty
+def test_a_paste_is_one_message(tiny_model: Path, tmp_path: Path) -> None:
+    """The terminal is asked to mark pastes (bracketed paste mode); a paste of
+    several lines is one turn and one reply, as typing it in a \"\"\" block."""
+    saved = tmp_path / "saved.json"
+    child = spawn_chat("-m", str(tiny_model), "-n", "4", "-t", "0")
+    child.expect_exact("\x1b[?2004h")  # paste mode on while reading
+    child.expect(">>> ")
+    child.send("\x1b[200~Fix this code:\rdef add(a, b)\r    return a+b\r\x1b[201~")
+    child.send("\r")
+    child.expect("stop: length")
+    child.expect(">>> ")
+    child.sendline(f"/save {saved}")
+    child.expect("saved 1 turn")
+    child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect("session: 1 turn, ")
+    child.expect(pexpect.EOF)
+    messages = json.loads(saved.read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["Fix this code:\ndef add(a, b)\n    return a+b"]
+
+
+@pytest.mark.pty
 def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child = spawn_chat("-m", str(long_model), "--ctx", "32768", "-n", "30000")
     child.expect(">>> ")
