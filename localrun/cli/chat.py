@@ -2,8 +2,8 @@
 
 On a terminal: line editing and a persistent history (readline), `\"\"\"` blocks
 for multi-line messages, slash commands, replies streamed in the live panel
-and shown as Markdown when complete. Ctrl-C stops a reply; Ctrl-C or Ctrl-D
-at the prompt ends the session.
+and shown as Markdown when complete. Ctrl-C stops a reply, or clears the line
+at the prompt; Ctrl-D or /exit ends the session.
 
 In a pipe: each stdin line is a user turn (plain text, or JSONL
 {"role": "user", "content": ...}); each reply goes to stdout, or JSON events

@@ -1,7 +1,7 @@
 """`localrun chat` on a terminal: line editing and a persistent history
 (readline), `\"\"\"` blocks for multi-line messages, slash commands, replies
 streamed in the live panel and shown as Markdown when complete. Ctrl-C stops
-a reply; Ctrl-C or Ctrl-D at the prompt ends the session."""
+a reply, or clears the line at the prompt; Ctrl-D or /exit ends the session."""
 
 from __future__ import annotations
 
@@ -126,6 +126,7 @@ class Repl:
         )
         if self.session.turns:
             self.console.print(f"continuing a conversation of {len(self.session.turns)} turns", style="dim")
+        told_how_to_quit = False
         try:
             while True:
                 try:
@@ -133,9 +134,12 @@ class Repl:
                 except EOFError:
                     self.console.print()
                     break
-                except KeyboardInterrupt:
+                except KeyboardInterrupt:  # clears the line, as in a shell; the session goes on
                     self.console.print()
-                    break
+                    if not told_how_to_quit:
+                        self.console.print("(Ctrl-D or /exit ends the session)", style="dim")
+                        told_how_to_quit = True
+                    continue
                 if not text.strip():
                     continue
                 if text.startswith("/"):

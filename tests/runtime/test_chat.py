@@ -224,6 +224,36 @@ def test_a_paste_is_one_message(tiny_model: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.pty
+def test_ctrl_c_at_the_prompt_clears_the_line(tiny_model: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "saved.json"
+    child = spawn_chat("-m", str(tiny_model), "-n", "4", "-t", "0")
+    child.expect(">>> ")
+    child.send("half typed")
+    child.expect("half typed")  # echoed: readline holds it
+    child.sendintr()
+    child.expect("Ctrl-D or /exit ends the session")
+    child.expect(">>> ")
+    child.sendline("hello")
+    child.expect("stop: length")
+    child.expect(">>> ")
+    child.send("more")
+    child.expect("more")
+    child.sendintr()  # again: the line goes, without the hint
+    child.expect(">>> ")
+    child.sendline(f"/save {saved}")
+    child.expect("saved 1 turn")
+    child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect("session: 1 turn, ")
+    child.expect(pexpect.EOF)
+    assert "ends the session" not in child.before
+    child.close()
+    assert child.exitstatus == 0
+    messages = json.loads(saved.read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["hello"]
+
+
+@pytest.mark.pty
 def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child = spawn_chat("-m", str(long_model), "--ctx", "32768", "-n", "30000")
     child.expect(">>> ")
@@ -235,7 +265,10 @@ def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child.sendline("/stats")
     child.expect("stop: interrupted")
     child.expect(">>> ")
-    child.sendintr()  # at the prompt: end the session
+    child.sendintr()  # at the prompt: a new line, the session goes on
+    child.expect("Ctrl-D or /exit ends the session")
+    child.expect(">>> ")
+    child.sendeof()
     child.expect("session: 1 turn, ")
     child.expect(pexpect.EOF)
     child.close()
