@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from localrun.history.record import Recorder, RunContext
     from localrun.remote.config import Remote
     from localrun.runtime.batch.input import BatchLine
-    from localrun.runtime.chat import Turn
+    from localrun.runtime.chat import Conversation
     from localrun.runtime.engine import Engine
     from localrun.serve.events import ServeEvent
     from localrun.structured.spec import OutputSpec
@@ -87,22 +87,24 @@ def exit_status(stats: Stats) -> ExitCode:
     return ExitCode.OK
 
 
-def last_conversation() -> tuple[int, str | None, list[Turn]]:
-    """`chat --continue`: the last conversation logged (its id, system prompt
-    and turns). A damaged history is moved aside (said once), as `localrun logs` does."""
+def last_conversation() -> tuple[int, Conversation]:
+    """`chat --continue`: the last conversation logged (its id; its system
+    prompt, turns and model). A damaged history is moved aside (said once), as `localrun logs` does."""
     import sqlite3
     from pathlib import Path
 
     from localrun import paths
     from localrun.history.db import HistoryError, reader
+    from localrun.history.query import conversation_model
     from localrun.history.query import last_conversation as last
-    from localrun.runtime.chat import Turn
+    from localrun.runtime.chat import Conversation, Turn
 
     moved: list[Path] = []
     try:
         conn = reader(moved=moved)
         try:
             found = last(conn) if conn is not None else None
+            model = conversation_model(conn, found[0]) if conn is not None and found is not None else None
         finally:
             if conn is not None:
                 conn.close()
@@ -113,7 +115,7 @@ def last_conversation() -> tuple[int, str | None, list[Turn]]:
     if found is None:
         raise UsageError("there is no conversation in the run history to continue", hint="start one: localrun chat")
     conversation_id, system, turns = found
-    return conversation_id, system, [Turn(t.user, t.reply, t.interrupted) for t in turns]
+    return conversation_id, Conversation(system, [Turn(t.user, t.reply, t.interrupted) for t in turns], model)
 
 
 class ServeLog:

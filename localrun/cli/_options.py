@@ -266,6 +266,15 @@ def title(resolved: Resolved) -> str:
     return f"{name} ({describe(resolved.info).quantization})"
 
 
+def reference(resolved: Resolved) -> str:
+    """What `-m` takes to load this model again: the registry alias, the
+    file's path (absolute, so it holds from any folder), or the name given."""
+    target = resolved.target
+    if target.entry is not None:
+        return target.entry.alias
+    return str(target.path.absolute()) if target.path is not None else target.label
+
+
 def load(resolved: Resolved) -> Engine:
     from localrun.runtime.engine import Engine
 

@@ -31,7 +31,7 @@ from localrun.settings import Options
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
-    from localrun.runtime.chat import ChatSession
+    from localrun.runtime.chat import ChatSession, Conversation
     from localrun.ui.stream import Renderer
 
 
@@ -118,10 +118,8 @@ def chat(
     saved = read_conversation(load) if load else None
     resumed = _history.last_conversation() if continue_last else None
     if resumed is not None:
-        saved = resumed[1], resumed[2]
-    resolved = opt.resolve_engine(
-        model, options, offline=offline, verbose=verbose, depth=opt.conversation_depth(options)
-    )
+        saved = resumed[1]
+    resolved = _resolve(model, saved, options, offline=offline, verbose=verbose)
     env = current()
     with (
         opt.load(resolved) as engine,
@@ -135,10 +133,11 @@ def chat(
             max_tokens=max_tokens,
             speculation=speculation,
             output=output,
+            model=opt.reference(resolved),
         )
         if saved is not None:
-            session.system = system if system is not None else saved[0]
-            session.turns = saved[1]
+            session.system = system if system is not None else saved.system
+            session.turns = saved.turns
         recorder = _history.recorder(_history.context("chat", resolved, output=output, engine=engine), no_log=no_log)
         if resumed is not None:
             recorder.resume(resumed[0], session.turns)
@@ -147,6 +146,22 @@ def chat(
             console = Console(file=env.stdout, highlight=False)
             return Repl(session, console, title=opt.title(resolved), recorder=recorder).run()
         return run_piped(session, as_json, stats, resolved.settings.as_dict(), recorder)
+
+
+def _resolve(
+    model: str | None, saved: Conversation | None, options: Options, *, offline: bool, verbose: bool
+) -> opt.Resolved:
+    """The model named, else the conversation's (as `llm -c` does), else the default."""
+    from localrun.errors import ModelNotFoundError
+
+    depth = opt.conversation_depth(options)
+    if model is not None or saved is None or saved.model is None:
+        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth)
+    try:
+        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth)
+    except ModelNotFoundError as exc:  # moved or removed since: say where the name came from
+        exc.hint = "it is the conversation's model; to go on with another, name it with -m"
+        raise
 
 
 # ------------------------------------------------------------------- pipe --

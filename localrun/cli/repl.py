@@ -262,6 +262,12 @@ class Repl:
         if not arg:
             raise UsageError("/load needs a file name")
         path = Path(arg).expanduser()
-        self.session.load(path)
+        saved = self.session.load(path)
         self.console.print(f"loaded {len(self.session.turns)} turns from {path}", style="dim")
+        if saved.model and saved.model != self.session.model:
+            self.console.print(
+                f"it was held with {saved.model}; it goes on with {self.session.model} "
+                f"(chat --load {path} goes on with its own model)",
+                style="dim",
+            )
         return True

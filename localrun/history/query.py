@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localrun.errors import UsageError
@@ -344,3 +345,17 @@ def last_conversation(conn: sqlite3.Connection) -> tuple[int, str | None, list[L
             turns.pop()
         turns.append(LoggedTurn(r["prompt"] or "", r["response"] or "", r["stop_reason"] == "interrupted"))
     return conversation_id, (system_row[0] if system_row else None), turns
+
+
+def conversation_model(conn: sqlite3.Connection, conversation_id: int) -> str | None:
+    """What `-m` takes to load the model of a conversation's newest turn: the
+    alias or name it was given, or the file's path where the name logged is
+    the file's own (a path given); None for a conversation on a remote server."""
+    row = conn.execute(
+        "SELECT model, model_file, remote FROM runs WHERE conversation_id = ? ORDER BY id DESC LIMIT 1",
+        (conversation_id,),
+    ).fetchone()
+    if row is None or row["remote"] or not row["model"]:
+        return None
+    model, model_file = row["model"], row["model_file"]
+    return str(model_file) if model_file and Path(model_file).name == model else str(model)

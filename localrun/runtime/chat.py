@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from localrun import paths
 from localrun.errors import UsageError
@@ -30,6 +30,7 @@ from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec
 
 REPLY_RESERVE = 512  # context kept free for a reply when older turns must go
+SAVE_FORMAT = "localrun-chat/2"  # /1 wrote the GGUF's own name as "model", which -m cannot take
 
 
 @dataclass
@@ -64,6 +65,14 @@ class SessionTotals:
         return (self.generated_tokens - self.turns) / self.decode_seconds if self.decode_seconds else 0.0
 
 
+class Conversation(NamedTuple):
+    """A conversation to continue: saved with /save, or taken from the run history."""
+
+    system: str | None
+    turns: list[Turn]
+    model: str | None = None  # what -m takes to load its model again (an alias, a path)
+
+
 @dataclass
 class TurnPlan:
     """The prompt of the next turn and how many old turns were dropped to fit it."""
@@ -84,6 +93,7 @@ class ChatSession:
     speculation: Speculation | None = None  # drafters; kept across turns so their measurements carry over
     use_draft: bool = True
     output: OutputSpec | None = None  # every reply follows this schema or grammar (--schema, /schema)
+    model: str | None = None  # what -m takes to load this model again: /save writes it
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.engine)
@@ -184,8 +194,8 @@ class ChatSession:
 
     def save(self, path: Path) -> None:
         record: dict[str, Any] = {
-            "format": "localrun-chat/1",
-            "model": self.engine.info.name,
+            "format": SAVE_FORMAT,
+            "model": self.model or str(self.engine.config.model_path),
             "system": self.system,
             "messages": [
                 m
@@ -198,13 +208,14 @@ class ChatSession:
         }
         paths.atomic_write(path, json.dumps(record, ensure_ascii=False, indent=2) + "\n")
 
-    def load(self, path: Path) -> None:
-        system, turns = read_conversation(path)
-        self.system = system
-        self.turns = turns
+    def load(self, path: Path) -> Conversation:
+        saved = read_conversation(path)
+        self.system = saved.system
+        self.turns = saved.turns
+        return saved
 
 
-def read_conversation(path: Path) -> tuple[str | None, list[Turn]]:
+def read_conversation(path: Path) -> Conversation:
     """A conversation saved by `ChatSession.save` (or any {"messages": [...]} file)."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -233,4 +244,5 @@ def read_conversation(path: Path) -> tuple[str | None, list[Turn]]:
             turns[-1].interrupted = bool(m.get("interrupted"))
         else:
             raise UsageError(f"{path}: message {i} is a reply with no question before it")
-    return (system if isinstance(system, str) else None), turns
+    model = record.get("model") if record.get("format") == SAVE_FORMAT else None
+    return Conversation(system if isinstance(system, str) else None, turns, model if isinstance(model, str) else None)

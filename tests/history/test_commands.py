@@ -55,12 +55,13 @@ def test_chat_turns_are_one_conversation_and_continue_resumes_it(tiny_model: Pat
     assert turns[0]["conversation_id"] is not None and turns[0]["conversation_id"] == turns[1]["conversation_id"]
     assert all(t["response"] for t in turns)
 
-    resumed = cli("chat", "-m", str(tiny_model), "-n", "3", "-t", "0", "-c", "--json", input="third\n")
+    resumed = cli("chat", "-n", "3", "-t", "0", "-c", "--json", input="third\n")  # no -m: the conversation's model
     assert resumed.returncode == 0, resumed.stderr
     done = [json.loads(line) for line in resumed.stdout.splitlines() if '"done"' in line]
     assert done[-1]["turn"] == 3  # the two logged turns came back
     third = logged()[-1]
     assert third["prompt"] == "third" and third["conversation_id"] == turns[0]["conversation_id"]
+    assert third["model_file"] == str(tiny_model)
     assert third["prompt_tokens"] > turns[1]["prompt_tokens"]  # the earlier turns are in its prompt
 
     fresh = cli("chat", "-m", str(tiny_model), "-n", "3", "-t", "0", input="new\n")

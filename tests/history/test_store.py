@@ -326,6 +326,31 @@ def test_a_conversation_is_linked_and_resumed_with_retries_replaced() -> None:
     assert [t.user for t in again[2]] == ["fresh", "more", "after a restart"]
 
 
+@pytest.mark.parametrize(
+    ("model", "model_file", "remote", "reference"),
+    [
+        ("qwen2.5-coder:0.5b", "/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", None, "qwen2.5-coder:0.5b"),
+        ("my.gguf", "/models/my.gguf", None, "/models/my.gguf"),  # a path given: the path, not its name
+        (
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M",
+            "/store/x.gguf",
+            None,
+            "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M",
+        ),
+        ("qwen-0.5b", None, "http://gpu-box:8000/v1", None),  # a remote's: nothing to load here
+    ],
+)
+def test_a_conversations_model_is_what_m_takes(
+    model: str, model_file: str | None, remote: str | None, reference: str | None
+) -> None:
+    rec = recorder(command="chat", model=model, model_file=model_file, remote=remote)
+    chat_turn(rec, [], "one")
+    with db.connect() as conn:
+        found = query.last_conversation(conn)
+        assert found is not None
+        assert query.conversation_model(conn, found[0]) == reference
+
+
 def test_reading_a_damaged_history_moves_it_aside() -> None:
     history = paths.history_db()
     history.parent.mkdir(parents=True)

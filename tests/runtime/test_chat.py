@@ -83,10 +83,34 @@ def test_save_and_load_round_trip(engine: Engine, tmp_path: Path) -> None:
     run_turn(session, "two")
     path = tmp_path / "conv.json"
     session.save(path)
-    system, turns = read_conversation(path)
+    system, turns, model = read_conversation(path)
     assert system == "sys"
     assert [(t.user, t.reply) for t in turns] == [(t.user, t.reply) for t in session.turns]
     assert json.loads(path.read_text())["messages"][0] == {"role": "user", "content": "one"}
+    assert model == str(engine.config.model_path)  # what -m takes, not the GGUF's own name
+    session.model = "qwen2.5-coder:0.5b"  # an alias given: saved as given
+    session.save(path)
+    assert read_conversation(path).model == "qwen2.5-coder:0.5b"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "format": "localrun-chat/1", "model": "Qwen2.5 Coder 0.5B Instruct AWQ"}))
+    assert read_conversation(path).model is None  # an old file's "model" was the GGUF's own name
+
+
+def test_chat_load_goes_on_with_the_conversations_model(tiny_model: Path, wide_model: Path, tmp_path: Path) -> None:
+    from tests.history.test_commands import logged
+
+    saved = tmp_path / "c.json"
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    saved.write_text(json.dumps({"format": "localrun-chat/2", "model": str(wide_model), "messages": messages}))
+    res = cli("chat", "-n", "2", "--json", "--load", str(saved), input="c\n")  # no -m: the conversation's model
+    assert res.returncode == 0, res.stderr
+    assert logged()[-1]["model_file"] == str(wide_model)
+    res = cli("chat", "-m", str(tiny_model), "-n", "2", "--json", "--load", str(saved), input="c\n")
+    assert res.returncode == 0, res.stderr
+    assert logged()[-1]["model_file"] == str(tiny_model)  # -m wins
+    saved.write_text(json.dumps({"format": "localrun-chat/2", "model": str(tmp_path / "gone.gguf"), "messages": []}))
+    res = cli("chat", "--load", str(saved), input="c\n")
+    assert res.returncode == 3 and "gone.gguf" in res.stderr and "conversation's model" in res.stderr
 
 
 def test_piped_chat_answers_each_line(tiny_model: Path) -> None:
@@ -191,6 +215,7 @@ def test_interactive_session(tiny_model: Path, tmp_path: Path) -> None:
     assert child.exitstatus == 0
     messages = json.loads(saved.read_text())["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["hello model", "a message on\ntwo lines"]
+    assert json.loads(saved.read_text())["model"] == str(tiny_model)  # what -m takes
     history = Path(os.environ["LOCALRUN_HOME"]) / "data" / "chat_history"
     assert "hello model" in history.read_text()
 
