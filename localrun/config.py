@@ -10,6 +10,7 @@ model's registry entry says otherwise.
     draft = "auto"           # speculative decoding: a draft model, or a mode
     parallel = 4             # sequences decoded together in batch work
     memory_budget = "6GiB"   # weights + KV cache + compute (bytes or a size)
+    markdown = false         # chat: replies as written, not rendered as Markdown
 
 Precedence everywhere: a command-line option, then the model's registry
 defaults, then this file, then localrun's built-in default. The file is
@@ -45,6 +46,7 @@ class UserConfig:
     draft: str | None = None
     parallel: int | None = None
     memory_budget: int | None = None  # bytes
+    markdown: bool | None = None  # chat renders replies as Markdown
 
 
 def config_file() -> Path:
@@ -77,6 +79,12 @@ def _size(path: Path, key: str, value: Any) -> int:
     return _positive_int(path, key, value)
 
 
+def _bool(path: Path, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, key, f"{value!r} must be true or false")
+    return value
+
+
 def _text(path: Path, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _fail(path, key, f"{value!r} must be a non-empty string")
@@ -92,6 +100,7 @@ _PARSERS: dict[str, Callable[[Path, str, Any], Any]] = {
     "draft": _text,
     "parallel": _positive_int,
     "memory_budget": _size,
+    "markdown": _bool,
 }
 KEYS = tuple(_PARSERS)
 

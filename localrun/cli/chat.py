@@ -74,6 +74,15 @@ def chat(
     grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
+    markdown: Annotated[
+        bool | None,
+        typer.Option(
+            "--markdown/--no-markdown",
+            help="On a terminal: show replies as Markdown, or as the model wrote them. Default: on "
+            "(config.toml: markdown).",
+            show_default=False,
+        ),
+    ] = None,
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
 ) -> ExitCode:
@@ -144,7 +153,9 @@ def chat(
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json
         if interactive:
             console = Console(file=env.stdout, highlight=False)
-            return Repl(session, console, title=opt.title(resolved), recorder=recorder).run()
+            if markdown is None:
+                markdown = env.config.markdown is not False
+            return Repl(session, console, title=opt.title(resolved), recorder=recorder, markdown=markdown).run()
         return run_piped(session, as_json, stats, resolved.settings.as_dict(), recorder)
 
 

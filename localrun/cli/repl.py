@@ -1,6 +1,6 @@
 """`localrun chat` on a terminal: line editing and a persistent history
 (readline), `\"\"\"` blocks for multi-line messages, slash commands, replies
-streamed in the live panel and shown as Markdown when complete. Ctrl-C stops
+streamed in the live panel and shown as Markdown (or raw: /markdown off) when complete. Ctrl-C stops
 a reply, or clears the line at the prompt; Ctrl-D or /exit ends the session."""
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ class Repl:
         *,
         title: str = "",
         recorder: Recorder | None = None,
+        markdown: bool = True,
     ) -> None:
         self.session = session
+        self.markdown = markdown  # replies shown as Markdown, else as the model wrote them (/markdown)
         self.recorder = recorder  # the run history's: each turn logged after it is shown
         self.title = title or session.engine.info.name
         self.console = console
@@ -62,6 +64,7 @@ class Repl:
             "/schema": Command(
                 "/schema SCHEMA|off", "every reply follows a JSON Schema (a file, inline, concise)", self._schema
             ),
+            "/markdown": Command("/markdown on|off", "replies shown as Markdown, or as written", self._markdown),
             "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
             "/load": Command("/load FILE", "load a saved conversation", self._load),
             "/exit": Command("/exit", "end the session (also Ctrl-D)", lambda _: False),
@@ -178,7 +181,7 @@ class Repl:
                 f"dropped the {plan.dropped} oldest turn(s) to fit the context of {self.session.engine.n_ctx} tokens",
                 style="yellow",
             )
-        renderer = LiveRenderer(self.console, title=self.title, markdown=True)
+        renderer = LiveRenderer(self.console, title=self.title, markdown=self.markdown)
         with ctrl_c_stops(self.session.engine), finished(self.session.reply(plan)) as replies:
             final = renderer.render(self.recorder.watch_turn(self.session.turns, replies) if self.recorder else replies)
         if self.recorder is not None:
@@ -234,6 +237,15 @@ class Repl:
         self.session.use_draft = arg != "off"
         label = self.session.speculation.label if self.session.speculation else ""
         self.console.print(f"speculative decoding {'on (' + label + ')' if self.session.use_draft else 'off'}")
+        return True
+
+    def _markdown(self, arg: str) -> bool:
+        if arg not in ("", "on", "off"):
+            raise UsageError(f"/markdown takes on or off, not {arg!r}")
+        if arg:
+            self.markdown = arg == "on"
+        shown = "as Markdown" if self.markdown else "as the model wrote them"
+        self.console.print(f"replies are shown {shown}{'' if arg else '; /markdown on|off'}", style="dim")
         return True
 
     def _schema(self, arg: str) -> bool:

@@ -16,7 +16,6 @@ from typing import IO, Protocol
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.text import Text
 
@@ -165,7 +164,7 @@ class LiveRenderer:
     ) -> None:
         self.console = console
         self.title = title
-        self.markdown = markdown  # the final panel renders the reply as Markdown
+        self.markdown = markdown  # the final panel renders the reply as Markdown (unfenced code kept as written)
         self.refresh_per_second = refresh_per_second
         self._chunks: list[str] = []
         self._last: TokenEvent | None = None
@@ -257,7 +256,12 @@ class LiveRenderer:
     def _print_whole(self, foot: Text | None = None) -> None:
         """The whole text in a panel that stays (the live one is erased), with ``foot`` under it."""
         text = "".join(self._chunks)
-        body: RenderableType = Markdown(text, code_theme="monokai") if self.markdown else Text(text)
+        if self.markdown:
+            from localrun.ui.markdown import reply_markdown
+
+            body: RenderableType = reply_markdown(text)
+        else:
+            body = Text(text)
         self.console.print(
             Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )

@@ -42,6 +42,8 @@ def test_values_are_typed() -> None:
     )
     write_config("[defaults]\nmemory_budget = 1000000\n")
     assert config.load().memory_budget == 1_000_000
+    write_config("[defaults]\nmarkdown = false\n")
+    assert config.load().markdown is False
 
 
 @pytest.mark.parametrize(
@@ -58,6 +60,7 @@ def test_values_are_typed() -> None:
         ("[defaults]\nparallel = true\n", "[defaults] parallel", "whole number"),
         ("[defaults]\nmemory_budget = 'lots'\n", "[defaults] memory_budget", "not a size"),
         ("[defaults]\ndraft = ''\n", "[defaults] draft", "non-empty"),
+        ("[defaults]\nmarkdown = 'off'\n", "[defaults] markdown", "true or false"),
     ],
 )
 def test_bad_content_names_the_file_and_key(text: str, where: str, reason: str) -> None:

@@ -279,6 +279,46 @@ def test_ctrl_c_at_the_prompt_clears_the_line(tiny_model: Path, tmp_path: Path) 
 
 
 @pytest.mark.pty
+def test_markdown_off_by_option_config_or_command(tiny_model: Path) -> None:
+    def markdown_state(*args: str) -> str:
+        child = spawn_chat("-m", str(tiny_model), *args)
+        child.expect(">>> ")
+        child.sendline("/markdown")
+        child.expect(r"replies are shown (as Markdown|as the model wrote them)")
+        state = child.match.group(1)
+        child.expect(">>> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        return str(state)
+
+    assert markdown_state() == "as Markdown"
+    assert markdown_state("--no-markdown") == "as the model wrote them"
+    config = Path(os.environ["LOCALRUN_HOME"]) / "config" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[defaults]\nmarkdown = false\n")
+    assert markdown_state() == "as the model wrote them"
+    assert markdown_state("--markdown") == "as Markdown"  # the option wins
+
+
+def test_markdown_command_takes_on_or_off(engine: Engine, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.repl import Repl
+
+    screen = io.StringIO()
+    repl = Repl(ChatSession(engine, CHATML, GREEDY), Console(file=screen, width=200), history=tmp_path / "h")
+    states = []
+    for arg in ("off", "on"):
+        assert repl._command(f"/markdown {arg}") is True
+        states.append(repl.markdown)
+    assert states == [False, True]
+    assert "replies are shown as the model wrote them" in screen.getvalue()
+    assert repl._command("/markdown raw") is True and "/markdown takes on or off, not 'raw'" in screen.getvalue()
+
+
+@pytest.mark.pty
 def test_ctrl_c_stops_the_reply_not_the_session(long_model: Path) -> None:
     child = spawn_chat("-m", str(long_model), "--ctx", "32768", "-n", "30000")
     child.expect(">>> ")
