@@ -216,12 +216,13 @@ def run_piped(
     from localrun.cli._signals import ctrl_c_stops
     from localrun.runtime.generate import finished
     from localrun.ui.stream import JsonRenderer, PlainRenderer
+    from localrun.ui.text import oldest_turns
 
     env = current()
     for turn, (_number, text) in enumerate(read_turns(iter(env.stdin)), len(session.turns) + 1):
         plan = session.plan(text)
         if plan.dropped:
-            out().note(f"note: dropped the {plan.dropped} oldest turn(s) to fit the context")
+            out().note(f"note: dropped {oldest_turns(plan.dropped)} to fit the context")
         renderer: Renderer = (
             JsonRenderer(env.stdout, extra={"turn": turn}, settings=settings)
             if as_json

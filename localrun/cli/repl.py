@@ -23,7 +23,8 @@ from localrun.history.record import Recorder
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.generate import finished
 from localrun.ui.stream import LiveRenderer
-from localrun.ui.text import session_line, stats_line
+from localrun.ui.text import _count as count
+from localrun.ui.text import oldest_turns, session_line, stats_line
 
 MULTILINE = '"""'
 
@@ -128,7 +129,7 @@ class Repl:
             style="dim",
         )
         if self.session.turns:
-            self.console.print(f"continuing a conversation of {len(self.session.turns)} turns", style="dim")
+            self.console.print(f"continuing a conversation of {count(len(self.session.turns), 'turn')}", style="dim")
         told_how_to_quit = False
         try:
             while True:
@@ -152,7 +153,8 @@ class Repl:
                 self._turn(text)
         finally:
             self._save_history()
-        current().stderr.write(f"session: {session_line(self.session.totals)}\n")
+        if self.session.totals.turns:  # nothing to sum up when nothing was asked
+            current().stderr.write(f"session: {session_line(self.session.totals)}\n")
         return ExitCode.OK
 
     def _command(self, text: str) -> bool:
@@ -178,7 +180,7 @@ class Repl:
             return
         if plan.dropped:
             self.console.print(
-                f"dropped the {plan.dropped} oldest turn(s) to fit the context of {self.session.engine.n_ctx} tokens",
+                f"dropped {oldest_turns(plan.dropped)} to fit the context of {self.session.engine.n_ctx} tokens",
                 style="yellow",
             )
         renderer = LiveRenderer(self.console, title=self.title, markdown=self.markdown)
@@ -267,7 +269,7 @@ class Repl:
             raise UsageError("/save needs a file name")
         path = Path(arg).expanduser()
         self.session.save(path)
-        self.console.print(f"saved {len(self.session.turns)} turns to {path}", style="dim")
+        self.console.print(f"saved {count(len(self.session.turns), 'turn')} to {path}", style="dim")
         return True
 
     def _load(self, arg: str) -> bool:
@@ -275,7 +277,7 @@ class Repl:
             raise UsageError("/load needs a file name")
         path = Path(arg).expanduser()
         saved = self.session.load(path)
-        self.console.print(f"loaded {len(self.session.turns)} turns from {path}", style="dim")
+        self.console.print(f"loaded {count(len(self.session.turns), 'turn')} from {path}", style="dim")
         if saved.model and saved.model != self.session.model:
             self.console.print(
                 f"it was held with {saved.model}; it goes on with {self.session.model} "

@@ -13,6 +13,11 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def oldest_turns(n: int) -> str:
+    """What chat dropped to fit the context: "the oldest turn", "the 3 oldest turns"."""
+    return "the oldest turn" if n == 1 else f"the {n} oldest turns"
+
+
 def draft_line(draft: DraftStats) -> str:
     if not draft.proposed:
         return "no drafts (plain decoding paid best)"

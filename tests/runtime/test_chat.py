@@ -370,6 +370,34 @@ def test_a_failed_save_keeps_the_session(engine: Engine, tmp_path: Path) -> None
     assert [t.user for t in session.turns] == ["one"]
     assert repl._command(f"/save {tmp_path / 'talk.json'}") is True
     assert read_conversation(tmp_path / "talk.json")[1][0].user == "one"
+    assert f"saved 1 turn to {tmp_path / 'talk.json'}" in screen.getvalue()  # not "1 turns"
+    assert repl._command(f"/load {tmp_path / 'talk.json'}") is True
+    assert f"loaded 1 turn from {tmp_path / 'talk.json'}" in screen.getvalue()
+
+
+def test_piped_chat_says_which_turns_it_dropped(tiny_model: Path) -> None:
+    turns = "".join(f"message {i} " + "word " * 20 + "\n" for i in range(8))
+    res = cli("chat", "-m", str(tiny_model), "--ctx", "256", "-n", "8", "-t", "0", input=turns)
+    assert res.returncode == 0, res.stderr
+    assert "note: dropped the oldest turn to fit the context" in res.stderr
+    assert "turn(s)" not in res.stderr
+
+
+@pytest.mark.pty
+def test_a_session_with_no_turns_ends_without_a_summary(tiny_model: Path) -> None:
+    for end in ("/exit", "eof"):
+        child = spawn_chat("-m", str(tiny_model))
+        child.expect(">>> ")
+        child.sendline("/help")
+        child.expect(">>> ")
+        if end == "eof":
+            child.sendeof()
+        else:
+            child.sendline(end)
+        child.expect(pexpect.EOF)
+        assert "session:" not in child.before  # no summary of nothing
+        child.close()
+        assert child.exitstatus == 0
 
 
 def test_draft_command_takes_on_or_off(engine: Engine, tmp_path: Path) -> None:
