@@ -132,9 +132,11 @@ def chat(
     as_json: bool,
     show_stats: bool,
     no_log: bool = False,
+    markdown: bool = True,
 ) -> ExitCode:
     """A pipe: one reply per stdin line, as a local chat. A terminal: a plain
-    prompt loop (`/clear`, `/exit`), replies in the live panel."""
+    prompt loop (`/clear`, `/exit`), replies in the live panel (as Markdown, or
+    as written)."""
     from localrun.remote.chat import RemoteChat
 
     env = current()
@@ -143,7 +145,7 @@ def chat(
         run = _history.remote_context("chat", remote, model.model_id, _settings(remote, model), output, system)
         recorder = _history.recorder(run, no_log=no_log)
         if env.stdin_isatty and env.stdout_isatty and not as_json:
-            return _interactive(session, recorder)
+            return _interactive(session, recorder, markdown=markdown)
         return _piped(session, remote, as_json, show_stats, recorder)
 
 
@@ -167,20 +169,25 @@ def _piped(session: RemoteChat, remote: Remote, as_json: bool, show_stats: bool,
     return ExitCode.OK
 
 
-def _interactive(session: RemoteChat, recorder: Recorder) -> ExitCode:
+def _interactive(session: RemoteChat, recorder: Recorder, *, markdown: bool = True) -> ExitCode:
     from rich.console import Console
 
+    from localrun.cli.repl import line_editing
     from localrun.ui.stream import LiveRenderer
 
+    line_editing()  # a paste is one message
     env = current()
     console = Console(file=env.stdout, highlight=False)
     console.print(f"[bold]{session.model.title}[/bold] · /clear starts over, /exit or Ctrl-D ends", style="dim")
     while True:
         try:
-            text = input(">>> ")
-        except (EOFError, KeyboardInterrupt):
+            text = input(">>> ").rstrip("\n")
+        except EOFError:
             console.print()
             return ExitCode.OK
+        except KeyboardInterrupt:  # clears the line; the session goes on
+            console.print()
+            continue
         if text.strip() in ("/exit", "/bye"):
             return ExitCode.OK
         if text.strip() == "/clear":
@@ -191,7 +198,7 @@ def _interactive(session: RemoteChat, recorder: Recorder) -> ExitCode:
         session.model.abort_requested = False
         try:
             with ctrl_c_stops(session.model):
-                panel = LiveRenderer(console, title=session.model.title, markdown=True)
+                panel = LiveRenderer(console, title=session.model.title, markdown=markdown)
                 final = panel.render(recorder.watch(session.reply(text), text))
             recorder.flush(_history.exit_status(final))
             if final.stop_reason == "error" and session.model.failure is not None:

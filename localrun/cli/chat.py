@@ -121,6 +121,7 @@ def chat(
             as_json=as_json,
             show_stats=stats,
             no_log=no_log,
+            markdown=_markdown(markdown),
         )
     if load is not None and continue_last:
         raise UsageError("--load and --continue both name the conversation", hint="give one of them")
@@ -153,10 +154,14 @@ def chat(
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json
         if interactive:
             console = Console(file=env.stdout, highlight=False)
-            if markdown is None:
-                markdown = env.config.markdown is not False
-            return Repl(session, console, title=opt.title(resolved), recorder=recorder, markdown=markdown).run()
+            repl = Repl(session, console, title=opt.title(resolved), recorder=recorder, markdown=_markdown(markdown))
+            return repl.run()
         return run_piped(session, as_json, stats, resolved.settings.as_dict(), recorder)
+
+
+def _markdown(option: bool | None) -> bool:
+    """Replies as Markdown: the option, else config.toml's `markdown`, else on."""
+    return option if option is not None else current().config.markdown is not False
 
 
 def _resolve(

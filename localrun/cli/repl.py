@@ -29,6 +29,23 @@ from localrun.ui.text import oldest_turns, session_line, stats_line
 MULTILINE = '"""'
 
 
+def line_editing(history: Path | None = None) -> None:
+    """Line editing for input(), with ``history`` read in, and a multi-line
+    paste taken as one line."""
+    try:
+        import readline
+    except ImportError:  # no line editing on this platform
+        return
+    readline.set_history_length(2000)
+    if "libedit" not in (readline.__doc__ or ""):
+        # A paste arrives between ESC[200~ and ESC[201~ and readline takes it
+        # whole, newlines included: one message. Python turns this off.
+        readline.parse_and_bind("set enable-bracketed-paste on")
+    if history is not None:
+        with contextlib.suppress(OSError):  # no history yet
+            readline.read_history_file(history)
+
+
 @dataclass(frozen=True)
 class Command:
     usage: str
@@ -74,17 +91,7 @@ class Repl:
     # -- input --
 
     def _setup_readline(self) -> None:
-        try:
-            import readline
-        except ImportError:  # no line editing on this platform
-            return
-        readline.set_history_length(2000)
-        if "libedit" not in (readline.__doc__ or ""):
-            # A paste arrives between ESC[200~ and ESC[201~ and readline takes it
-            # whole, newlines included: one message. Python turns this off.
-            readline.parse_and_bind("set enable-bracketed-paste on")
-        with contextlib.suppress(OSError):  # no history yet
-            readline.read_history_file(self.history)
+        line_editing(self.history)
 
     def _save_history(self) -> None:
         try:

@@ -313,9 +313,18 @@ def test_chat_and_panel_on_a_terminal(server: Server) -> None:
     child.expect(">>> ")
     child.sendline("hello model")
     child.expect("stop: length")  # the reply's panel footer
+    child.expect_exact("\x1b[?2004h")  # paste mode on while reading: a paste is one message
+    child.expect(">>> ")
+    child.send("\x1b[200~one\rtwo\rthree\x1b[201~\r")
+    child.expect("stop: length")
+    child.expect(">>> ")
+    child.send("half typed")
+    child.expect("half typed")
+    child.sendintr()  # clears the line, the session goes on
     child.expect(">>> ")
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+    assert "stop: length" not in child.before  # one reply to the paste, none to the cleared line
     child.close()
     assert child.exitstatus == 0
 
