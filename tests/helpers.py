@@ -41,16 +41,20 @@ def cli(
     input: str | None = None,
     env: dict[str, str] | None = None,
     stdin_tty: bool = False,
+    columns: int | None = None,
 ) -> Result:
     """Run `localrun ARGS` in this process, with stdin as given (empty when
     None) and stdout/stderr captured; neither is a terminal (``stdin_tty``
-    makes stdin one, for the confirmations)."""
+    makes stdin one, for the confirmations; ``columns`` makes stdout a
+    terminal that wide, for the tables)."""
     stdin, stdout, stderr = io.StringIO(input or ""), io.StringIO(), io.StringIO()
+    terminal = {"COLUMNS": str(columns)} if columns is not None else {}
     streams = sys.stdin, sys.stdout, sys.stderr
     sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stderr  # what click and Typer write to
     try:
-        with _environ(env):
-            code = main(list(args), Environment(stdin, stdout, stderr, stdin_isatty=stdin_tty))
+        with _environ({**(env or {}), **terminal}):
+            streams_env = Environment(stdin, stdout, stderr, stdin_isatty=stdin_tty, stdout_isatty=bool(terminal))
+            code = main(list(args), streams_env)
     finally:
         sys.stdin, sys.stdout, sys.stderr = streams
     return Result(code, stdout.getvalue(), stderr.getvalue())

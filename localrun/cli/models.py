@@ -119,11 +119,18 @@ def list_models(
             record["remotes"] = [asdict(r) for r in remotes]
         out().json(record, indent=2)
         return
-    from rich.table import Table
+    from localrun.ui.table import Column, FitTable
 
-    table = Table(box=None, pad_edge=False)
-    for col in ("MODEL", "PRESENT", "SIZE", "QUANT", "DRAFT", "SOURCE"):
-        table.add_column(col)
+    # the alias (what -m takes) is never cut; the source wraps, and goes first on a narrow terminal
+    columns = (
+        Column("MODEL"),
+        Column("PRESENT", drop=1),
+        Column("SIZE", drop=2),
+        Column("QUANT", drop=3),
+        Column("DRAFT", drop=4),
+        Column("SOURCE", wrap=20, drop=5),
+    )
+    table = FitTable(columns, box=None, pad_edge=False)
     for r in rows:
         table.add_row(
             f"{r.alias} (default)" if r.default else r.alias,
@@ -169,11 +176,10 @@ def _remote_rows() -> list[RemoteRow]:
 
 
 def _remote_table(rows: list[RemoteRow]) -> object:
-    from rich.table import Table
+    from localrun.ui.table import Column, FitTable
 
-    table = Table(box=None, pad_edge=False)
-    for col in ("REMOTE", "URL", "MODEL", "ANSWERS"):
-        table.add_column(col)
+    columns = (Column("REMOTE"), Column("URL", drop=2), Column("MODEL", drop=1), Column("ANSWERS", wrap=16, drop=3))
+    table = FitTable(columns, box=None, pad_edge=False)
     for r in rows:
         answers = "yes" if r.answers else f"no: {r.error}"
         if r.answers and r.model is not None and r.model not in r.models:

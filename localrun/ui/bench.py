@@ -7,12 +7,12 @@ import time
 from typing import IO
 
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from localrun import bench
 from localrun.bench.stats import Row
 from localrun.ui.progress import bar
 from localrun.ui.svgchart import Bar, bar_chart
+from localrun.ui.table import Column, FitTable
 from localrun.units import human_bytes
 
 _DASH = "-"
@@ -63,20 +63,28 @@ def subtitle(result: bench.BenchResult) -> str:
     )
 
 
-def table(result: bench.BenchResult) -> Table:
-    t = Table(title=f"{result.model.name} ({result.quantization})", caption=subtitle(result), caption_justify="left")
-    t.add_column("technique")
-    t.add_column("tok/s", justify="right")
-    t.add_column("speedup", justify="right")
-    t.add_column("spread", justify="right")
-    t.add_column("p50 ms", justify="right")
-    t.add_column("p95 ms", justify="right")
-    t.add_column("TTFT s", justify="right")
-    t.add_column("peak RSS", justify="right")
-    t.add_column("KV B/tok", justify="right")
-    t.add_column("KV fits", justify="right")
-    t.add_column("ppl", justify="right")
-    t.add_column("note")
+# the technique and its speed are never cut; the note wraps, and on a narrow
+# terminal the other figures go, least telling first
+COLUMNS = (
+    Column("technique"),
+    Column("tok/s", "right"),
+    Column("speedup", "right", drop=1),
+    Column("spread", "right", drop=8),
+    Column("p50 ms", "right", drop=9),
+    Column("p95 ms", "right", drop=6),
+    Column("TTFT s", "right", drop=7),
+    Column("peak RSS", "right", drop=5),
+    Column("KV B/tok", "right", drop=10),
+    Column("KV fits", "right", drop=4),
+    Column("ppl", "right", drop=3),
+    Column("note", wrap=24, drop=2),
+)
+
+
+def table(result: bench.BenchResult) -> FitTable:
+    t = FitTable(
+        COLUMNS, title=f"{result.model.name} ({result.quantization})", caption=subtitle(result), caption_justify="left"
+    )
     for row in result.rows:
         if not row.measured:
             t.add_row(row.technique, *[_DASH] * 10, row.note, style="dim")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from localrun.history.query import GroupStats, change
 from localrun.ui.svgchart import Series, line_chart
+from localrun.ui.table import Column, FitTable
 
 
 def when(timestamp: float | None) -> str:
@@ -31,10 +32,25 @@ def _acceptance(drafted: Any, accepted: Any) -> str:
     return f"{accepted / drafted:.0%}" if drafted else "-"
 
 
-def runs_table(rows: Sequence[dict[str, Any]]) -> Table:
-    table = Table(box=None, pad_edge=False)
-    for col in ("ID", "WHEN", "COMMAND", "MODEL", "KV", "DRAFT", "TOKENS", "TOK/S", "TTFT", "P95 MS/TOK", "PROMPT"):
-        table.add_column(col, no_wrap=col != "PROMPT", justify="right" if col in ("ID", "TOKENS", "TOK/S") else "left")
+# the ID (what `logs show` and `logs rm` take) and the model are never cut;
+# the others go, least useful first, when the terminal is too narrow
+RUN_COLUMNS = (
+    Column("ID", "right"),
+    Column("WHEN", drop=4),
+    Column("COMMAND", drop=1),
+    Column("MODEL"),
+    Column("KV", drop=6),
+    Column("DRAFT", drop=7),
+    Column("TOKENS", "right", drop=5),
+    Column("TOK/S", "right", drop=2),
+    Column("TTFT", drop=8),
+    Column("P95 MS/TOK", drop=9),
+    Column("PROMPT", wrap=16, drop=3, one_line=True),
+)
+
+
+def runs_table(rows: Sequence[dict[str, Any]]) -> FitTable:
+    table = FitTable(RUN_COLUMNS, box=None, pad_edge=False)
     for r in rows:
         drafter = r["drafter"] or r["draft"] or "-"
         if r["drafted"]:
@@ -125,10 +141,10 @@ def _label(key: tuple[str, ...]) -> str:
     return ", ".join(key) or "all runs"
 
 
-def stats_table(by: Sequence[str], groups: Sequence[GroupStats]) -> Table:
-    table = Table(box=None, pad_edge=False)
-    for col in (*(b.upper() for b in by), "RUNS", "TOK/S P50", "MS/TOK P95", "TTFT P50", "TTFT P95", "ACCEPT"):
-        table.add_column(col, justify="left" if col.lower() in by else "right")
+def stats_table(by: Sequence[str], groups: Sequence[GroupStats]) -> FitTable:
+    figures = (("RUNS", 0), ("TOK/S P50", 0), ("MS/TOK P95", 3), ("TTFT P50", 2), ("TTFT P95", 4), ("ACCEPT", 1))
+    columns = [*(Column(b.upper()) for b in by), *(Column(name, "right", drop=drop) for name, drop in figures)]
+    table = FitTable(columns, box=None, pad_edge=False)
     for g in groups:
         s = g.summary()
         table.add_row(
