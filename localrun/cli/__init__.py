@@ -6,18 +6,20 @@ so `localrun --help` and `localrun list` never load libllama.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 
 from localrun import __version__
-from localrun.cli import _env, bench, cache, chat, generate, logs, models, quantize, serve, tune
+from localrun.cli import _completion, _env, bench, cache, chat, generate, logs, models, quantize, serve, tune
 from localrun.cli._errors import bounded, set_debug
 
 app = typer.Typer(
     name="localrun",
     help="Fast local text generation with llama.cpp.",
     no_args_is_help=True,
+    add_completion=False,  # localrun's own options (_completion) honour the shell named
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: flags without a type after them, descriptions at full width
 )
@@ -50,6 +52,28 @@ def _root(
     debug: Annotated[
         bool, typer.Option("--debug", help="Tracebacks on errors (also LOCALRUN_DEBUG=1).", show_default=False)
     ] = False,
+    install_completion: Annotated[
+        str | None,
+        typer.Option(
+            "--install-completion",
+            metavar="[SHELL]",
+            callback=_completion.option_callback,
+            is_eager=True,
+            help="Install completion for SHELL (bash, zsh, fish, powershell; default: this shell), then exit.",
+            show_default=False,
+        ),
+    ] = None,
+    show_completion: Annotated[
+        str | None,
+        typer.Option(
+            "--show-completion",
+            metavar="[SHELL]",
+            callback=_completion.option_callback,
+            is_eager=True,
+            help="Print the completion script for SHELL (default: this shell), to install it yourself.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Fast local text generation with llama.cpp."""
     set_debug(debug)
@@ -60,8 +84,10 @@ def main(argv: list[str] | None = None, env: _env.Environment | None = None) -> 
     the process's streams); returns the exit status."""
     _env.use(env)
     set_debug(False)
+    _completion.init()
+    args = _completion.with_shell_named(sys.argv[1:] if argv is None else list(argv))
     try:
-        app(args=argv, prog_name="localrun")
+        app(args=args, prog_name="localrun")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:

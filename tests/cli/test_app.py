@@ -23,15 +23,19 @@ def test_version() -> None:
 
 
 def test_completion_script_for_each_shell(monkeypatch: pytest.MonkeyPatch) -> None:
-    import typer.completion
+    import typer._completion_shared
 
-    # with shellingham installed Typer detects the shell from the process tree, which
-    # depends on how the tests were started: each shell is made the detected one
-    for shell, marker in (("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")):
-        monkeypatch.setattr(typer.completion, "_get_shell_name", lambda shell=shell: shell)
+    # the shell named wins over the one detected from the process tree; with no name, the detected one
+    markers = {"bash": "complete -o", "zsh": "compdef", "fish": "complete --command"}
+    for shell, marker in markers.items():
+        other = "fish" if shell != "fish" else "bash"
+        monkeypatch.setattr(typer._completion_shared, "_get_shell_name", lambda other=other: other)
         res = cli("--show-completion", shell)
         assert res.returncode == 0, res.stderr
         assert "localrun" in res.stdout and "_LOCALRUN_COMPLETE" in res.stdout and marker in res.stdout, shell
+        assert markers[other] not in res.stdout
+        detected = cli("--show-completion")
+        assert detected.returncode == 0 and markers[other] in detected.stdout, detected.stderr
 
 
 @pytest.mark.parametrize("args", [["--help"], ["list"], ["generate", "--help"], ["chat", "--help"]])
