@@ -13,7 +13,7 @@ import typer
 
 from localrun import __version__
 from localrun.cli import _completion, _env, bench, cache, chat, generate, logs, models, quantize, serve, tune
-from localrun.cli._errors import bounded, set_debug
+from localrun.cli._errors import ExitCode, bounded, parsing_error, report, set_debug
 
 app = typer.Typer(
     name="localrun",
@@ -87,9 +87,19 @@ def main(argv: list[str] | None = None, env: _env.Environment | None = None) -> 
     _completion.init()
     args = _completion.with_shell_named(sys.argv[1:] if argv is None else list(argv))
     try:
-        app(args=args, prog_name="localrun")
+        code = typer.main.get_command(app).main(args=args, prog_name="localrun", standalone_mode=False)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except typer.Abort:  # a confirmation ended by Ctrl-D
+        _env.current().stderr.write("aborted\n")
+        return int(ExitCode.ERROR)
+    except typer.TyperException as exc:  # Click could not parse the command line
+        from typer._click.exceptions import NoArgsIsHelpError
+
+        if isinstance(exc, NoArgsIsHelpError):  # a group alone: its help
+            exc.show()
+            return exc.exit_code
+        return int(report(parsing_error(exc)))
     finally:
         _env.use(None)
-    return 0
+    return code if isinstance(code, int) else 0

@@ -100,6 +100,91 @@ def debug_enabled() -> bool:
     return _debug or os.environ.get("LOCALRUN_DEBUG", "") not in ("", "0")
 
 
+def report(error: LocalrunError) -> ExitCode:
+    """`error: ...` and `hint: ...` on stderr; the exit code the error stands for."""
+    env = current()
+    env.stderr.write(f"error: {error.message}\n")
+    if error.hint:
+        env.stderr.write(f"hint: {error.hint}\n")
+    return exit_code_for(error)
+
+
+# what a typed option or argument takes, by pydantic's error type (Typer checks the values with it)
+_TAKES = {
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "int_type": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+}
+
+
+def _param_name(param: Any) -> str:
+    if param is None:
+        return "a value"
+    if getattr(param, "param_type_name", "") == "option":
+        return "/".join(param.opts)
+    return str(param.name or "argument").upper()
+
+
+def _sentence(text: str) -> str:
+    """A message of Click's as a part of one of ours: no capital, no full stop."""
+    text = text.strip().rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+def _bad_value(exc: Any) -> str:
+    name = _param_name(exc.param)
+    cause = exc.__cause__
+    if not hasattr(cause, "errors"):  # a check of Click's own (a choice, a range)
+        return f"{name}: {_sentence(exc.message)}"
+    first = cause.errors()[0]
+    value = first.get("input")
+    takes = _TAKES.get(first["type"])
+    if first["type"] in ("enum", "literal_error"):
+        takes = f"one of {first.get('ctx', {}).get('expected', '')}"
+    return f"{name} takes {takes}, not {value!r}" if takes else f"{name}: {value!r} is not a valid value"
+
+
+_EXTRA = "Got unexpected extra argument(s) ("
+
+
+def parsing_error(exc: Exception) -> LocalrunError:
+    """A command line Click could not parse, as one line and a hint, in place of
+    Click's usage block and the checker's wording."""
+    from typer._click.exceptions import BadParameter, MissingParameter, NoSuchOption
+
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "localrun"
+    hint = f"{command} --help shows the usage"
+    message = getattr(exc, "message", str(exc))
+    if isinstance(exc, MissingParameter):
+        text = f"missing {_param_name(exc.param)}"
+    elif isinstance(exc, BadParameter):
+        text = _bad_value(exc)
+    elif isinstance(exc, NoSuchOption):
+        text = f"no such option {exc.option_name}"
+        if exc.possibilities:
+            hint = f"did you mean {' or '.join(sorted(exc.possibilities))}? {hint}"
+    elif message.startswith(_EXTRA):
+        extra = message[len(_EXTRA) : -1]
+        text = f"unexpected extra argument{'s' if ' ' in extra else ''}: {extra}"
+        prompt = ctx.params.get("prompt") if ctx is not None else None
+        if prompt:
+            import shlex
+
+            hint = f"quote the prompt as one argument: {command} {shlex.quote(f'{prompt} {extra}')}"
+    elif "Did you mean" in message:  # no such command
+        text, _, maybe = message.partition(". Did you mean ")
+        text, hint = _sentence(text), f"did you mean {maybe.rstrip('?')}? {hint}"
+    elif "requires an argument" in message:
+        text = f"{getattr(exc, 'option_name', 'the option')} needs a value"
+    else:
+        text = _sentence(message)
+    return UsageError(text, hint=hint)
+
+
 @contextmanager
 def error_boundary() -> Iterator[None]:
     """Turn errors into `error: ...` / `hint: ...` on stderr and an exit code;
@@ -123,10 +208,7 @@ def error_boundary() -> Iterator[None]:
             raise
         if debug_enabled():
             traceback.print_exc(file=env.stderr)
-        env.stderr.write(f"error: {error.message}\n")
-        if error.hint:
-            env.stderr.write(f"hint: {error.hint}\n")
-        raise typer.Exit(int(exit_code_for(error))) from None
+        raise typer.Exit(int(report(error))) from None
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -12,7 +12,7 @@ from localrun import store
 from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.cli._resolve import pull_with_progress
-from localrun.errors import UsageError
+from localrun.errors import ModelNotFoundError, UsageError
 from localrun.units import human_bytes, parse_size
 
 
@@ -232,7 +232,7 @@ def show(
     target = store.parse(name, reg)
     path = store.locate(target) if target.path is None else target.path
     if path is None:
-        raise UsageError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
+        raise ModelNotFoundError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
     try:
         budget_bytes = memory_budget(parse_size(budget) if budget else None)
     except ValueError as exc:

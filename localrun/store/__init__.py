@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from localrun import paths
-from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError, UsageError
+from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError
 from localrun.events import TransferProgress
 from localrun.store import hub
 from localrun.store import mirror as mirror_source
@@ -198,7 +198,7 @@ def resolve(
     if target.path is not None:
         return Resolved(pull(target).path, target)  # reports the missing file
     if offline:
-        raise UsageError(
+        raise ModelNotFoundError(
             f"{target.label} is not downloaded and --offline was given", hint=f"localrun pull {target.label}"
         )
     fetch = pull_missing or (lambda t: pull(t).path)

@@ -125,7 +125,7 @@ def test_empty_prompt_and_no_model(tiny_model: Path) -> None:
     res = cli("generate", "-m", str(tiny_model), "   ")
     assert res.returncode == 2 and "prompt is empty" in res.stderr
     res = cli("generate", "--offline", "hello")  # the default model is not downloaded here
-    assert res.returncode == 2 and "not downloaded" in res.stderr
+    assert res.returncode == 3 and "not downloaded" in res.stderr  # README: 3, model not found
 
 
 def test_prompt_longer_than_context(tiny_model: Path) -> None:

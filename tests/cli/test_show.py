@@ -39,7 +39,8 @@ def test_show_human_and_errors(tiny_model: Path) -> None:
     res = cli("show", str(tiny_model))
     assert res.returncode == 0 and "grouped-query attention" in res.stdout and "KV cache / token" in res.stdout
     assert cli("show", str(tiny_model), "--budget", "lots").returncode == 2
-    assert cli("show", "smollm2:135m").returncode == 2  # known, but not downloaded here
+    missing = cli("show", "smollm2:135m")  # known, but not downloaded here: README's 3, model not found
+    assert missing.returncode == 3 and "hint: localrun pull smollm2:135m" in missing.stderr
 
 
 @pytest.mark.parametrize(
