@@ -28,12 +28,15 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     """(instruction, material): PROMPT from the argument, or stdin when it is
     `-` or stdin is piped; with both, the argument is the instruction and stdin
     the material."""
+    from localrun.cli._input import checked, read_stdin
     from localrun.runtime.prompt import compose
 
     env = current()
     if argument == "-":
-        return None, env.stdin.read()
-    material = None if env.stdin is None or env.stdin_isatty else env.stdin.read()
+        return None, read_stdin()
+    if argument is not None:
+        argument = checked(argument, "the prompt argument")
+    material = None if env.stdin is None or env.stdin_isatty else read_stdin()
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
 
