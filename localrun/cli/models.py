@@ -194,7 +194,7 @@ def rm(
 ) -> None:
     """Delete a model's downloaded files (asks first on a terminal)."""
     reg = current().registry
-    target = store.parse(name, reg)
+    target = store.parse(name, reg, paths=False)
     if target.path is not None:
         raise UsageError("rm deletes downloaded models, not files given by path", hint="delete the file yourself")
     users = [e.alias for e in reg.drafted_by(target.label)]
@@ -283,6 +283,18 @@ def show(
         f"  vocabulary       {info.vocab_size} tokens",
         f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",
         "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
-        f"  context in {human_bytes(budget_bytes)}: " + ", ".join(f"{t} {n}" for t, n in fits.items()),
+        f"  context in {human_bytes(budget_bytes)}: " + _fits_text(fits, info.weights_bytes, info.compute_bytes()),
     ]
     out().result("\n".join(lines))
+
+
+def _fits_text(fits: dict[str, int], weights_bytes: int, compute_bytes: int) -> str:
+    """The context each KV type fits, or, when none fits any, what the budget is short of."""
+    if any(fits.values()):
+        return ", ".join(f"{t} {n}" for t, n in fits.items())
+    if compute_bytes:
+        return (
+            f"none: the weights alone need {human_bytes(weights_bytes)}, "
+            f"{human_bytes(weights_bytes + compute_bytes)} with llama.cpp's compute buffer"
+        )
+    return f"none: the weights alone need {human_bytes(weights_bytes)}"

@@ -197,7 +197,7 @@ def read_gguf(path: str | Path) -> GGUFInfo:
     """Check ``path`` is a complete, well-formed GGUF file and return its metadata."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise ModelNotFoundError(f"model file not found: {p}", hint="check the path, or pass -m with a GGUF file")
+        raise ModelNotFoundError(f"model file not found: {p}", hint="check the path to the .gguf file")
     if p.is_dir():
         raise BadModelError(f"{p} is a directory, not a GGUF file", hint="pass the .gguf file inside it")
     try:

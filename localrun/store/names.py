@@ -26,7 +26,8 @@ class Target:
         return cls(entry.alias, entry=entry, repo=entry.repo, file=entry.file)
 
 
-def parse(name: str, registry: Registry) -> Target:
+def parse(name: str, registry: Registry, *, paths: bool = True) -> Target:
+    """What ``name`` refers to (``paths`` False: a command that takes no .gguf path, whose hints offer none)."""
     if name.startswith("hf://"):
         parts = name[5:].split("/")
         if len(parts) < 3 or not parts[-1].endswith(".gguf"):
@@ -40,10 +41,11 @@ def parse(name: str, registry: Registry) -> Target:
         if repo.count("/") != 1 or not quant:
             raise UsageError(
                 f"bad model reference {name!r}",
-                hint="use owner/repo:QUANT (e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M) or a .gguf path",
+                hint="use owner/repo:QUANT (e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M)"
+                + (" or a .gguf path" if paths else ""),
             )
         return Target(name, repo=repo, quant=quant)
-    entry = registry.resolve(name)
+    entry = registry.resolve(name, paths=paths)
     return Target.from_entry(entry)
 
 

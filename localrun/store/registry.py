@@ -79,14 +79,18 @@ class RemoteEntry:
     description: str = ""
 
 
+KNOWN_LISTED = 12  # aliases an unknown-model hint names before an ellipsis
+
+
 @dataclass(frozen=True)
 class Registry:
     entries: dict[str, ModelEntry]
     default: str
     remotes: dict[str, RemoteEntry] = field(default_factory=dict)
 
-    def resolve(self, name: str) -> ModelEntry:
-        """`family:tag`, or a bare family name for its default tag."""
+    def resolve(self, name: str, *, paths: bool = True) -> ModelEntry:
+        """`family:tag`, or a bare family name for its default tag (``paths``:
+        whether the command also takes a .gguf path, which the hint then offers)."""
         if name in self.entries:
             return self.entries[name]
         if ":" not in name:
@@ -99,12 +103,20 @@ class Registry:
                 f"{name!r} is a remote server, not a model on this machine",
                 hint="generate, chat and --batch run on it; pull, show, tune, bench and serve need a local model",
             )
-        family = name.split(":", maxsplit=1)[0]
-        close = sorted(a for a in self.entries if a.startswith(family + ":")) or sorted(self.entries)[:6]
-        raise ModelNotFoundError(
-            f"unknown model {name!r}",
-            hint=f"known: {', '.join(close)} (see `localrun list`), or pass a path to a .gguf file",
-        )
+        raise ModelNotFoundError(f"unknown model {name!r}", hint=self._known(name, paths=paths))
+
+    def _known(self, name: str, *, paths: bool) -> str:
+        """The hint for an unknown name: the closest aliases, then every alias (an ellipsis past a dozen)."""
+        import difflib
+
+        aliases = list(self.entries)
+        families = list(dict.fromkeys(e.family for e in self.entries.values() if e.default_tag))  # a bare one works
+        names = aliases + families
+        close = difflib.get_close_matches(name, names, n=2, cutoff=0.6) or [n for n in families if n.startswith(name)]
+        listed = ", ".join(aliases[:KNOWN_LISTED]) + (", …" if len(aliases) > KNOWN_LISTED else "")
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        hint += f"known: {listed} (see `localrun list`)"
+        return hint + (", or pass a path to a .gguf file" if paths else "")
 
     def draft_of(self, entry: ModelEntry) -> ModelEntry | None:
         return self.entries[entry.draft] if entry.draft else None
