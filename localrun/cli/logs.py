@@ -59,7 +59,7 @@ def _filters(
         since=query.parse_when(since) if since else None,
         until=query.parse_when(until, end=True) if until else None,
         query=text,
-        command=command,
+        command=query.check_command(command) if command is not None else None,
     )
 
 
@@ -118,6 +118,9 @@ def logs(
     if not rows:
         from localrun.history.record import logging_enabled
 
+        if conn is not None and filters != query.Filters():
+            out().note("no runs match")
+            return
         out().note("no runs logged" + ("" if logging_enabled() else " (logging is off: localrun logs on)"))
         return
     from localrun.ui.history import runs_table
@@ -196,6 +199,9 @@ def stats(
             return
         if sides is not None and compare is not None:
             a, b = query.compare(conn, sides[0], sides[1], filters)
+            for label, side in ((compare[0], a), (compare[1], b)):
+                if not side.runs:
+                    out().note(f"no runs match {label}: nothing to compare on that side")
             if as_json:
                 out().json(comparison(compare[0], compare[1], a, b), indent=2)
             else:

@@ -73,6 +73,22 @@ def parse_when(text: str, *, end: bool = False, now: float | None = None) -> flo
     return moment.timestamp()
 
 
+COMMANDS = ("generate", "chat", "batch", "serve")  # what logs runs (RunContext.command)
+
+
+def check_command(name: str) -> str:
+    """``name`` when a command logs runs under it; else a UsageError naming those that do."""
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        raise UsageError(
+            f"no command {name!r} logs runs",
+            hint=(f"did you mean {close[0]}? " if close else "") + f"use one of: {', '.join(COMMANDS)}",
+        )
+    return name
+
+
 @dataclass(frozen=True)
 class Filters:
     model: str | None = None  # the model name as logged (or a part of it, with %)
