@@ -1,6 +1,9 @@
-"""Sizes in bytes: parsing what users write, formatting what they read."""
+"""What users write and read: sizes in bytes, counts of things, where a
+JSON text goes wrong."""
 
 from __future__ import annotations
+
+import json
 
 _UNITS = {
     "": 1,
@@ -37,3 +40,15 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 token', '2 tokens', '0 entries' (``plural``: when it is not the noun and an s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def json_error(exc: json.JSONDecodeError, *, line: bool = True) -> str:
+    """Where json gave up and why: 'Expecting value at line 1, column 5', and
+    'Unterminated string starting at line 1, column 5' (not "at at")."""
+    where = f"line {exc.lineno}, column {exc.colno}" if line else f"column {exc.colno}"
+    return f"{exc.msg} {where}" if exc.msg.endswith(" at") else f"{exc.msg} at {where}"

@@ -10,7 +10,7 @@ from localrun.cli._env import current
 from localrun.cli._errors import bounded
 from localrun.cli._output import out
 from localrun.errors import UsageError
-from localrun.units import human_bytes
+from localrun.units import count, human_bytes
 
 app = typer.Typer(
     help="The prompt cache (KV state of long prompt prefixes, on disk).", no_args_is_help=True, rich_markup_mode=None
@@ -26,7 +26,8 @@ def info() -> None:
     cache = default_cache()
     entries = cache.entries()
     out().result(
-        f"{cache.directory}\n{len(entries)} entries, {human_bytes(cache.size())} of {human_bytes(cache.cap_bytes)}"
+        f"{cache.directory}\n{count(len(entries), 'entry', 'entries')}, "
+        f"{human_bytes(cache.size())} of {human_bytes(cache.cap_bytes)}"
     )
 
 
@@ -49,4 +50,4 @@ def clear(
             out().note("kept the prompt cache")
             return
     files, size = cache.clear()
-    out().result(f"removed {files} entries, {human_bytes(size)}")
+    out().result(f"removed {count(files, 'entry', 'entries')}, {human_bytes(size)}")

@@ -15,6 +15,7 @@ from localrun.cli._env import current
 from localrun.cli._errors import bounded
 from localrun.cli._output import out
 from localrun.errors import LocalrunError, UsageError
+from localrun.units import count
 
 if TYPE_CHECKING:
     import sqlite3
@@ -241,8 +242,9 @@ def rm(
     with _history() as conn:
         removed = query.delete_runs(conn, None if every else run_ids or []) if conn is not None else 0
     if run_ids and removed < len(run_ids):
-        out().warn(f"{len(run_ids) - removed} of the IDs were not in the history")
-    out().result(f"removed {removed} run{'s' if removed != 1 else ''}")
+        missing = len(run_ids) - removed
+        out().warn(f"{count(missing, 'ID')} {'was' if missing == 1 else 'were'} not in the history")
+    out().result(f"removed {count(removed, 'run')}")
 
 
 @app.command("off")

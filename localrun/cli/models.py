@@ -13,7 +13,7 @@ from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.cli._resolve import pull_with_progress
 from localrun.errors import ModelNotFoundError, UsageError
-from localrun.units import human_bytes, parse_size
+from localrun.units import count, human_bytes, parse_size
 
 
 def _flash_attn_auto(path: Path) -> tuple[str, str]:
@@ -277,7 +277,7 @@ def show(
         else f"  parameters       {info.parameters / 1e6:.1f} M",
         f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
         f"  layers           {info.layers}",
-        f"  attention        {info.heads} heads of {info.key_length}, {info.kv_heads} KV heads{gqa}",
+        f"  attention        {count(info.heads, 'head')} of {info.key_length}, {count(info.kv_heads, 'KV head')}{gqa}",
         f"  flash attention  auto: {fa_why}",
         f"  trained context  {info.context_length} tokens",
         f"  vocabulary       {info.vocab_size} tokens",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from localrun.errors import UsageError
 from localrun.paths import why_failed
+from localrun.units import json_error
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -83,7 +84,7 @@ def _schema_document(value: str) -> tuple[dict[str, Any], str]:
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        raise UsageError(f"{source}: not valid JSON: {json_error(exc)}") from None
     if not isinstance(schema, dict):
         raise UsageError(f"{source}: a JSON Schema is an object")
     return schema, source
@@ -107,7 +108,7 @@ def json_problem(schema: dict[str, Any], text: str) -> str | None:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        return f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        return f"not JSON: {json_error(exc)}"
     error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(document))
     if error is None:
         return None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.system import cpu_count
+from localrun.units import count
 
 
 def _cpuinfo() -> tuple[str, str]:
@@ -73,7 +74,7 @@ class Machine:
         return cls(cpu, flags, cpus, build)
 
     def describe(self) -> str:
-        return f"{self.cpu}, {self.cpus} CPU{'s' if self.cpus != 1 else ''}"
+        return f"{self.cpu}, {count(self.cpus, 'CPU')}"
 
 
 @cache

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn
 from localrun.events import BatchProgress, SequenceDone
 from localrun.runtime.batch.input import BatchLine, LineId
 from localrun.ui.progress import bar
+from localrun.units import count
 
 Record = dict[str, Any]
 
@@ -121,11 +122,11 @@ def _eta(p: BatchProgress) -> str:
 
 def summary(p: BatchProgress, failed: int) -> str:
     state = "interrupted after" if p.interrupted else "done:"
-    prefix = f", shared prefix {p.shared_prefix} tokens" if p.shared_prefix else ""
+    prefix = f", shared prefix {count(p.shared_prefix, 'token')}" if p.shared_prefix else ""
     return (
-        f"batch {state} {p.done}/{p.total} prompts, {p.generated_tokens} tokens in {p.elapsed_s:.1f}s "
+        f"batch {state} {p.done}/{p.total} prompts, {count(p.generated_tokens, 'token')} in {p.elapsed_s:.1f}s "
         f"({p.tokens_per_s:.1f} tok/s aggregate, {p.parallel} at a time){prefix}"
-        + (f"; {failed} lines failed" if failed else "")
+        + (f"; {count(failed, 'line')} failed" if failed else "")
     )
 
 

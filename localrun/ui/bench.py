@@ -13,7 +13,7 @@ from localrun.bench.stats import Row
 from localrun.ui.progress import bar
 from localrun.ui.svgchart import Bar, bar_chart
 from localrun.ui.table import Column, FitTable
-from localrun.units import human_bytes
+from localrun.units import count, human_bytes
 
 _DASH = "-"
 
@@ -57,9 +57,9 @@ def _note(row: Row) -> str:
 def subtitle(result: bench.BenchResult) -> str:
     plan = result.plan
     return (
-        f"{'quick' if plan.quick else 'full'}: {plan.rounds} rounds x {len(plan.prompts)} prompt"
-        f"{'s' if len(plan.prompts) > 1 else ''} x {plan.max_tokens} tokens, greedy; "
-        f"{result.threads} threads; memory budget {result.budget_bytes / 2**30:.1f} GiB"
+        f"{'quick' if plan.quick else 'full'}: {count(plan.rounds, 'round')} x {count(len(plan.prompts), 'prompt')} "
+        f"x {count(plan.max_tokens, 'token')}, greedy; {count(result.threads, 'thread')}; "
+        f"memory budget {result.budget_bytes / 2**30:.1f} GiB"
     )
 
 

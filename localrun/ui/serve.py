@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.text import Text
 
 from localrun.serve.events import Listening, Notice, RequestDone, ServeEvent, ServerStatus, Stopping
+from localrun.units import count
 
 
 def listening_line(ev: Listening) -> str:
@@ -22,7 +23,7 @@ def listening_line(ev: Listening) -> str:
         "flash attention as llama.cpp decides" if ev.flash_attn == "auto" else f"flash attention {ev.flash_attn}"
     )
     return (
-        f"serving {', '.join(ev.models)} on {ev.url}/v1 ({ev.parallel} slot{'s' if ev.parallel != 1 else ''} "
+        f"serving {', '.join(ev.models)} on {ev.url}/v1 ({count(ev.parallel, 'slot')} "
         f"of {ev.slot_ctx} tokens, {attention}, {auth}); Ctrl-C stops"
     )
 
@@ -34,7 +35,7 @@ def request_line(ev: RequestDone) -> str:
     cached = f" ({ev.cached_tokens} cached)" if ev.cached_tokens else ""
     rate = f" at {ev.decode_tokens_per_s:.1f} tok/s" if ev.decode_tokens_per_s else ""  # none for one cut short
     return (
-        f"{head} {ev.model}: prompt {ev.prompt_tokens}{cached}, {ev.generated_tokens} tokens{rate}, "
+        f"{head} {ev.model}: prompt {ev.prompt_tokens}{cached}, {count(ev.generated_tokens, 'token')}{rate}, "
         f"{ev.elapsed_s:.2f}s, {ev.outcome}"
     )
 

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
 from localrun.ui.text import stats_line
+from localrun.units import count
 
 
 class Renderer(Protocol):
@@ -122,13 +123,13 @@ def footer(
     and then dropped, then time to first token, elapsed time, speed), so what
     remains reads; the token count and the stop reason stay."""
     fields: dict[str, str] = {
-        "tokens": f"{generated} tokens",
+        "tokens": count(generated, "token"),
         "rate": f"{rate:.1f} tok/s" if rate else "- tok/s",
         "ttft": f"ttft {ttft:.2f}s" if generated else "ttft -",
         "elapsed": f"{elapsed:.1f}s",
     }
     if threads is not None:
-        fields["threads"] = f"{threads} thread{'s' if threads != 1 else ''}"
+        fields["threads"] = count(threads, "thread")
     if reason:
         fields["stop"] = f"stop: {reason}"
     if draft is not None and draft.proposed:

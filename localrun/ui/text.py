@@ -8,9 +8,7 @@ if TYPE_CHECKING:
     from localrun.events import DraftStats, Stats
     from localrun.runtime.chat import SessionTotals
 
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+from localrun.units import count
 
 
 def oldest_turns(n: int) -> str:
@@ -22,15 +20,15 @@ def draft_line(draft: DraftStats) -> str:
     if not draft.proposed:
         return "no drafts (plain decoding paid best)"
     return (
-        f"draft {draft.drafter}: {draft.acceptance:.0%} of {_count(draft.proposed, 'drafted token')} kept, "
+        f"draft {draft.drafter}: {draft.acceptance:.0%} of {count(draft.proposed, 'drafted token')} kept, "
         f"{draft.mean_accepted:.1f} per step"
     )
 
 
 def stats_line(stats: Stats) -> str:
     return (
-        f"{stats.generated_tokens} tokens, {stats.decode_tokens_per_s:.1f} tok/s, "
-        f"prompt {stats.prompt_tokens} tokens at {stats.prompt_tokens_per_s:.1f} tok/s"
+        f"{count(stats.generated_tokens, 'token')}, {stats.decode_tokens_per_s:.1f} tok/s, "
+        f"prompt {count(stats.prompt_tokens, 'token')} at {stats.prompt_tokens_per_s:.1f} tok/s"
         f"{f' ({stats.cached_tokens} cached)' if stats.cached_tokens else ''}"
         f"{f', prompt cache {stats.prompt_cache}' if stats.prompt_cache else ''}, "
         f"ttft {stats.ttft_s:.2f}s, {stats.elapsed_s:.2f}s total, stop: {stats.stop_reason}"
@@ -40,7 +38,7 @@ def stats_line(stats: Stats) -> str:
 
 def session_line(totals: SessionTotals) -> str:
     return (
-        f"{_count(totals.turns, 'turn')}, {totals.generated_tokens} tokens generated "
+        f"{count(totals.turns, 'turn')}, {count(totals.generated_tokens, 'token')} generated "
         f"at {totals.decode_rate:.1f} tok/s, "
         f"prompt tokens evaluated {totals.evaluated_tokens}, reused from the cache {totals.cached_tokens}"
     )

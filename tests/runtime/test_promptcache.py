@@ -163,9 +163,9 @@ def test_cli_prompt_cache_and_cache_clear(tiny_model: Path) -> None:
     stats = cli("generate", "-m", str(tiny_model), "-n", "5", "--prompt-cache", "--stats", "Summarize.", input=MATERIAL)
     assert "prompt cache hit" in stats.stderr
     info = cli("cache", "info")
-    assert info.returncode == 0 and "1 entries" in info.stdout
+    assert info.returncode == 0 and "1 entry," in info.stdout
     cleared = cli("cache", "clear", "--yes")
-    assert cleared.returncode == 0 and "removed 1 entries" in cleared.stdout
+    assert cleared.returncode == 0 and "removed 1 entry," in cleared.stdout
     assert "0 entries" in cli("cache", "info").stdout
     third = json.loads(cli(*args, input=MATERIAL).stdout.splitlines()[-1])
     assert third["prompt_cache"] == "miss"

@@ -23,6 +23,7 @@ from typing import Any
 
 from localrun.errors import UsageError
 from localrun.structured.spec import OutputSpec
+from localrun.units import json_error
 
 LineId = str | int
 
@@ -178,7 +179,7 @@ def _object_line(number: int, text: str) -> BatchLine:  # noqa: C901, PLR0912  o
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise _BadLine(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+            raise _BadLine(f"invalid JSON: {json_error(exc, line=False)}") from None
         if not isinstance(obj, dict):
             raise _BadLine("expected a JSON object")
         if "custom_id" in obj:
