@@ -23,8 +23,8 @@ from localrun.history.record import Recorder
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.generate import finished
 from localrun.ui.stream import LiveRenderer
-from localrun.ui.text import _count as count
 from localrun.ui.text import oldest_turns, session_line, stats_line
+from localrun.units import count
 
 MULTILINE = '"""'
 
