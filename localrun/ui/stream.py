@@ -93,8 +93,8 @@ class JsonRenderer:
                     record["draft"] = stats.draft.as_dict()
                 if stats.threads is not None:
                     record["threads"] = stats.threads
-                if stats.thread_shares:
-                    record["thread_shares"] = {str(n): share for n, share in stats.thread_shares.items()}
+                    shares = stats.thread_shares or {}
+                    record["thread_shares"] = {str(n): share for n, share in shares.items()}
                 if stats.valid is not None:  # structured output: checked against its schema or grammar
                     record["valid"] = stats.valid
                     record["forced_tokens"] = stats.forced_tokens

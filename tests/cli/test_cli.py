@@ -52,6 +52,7 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "cached_tokens",
         "draft",  # speculative decoding (--spec auto, the default): drafter, proposed, accepted
         "threads",  # CPU threads decoding when the run ended
+        "thread_shares",  # the share of decode steps at each thread count
         "settings",  # every setting used, and where it came from
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
