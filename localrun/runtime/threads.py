@@ -37,11 +37,12 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   up on its doubling schedule (at most `MAX_GAP` windows away) finds it.
 - The load, read: below the full count, where the machine says how many
   other tasks are runnable (`free_cpus`, from /proc on Linux), a probe up
-  follows its own gap only when the CPUs they leave free hold one thread
-  more; while they do not, the others are still there, and the probe waits
-  the longest gap, as while contended (a task that yields its CPU, such as
-  a niced one, is counted too: the rare probe finds out). On a machine that
-  cannot say, the schedule above decides alone.
+  runs before its doubling gap (at once, after a clear window) only when the
+  CPUs they leave free hold one thread more. While they do not, the others
+  are still there, and the probe waits its gap: a thread more can still win
+  under load (a batch of many sequences spreads each barrier's wait over
+  more work), and only a probe can tell. On a machine that cannot say, the
+  schedule above decides alone.
 - A probe step slower than `ABORT` times the settled median ends the probe
   at once, as a loss: under load a thread more can make a step many times
   slower, and a whole window of them would cost more than the probe can win.
@@ -188,13 +189,15 @@ class ThreadGovernor:
                 self._next_down, self._next_up = now, now + self._up_gap
         self._base = median_s
         self._judge(lost, now)
-        # while the others still take our threads' time, or the load read says they leave no CPU for one
-        # thread more, they have not gone: a probe up (a window at a count that lost already) waits the
-        # longest gap; otherwise it follows its own gap
-        below = self.threads < self.max_threads
-        crowded = self._contended or (below and not self._room_for(self.threads + 1))
-        up_at = self._next_up if not crowded else max(self._next_up, self._last_up + MAX_GAP)
-        if below and now >= up_at:
+        # while the others still take our threads' time they have not gone: a probe up (a window at a
+        # count that lost already) waits the longest gap; otherwise it follows its own gap, and runs at
+        # once (a clear window after a contended one) only where the load read leaves a CPU for it
+        up_at = self._next_up if not self._contended else max(self._next_up, self._last_up + MAX_GAP)
+        if (
+            self.threads < self.max_threads
+            and now >= up_at
+            and (now >= self._last_up + self._up_gap or self._room_for(self.threads + 1))
+        ):
             self._probe = self.threads + 1
             self._last_up = now
         elif self._contended and self.threads > 1 and now >= self._next_down:

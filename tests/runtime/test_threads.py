@@ -4,6 +4,7 @@ thread count a real generation reports."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -229,18 +230,35 @@ class Load:
         return self.free
 
 
-def test_no_probe_up_while_the_load_read_leaves_no_cpu() -> None:
+def test_no_probe_up_at_once_while_the_load_read_leaves_no_cpu() -> None:
     """One other busy process on 2 CPUs, seen at the start: the count stays
-    down, and a probe up (which can only lose) runs at most once per MAX_GAP windows."""
+    down; a probe up waits its gap (it does not run at once, as it would where
+    the load cannot be read), and the gaps double as the probes lose."""
     load = Load(free=1)
     gov = ThreadGovernor(2, free_cpus=load)
     gov.start_below(1)
     counts = drive(gov, HALF, 4000)
     assert gov.threads == 1 and load.reads > 0
-    assert counts.count(2) <= WINDOW * (len(counts) // (MAX_GAP * WINDOW) + 1)
-    without = ThreadGovernor(2)  # the same without the reading: its cleared windows probe up sooner
-    without.start_below(1)
-    assert drive(without, HALF, 4000).count(2) > counts.count(2)
+    starts = [i // WINDOW for i, n in enumerate(counts) if n == 2 and counts[i - 1] == 1]
+    assert starts[0] >= 4  # MIN_GAP windows, not the first window
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == sorted(gaps) and gaps[-1] >= MAX_GAP  # rarer and rarer, to one per MAX_GAP windows
+    blind = ThreadGovernor(2)
+    blind.start_below(1)
+    counts = drive(blind, HALF, 4 * WINDOW)
+    assert 2 in counts[: 2 * WINDOW]  # without the reading, a clear window probes up at once
+
+
+def test_a_thread_more_that_wins_under_load_is_found() -> None:
+    """A batch of many sequences: even with another busy process, 2 threads
+    decode faster than 1. The load read leaves no CPU, but the probe up on its
+    gap finds it, and the count stays up."""
+    batch = Machine({1: 1 / 20.0, 2: 1 / 35.0}, {1: 1.0, 2: 0.8})
+    gov = ThreadGovernor(2, free_cpus=Load(free=1))
+    gov.start_below(1)
+    counts = drive(gov, batch, 2000)
+    assert gov.threads == 2 and counts.index(2) <= 6 * WINDOW
+    assert counts[1000:].count(1) <= 0.05 * 1000
 
 
 def test_probes_up_soon_once_the_load_read_frees_a_cpu() -> None:
