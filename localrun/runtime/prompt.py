@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import UsageError
 from localrun.runtime.decoder import common_prefix
@@ -28,8 +29,13 @@ def chat_template(engine: Engine, name: str | None = None) -> str:
     return template
 
 
-def render_messages(engine: Engine, template: str, messages: list[Message]) -> str:
-    return render_chat(template, messages, bos_token=engine.bos_token, eos_token=engine.eos_token)
+def render_messages(
+    engine: Engine,
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    return render_chat(template, messages, bos_token=engine.bos_token, eos_token=engine.eos_token, tools=tools)
 
 
 def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:

@@ -4,6 +4,9 @@ for models that carry none (`chat --template NAME`)."""
 from __future__ import annotations
 
 import datetime
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -21,13 +24,28 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
-def render_chat(template: str, messages: list[Message], *, bos_token: str, eos_token: str) -> str:
-    """Render a GGUF chat template (Jinja, as Hugging Face tokenizers run it)."""
+def _tojson(value: Any, indent: int | None = None) -> str:
+    """Jinja's ``tojson`` as Hugging Face templates expect it: no HTML escaping."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def render_chat(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    bos_token: str,
+    eos_token: str,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """Render a GGUF chat template (Jinja, as Hugging Face tokenizers run it);
+    ``tools`` (OpenAI's tool objects) go to templates that take them."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
+    env.filters["tojson"] = _tojson
+    extra = {"tools": tools} if tools else {}
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
+            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token, **extra
         )
     except TemplateError as exc:
         raise BadModelError(

@@ -31,9 +31,10 @@ from localrun.events import SequenceDone, SequenceText, Stats
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import OnEvent, RequestDone
 from localrun.serve.prompts import prepare
-from localrun.serve.responses import DONE, Kind, Reply, sse
+from localrun.serve.responses import DONE, Kind, Reply, call_deltas, sse
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
 from localrun.serve.served import ModelTable, ServedModel
+from localrun.serve.tools import ToolStream, ToolUse, call_objects, split_reply
 from localrun.serve.worker import Failed, JobEvent
 
 MAX_BODY = 16 * 2**20  # bytes a request body may have
@@ -193,16 +194,27 @@ class EventStream(Response):
             self.on_close(gone)
 
 
-async def _stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | None) -> AsyncIterator[str]:
     if reply.kind == "chat":
         yield reply.chunk("", first=True)
+    held = ToolStream(use) if use is not None and use.choice is not None else None
     while True:
         event = await job.queue.get()
         if isinstance(event, SequenceText):
             job.generated = event.generated
-            yield reply.chunk(event.text)
+            text = held.feed(event.text) if held is not None else event.text
+            if text:
+                yield reply.chunk(text)
         elif isinstance(event, SequenceDone):
-            yield reply.chunk(None, stats=event.stats)
+            reason = None
+            if held is not None:
+                rest, found = held.finish()
+                if rest:
+                    yield reply.chunk(rest)
+                for delta in call_deltas(call_objects(found)):
+                    yield reply.chunk(None, calls=delta)
+                reason = "tool_calls" if found else None
+            yield reply.chunk(None, stats=event.stats, reason=reason)
             if include_usage:
                 yield reply.chunk(None, stats=event.stats, only_usage=True)
             yield DONE
@@ -215,7 +227,7 @@ async def _stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[
             return
 
 
-async def _whole(job: Job, request: Request, reply: Reply) -> Response:
+async def _whole(job: Job, request: Request, reply: Reply, use: ToolUse | None) -> Response:
     """Wait for the end (or the client leaving, which cancels the request)."""
     result: SequenceDone | Failed | None = None
     parts: list[str] = []
@@ -242,7 +254,8 @@ async def _whole(job: Job, request: Request, reply: Reply) -> Response:
         job.end(error.status, outcome=error.message)
         return JSONResponse(error.body(), error.status, headers=error.headers)
     job.end(200, result.stats)
-    return JSONResponse(reply.whole(result.text, result.stats))
+    content, calls = split_reply(result.text, use)
+    return JSONResponse(reply.whole(content, result.stats, call_objects(calls)))
 
 
 # ---------------------------------------------------------------- the app --
@@ -278,18 +291,18 @@ async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: O
     )
     model = table.find(parsed.model)
     index = model.worker.next_index()
-    batch_request = await run_in_threadpool(prepare, model, parsed, index)
+    batch_request, use = await run_in_threadpool(prepare, model, parsed, index)
     job = Job(model, index, len(batch_request.tokens), request, on_event)
     model.worker.submit(batch_request, job.deliver)
     reply = Reply(kind, model.id)
     if not parsed.stream:
         try:
-            return await _whole(job, request, reply)
+            return await _whole(job, request, reply, use)
         finally:
             job.end(500, outcome="failed")  # nothing when it ended already
     include_usage = parsed.stream_options is not None and parsed.stream_options.include_usage
     return EventStream(
-        _stream(job, reply, include_usage),
+        _stream(job, reply, include_usage, use),
         lambda gone: job.end(499, outcome="disconnected") if gone else job.end(503, outcome="cancelled"),
     )
 

@@ -5,16 +5,19 @@ sampling settings, the limit, the stop strings and the output constraint."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from localrun.errors import ContextOverflowError, InvalidRequestError, UsageError
 from localrun.runtime.batch.scheduler import BatchRequest
 from localrun.runtime.prompt import Prompt, render_messages, stable_prefix, tokenize_rendered
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.templates import Message
 from localrun.serve.schemas import ChatRequest, CompletionRequest
+from localrun.serve.schemas import Message as ChatMessage
 from localrun.serve.served import ServedModel
+from localrun.serve.tools import ToolUse, conversation, tool_use
 from localrun.structured.constraint import tokenizer_for
 from localrun.structured.spec import OutputSpec, response_format
+from localrun.structured.tools import tool_grammar
 
 ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
 
@@ -26,16 +29,28 @@ def sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
     return replace(SamplingParams(), **given)
 
 
-def chat_prompt(model: ServedModel, request: ChatRequest) -> Prompt:
+def _message(m: ChatMessage) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": ROLES.get(m.role, m.role), "content": m.text()}
+    if m.tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
+
+
+def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = None) -> Prompt:
     """The conversation's tokens, and how many of them stand for its system prompt."""
     if model.template is None:
         raise InvalidRequestError(
             f"{model.id} has no chat template: use /v1/completions, or start the server with --template", "messages"
         )
-    messages: list[Message] = [{"role": ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages]
+    messages = [_message(m) for m in request.messages]
     if model.system and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": model.system})
-    full = render_messages(model.engine, model.template, messages)
+    if any(m["role"] == "tool" or "tool_calls" in m for m in messages) or use is not None:
+        messages = conversation(messages, use)
+    offered = use.declared if use is not None and use.native and use.choice is not None else None
+    full = render_messages(model.engine, model.template, messages, offered)
     tokens = tokenize_rendered(model.engine, full)
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
     return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True))
@@ -52,7 +67,13 @@ def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[in
     return model.engine.tokenize(text, add_special=model.engine.add_bos)
 
 
-def output_spec(model: ServedModel, request: ChatRequest | CompletionRequest) -> OutputSpec | None:
+def output_spec(
+    model: ServedModel, request: ChatRequest | CompletionRequest, use: ToolUse | None = None
+) -> OutputSpec | None:
+    if use is not None and use.choice is not None:
+        if request.response_format is not None:
+            raise InvalidRequestError("response_format and tools together are not supported", "response_format")
+        return tool_grammar(model.engine, use.functions, use.fmt, use.choice, parallel=use.parallel)
     if request.response_format is None:
         return None
     try:
@@ -64,11 +85,16 @@ def output_spec(model: ServedModel, request: ChatRequest | CompletionRequest) ->
     return spec
 
 
-def prepare(model: ServedModel, request: ChatRequest | CompletionRequest, index: int) -> BatchRequest:
-    """The scheduler's request, or an error naming the field: a prompt that
-    does not fit its slot gets the numbers (nothing is cut silently)."""
+def prepare(
+    model: ServedModel, request: ChatRequest | CompletionRequest, index: int
+) -> tuple[BatchRequest, ToolUse | None]:
+    """The scheduler's request (and the request's tools, if any), or an error
+    naming the field: a prompt that does not fit its slot gets the numbers
+    (nothing is cut silently)."""
+    use = None
     if isinstance(request, ChatRequest):
-        prompt = chat_prompt(model, request)
+        use = tool_use(request.tools, request.tool_choice, request.parallel_tool_calls, model.template)
+        prompt = chat_prompt(model, request, use)
     else:
         prompt = Prompt(completion_prompt(model, request), 0)
     tokens = prompt.tokens
@@ -87,6 +113,6 @@ def prepare(model: ServedModel, request: ChatRequest | CompletionRequest, index:
         sampling=sampling(request),
         max_tokens=request.limit(),
         stop=request.stops(),
-        output=output_spec(model, request),
+        output=output_spec(model, request, use),
         shared=prompt.shared,
-    )
+    ), use

@@ -66,17 +66,27 @@ class Reply:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, stats: Stats) -> dict[str, Any]:
-        """The non-streaming response."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(stats), "logprobs": None}
+    def whole(self, text: str, stats: Stats, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The non-streaming response (``calls``: OpenAI's `tool_calls`)."""
+        reason = "tool_calls" if calls else finish_reason(stats)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text or (None if calls else text)}
+            if calls:
+                choice["message"]["tool_calls"] = calls
         else:
             choice["text"] = text
         return self._head(self.object) | {"choices": [choice], "usage": usage(stats), "timings": timings(stats)}
 
     def chunk(
-        self, text: str | None, *, first: bool = False, stats: Stats | None = None, only_usage: bool = False
+        self,
+        text: str | None,
+        *,
+        first: bool = False,
+        stats: Stats | None = None,
+        only_usage: bool = False,
+        calls: list[dict[str, Any]] | None = None,
+        reason: str | None = None,
     ) -> str:
         """One SSE event: new ``text`` (chat: the role first); with ``stats``
         the last choice chunk, carrying finish_reason, usage and timings; with
@@ -86,11 +96,13 @@ class Reply:
         if only_usage:
             assert stats is not None
             return sse(body | {"choices": [], "usage": usage(stats)})
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(stats) if stats else None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason or (finish_reason(stats) if stats else None)}
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
+            if calls is not None:
+                delta["tool_calls"] = calls
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
@@ -98,6 +110,25 @@ class Reply:
         if stats is not None:
             body |= {"usage": usage(stats), "timings": timings(stats)}
         return sse(body)
+
+
+def call_deltas(calls: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each call as OpenAI streams it: its id and name first, then its arguments."""
+    out = []
+    for i, call in enumerate(calls):
+        function = call["function"]
+        out.append(
+            [
+                {
+                    "index": i,
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": function["name"], "arguments": ""},
+                }
+            ]
+        )
+        out.append([{"index": i, "function": {"arguments": function["arguments"]}}])
+    return out
 
 
 def sse(data: dict[str, Any]) -> str:

@@ -28,10 +28,23 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's past calls
+    tool_call_id: str | None = None  # which call a tool message answers
 
     def text(self) -> str:
         if self.content is None:
@@ -104,14 +117,6 @@ class ChatRequest(_Generation):
         if self.max_completion_tokens is not None and self.max_tokens is not None:
             return min(self.max_completion_tokens, self.max_tokens)
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def unsupported(self) -> list[str]:
-        found = super().unsupported()
-        if self.tools:
-            found.append("tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            found.append("tool_choice")
-        return found
 
 
 class CompletionRequest(_Generation):

@@ -173,7 +173,7 @@ def test_over_long_prompt_is_refused_with_the_numbers(server: Server) -> None:
     [
         ({"n": 2}, "n"),
         ({"logprobs": True}, "logprobs"),
-        ({"extra_body": {"tools": [{"type": "function", "function": {"name": "f"}}]}}, "tools"),
+        ({"extra_body": {"tools": [{"type": "retrieval"}]}}, "tools"),
         ({"extra_body": {"mystery": 1}}, "mystery"),
         ({"extra_body": {"temperature": "hot"}}, "temperature"),
     ],

@@ -77,11 +77,11 @@ def test_a_system_prompt_is_the_prefix_the_prompt_cache_keeps(two: list[ServedMo
     def chat(*messages: tuple[str, str]) -> ChatRequest:
         return ChatRequest.model_validate({"messages": [{"role": r, "content": c} for r, c in messages]})
 
-    a = prepare(model, chat(("system", "be terse"), ("user", "hi")), 0)
-    b = prepare(model, chat(("system", "be terse"), ("user", "something else entirely")), 1)
+    a, _ = prepare(model, chat(("system", "be terse"), ("user", "hi")), 0)
+    b, _ = prepare(model, chat(("system", "be terse"), ("user", "something else entirely")), 1)
     assert 0 < a.shared == b.shared < len(a.tokens)
     assert a.tokens[: a.shared] == b.tokens[: b.shared]
-    assert prepare(model, chat(("user", "hi")), 2).shared == 0
+    assert prepare(model, chat(("user", "hi")), 2)[0].shared == 0
     (off,) = load_models([plan(tiny_model, prompt_cache=False)])
     try:
         assert off.worker.run.prompt_cache is None

@@ -1,0 +1,309 @@
+"""Tool calls: how each model family writes them (a table, not special
+cases), the llguidance grammar that makes a call impossible to get wrong, and
+the parse of the finished text into calls.
+
+A call is always written as ``{"name": NAME, "arguments": ARGS}`` (the key
+``arguments`` is ``parameters`` for Llama 3.x) between its family's markers.
+The grammar constrains NAME to the declared functions and ARGS to that
+function's JSON Schema. With ``required`` (or one named function) the reply is
+calls from its first token; with ``auto`` it is free text, and once a call's
+marker begins, the rest of the call is constrained. A marker that is a special
+token of the model's vocabulary is referred to as that token (free text can
+never contain it); otherwise it is matched as text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from localrun.errors import InvalidRequestError
+from localrun.structured.spec import OutputSpec, json_problem
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import Engine
+
+Choice = Literal["auto", "required"]
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    parameters: dict[str, Any]  # a JSON Schema for the arguments object
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How one family writes calls: ``begin`` call (``between`` call)* ``end``,
+    each call ``each`` + the JSON object + ``after_each``. ``triggers``: in free
+    text (``auto``), each (text, rest) pair opens a call: ``text`` is what the
+    model writes, ``rest`` is forced after it up to the function's name.
+    ``leading``: calls can only open the reply (their marker renders as nothing)."""
+
+    name: str
+    detect: tuple[str, ...]  # text in a chat template that says its model writes this
+    begin: str = ""
+    each: str = ""
+    between: str = "\n"
+    after_each: str = ""
+    end: str = ""
+    key: str = "arguments"
+    triggers: tuple[tuple[str, str], ...] = ()
+    leading: bool = False
+
+    @property
+    def head(self) -> str:
+        """What precedes the first call's name, as this family writes it."""
+        return self.begin + self.each + '{"name": '
+
+
+HERMES = CallFormat(
+    "hermes",
+    ("<tool_call>",),
+    each="<tool_call>\n",
+    after_each="\n</tool_call>",
+    triggers=(("<tool_call>", '\n{"name": '),),
+)
+FORMATS: tuple[CallFormat, ...] = (
+    HERMES,  # Qwen2.5, Hermes, and the fallback for templates that take no tools
+    CallFormat("llama3", ("<|python_tag|>",), begin="<|python_tag|>", between="; ", key="parameters", leading=True),
+    CallFormat("mistral", ("[TOOL_CALLS]",), begin="[TOOL_CALLS][", between=", ", end="]", leading=True),
+)
+# what models really write whatever their template says: a fenced JSON block
+# (Qwen2.5-Coder does); its triggers end at `"name":` so that an ordinary
+# JSON code block is left alone
+FENCED = CallFormat(
+    "fenced",
+    (),
+    each="```json\n",
+    after_each="\n```",
+    triggers=tuple(
+        (f'```{lang}\n{{{space}"name":', " ") for lang in ("json", "") for space in ("", "\n  ", "\n    ", " ", "\n")
+    ),
+)
+
+
+def call_format(template: str | None) -> CallFormat:
+    """The family a chat template's model writes calls in (Hermes when none is recognised)."""
+    for fmt in FORMATS:
+        if template and any(mark in template for mark in fmt.detect):
+            return fmt
+    return HERMES
+
+
+def takes_tools(template: str | None) -> bool:
+    return bool(template) and "tools" in (template or "")
+
+
+def tools_prompt(functions: list[Function]) -> str:
+    """For a template that takes no tools: the system prompt's description of them, in Hermes' words."""
+    lines = "\n".join(json.dumps({"type": "function", "function": _declared(f)}, ensure_ascii=False) for f in functions)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+        "\n</tool_call>"
+    )
+
+
+def _declared(f: Function) -> dict[str, Any]:
+    return {"name": f.name, "description": f.description, "parameters": f.parameters}
+
+
+# ---------------------------------------------------------------- grammar --
+
+_MARKER = re.compile(r"(</?\|?[A-Za-z_][\w|.-]*\|?>|\[[A-Z_]+\])")
+
+
+def _specials(engine: Engine) -> set[str]:
+    """The markers this vocabulary holds as one special token each."""
+    from localrun.structured.constraint import tokenizer_for
+
+    tok = tokenizer_for(engine)
+    found = set()
+    for fmt in (*FORMATS, FENCED):
+        for text in (fmt.begin, fmt.each, fmt.after_each, fmt.end, *(t for t, _ in fmt.triggers)):
+            for mark in _MARKER.findall(text):
+                ids = engine.tokenize(mark, add_special=False, parse_special=True)
+                if len(ids) == 1 and tok.is_special_token(ids[0]):
+                    found.add(mark)
+    return found
+
+
+def _lark_text(text: str, specials: set[str]) -> str:
+    """``text`` as a sequence of lark items: literals, and special tokens by name."""
+    items = []
+    for part in _MARKER.split(text):
+        if not part:
+            continue
+        items.append(part if part in specials else json.dumps(part))
+    return " ".join(items) or '""'
+
+
+# JSON inside a call: the layout models write (a space, or a new line and an
+# indent), bounded so that a sampled reply cannot wander off into whitespace
+ARGS_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": r"[ ]?|\n {0,16}"}
+WS = "/( |\\n {0,16})?/"
+
+
+def _grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema the grammar follows: an object's undeclared keys left out
+    (as OpenAI's strict mode does; a model otherwise invents parameters), the
+    call's layout added."""
+    if "properties" in schema and "additionalProperties" not in schema:
+        schema = schema | {"additionalProperties": False}
+    return schema | {"x-guidance": ARGS_LAYOUT | dict(schema.get("x-guidance") or {})}
+
+
+def _compile_args(f: Function) -> str:
+    """The function's schema for an inline %json, checked: one that cannot be used is a 400 naming it."""
+    import llguidance
+
+    from localrun.errors import UsageError
+    from localrun.structured.spec import _check_schema
+
+    schema = _grammar_schema(f.parameters)
+    try:
+        _check_schema(f.parameters, f"the parameters of function {f.name!r}")
+        llguidance.LLMatcher.grammar_from_json_schema(schema)
+    except (UsageError, ValueError) as exc:
+        message = exc.message if isinstance(exc, UsageError) else f"function {f.name!r}: cannot be used: {exc}"
+        raise InvalidRequestError(message, "tools") from None
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def _call_rules(fmt: CallFormat, functions: list[Function], specials: set[str], tag: str) -> list[str]:
+    """Rules for one call of ``fmt`` from after `"name": ` on (rule ``{tag}_rest``)."""
+    choices = []
+    rules = []
+    for i, f in enumerate(functions):
+        choices.append(
+            f"{json.dumps(json.dumps(f.name) + ',')} {WS} {json.dumps(json.dumps(fmt.key) + ': ')} {tag}_a{i}"
+        )
+        rules.append(f"{tag}_a{i}: %json {_compile_args(f)}")
+    rules.append(f'{tag}_rest: ({" | ".join(choices)}) {WS} "}}" {_lark_text(fmt.after_each, specials)}')
+    opening = _lark_text(fmt.each + '{"name": ', specials)
+    rules.append(f"{tag}_call: {opening} {tag}_rest")
+    return rules
+
+
+def tool_grammar(
+    engine: Engine,
+    functions: list[Function],
+    fmt: CallFormat,
+    choice: Choice,
+    *,
+    parallel: bool = True,
+) -> OutputSpec:
+    """The constraint for a reply: calls only (``required``), or free text
+    whose calls are constrained once their marker begins (``auto``)."""
+    import llguidance
+
+    from localrun.structured.spec import _compiled
+
+    specials = _specials(engine)
+    rules = ["%llguidance {}", "TEXT: /(.|\\n)*/"]
+    rules += _call_rules(fmt, functions, specials, "c")
+    more = f"({_lark_text(fmt.between, specials)} c_call)*" if parallel else ""
+    calls = f"{_lark_text(fmt.begin, specials)} c_call {more} {_lark_text(fmt.end, specials)}"
+    if choice == "required":
+        rules.insert(1, f"start: {calls}")
+    else:
+        alternatives = []
+        if fmt.leading:  # plain text may not start the way a call does
+            rules[1] = "TEXT: /([^{\\[<](.|\\n)*)?/"
+            alternatives.append(calls)
+        for k, (trigger, rest) in enumerate(fmt.triggers):
+            rules.append(_trigger_rule(f"t{k}", trigger, specials))
+            alternatives.append(f"t{k} {_lark_text(rest, specials)} c_rest {more}")
+        rules += _call_rules(FENCED, functions, specials, "f")
+        for k, (trigger, rest) in enumerate(FENCED.triggers):
+            rules.append(_trigger_rule(f"ft{k}", trigger, specials))
+            alternatives.append(f"ft{k} {_lark_text(rest, specials)} f_rest")
+        rules.insert(1, f"start: TEXT | {' | '.join(alternatives)}")
+    grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
+    return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools")
+
+
+def _trigger_rule(name: str, trigger: str, specials: set[str]) -> str:
+    if trigger in specials:
+        return f"{name}: TEXT {trigger}"
+    pattern = re.escape(trigger).replace("\\\n", "\\n").replace("/", "\\/")
+    return f"{name}[lazy]: /(.|\\n)*{pattern}/"
+
+
+# ------------------------------------------------------------------ parse --
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: dict[str, Any]
+
+
+def find_start(text: str, fmt: CallFormat) -> int:
+    """Where the first call begins in ``text`` (-1: nowhere); in a stream, text from here is held back."""
+    starts = [text.find(t) for t, _ in (*fmt.triggers, *FENCED.triggers)]
+    starts = [i for i in starts if i >= 0]
+    if fmt.leading and _opens_leading(text, fmt):
+        starts.append(0)
+    return min(starts, default=-1)
+
+
+def _opens_leading(text: str, fmt: CallFormat) -> bool:
+    stripped = text.lstrip()
+    return any(stripped.startswith(v) for v in (fmt.begin + fmt.each, "[", "{")) and stripped[:1] in "{[<"
+
+
+def could_start(tail: str, fmt: CallFormat) -> int:
+    """The earliest index in ``tail`` from which a trigger may still be being written (len: none)."""
+    triggers = [t for t, _ in (*fmt.triggers, *FENCED.triggers)]
+    for i in range(len(tail)):
+        piece = tail[i:]
+        if any(t.startswith(piece) for t in triggers):
+            return i
+    return len(tail)
+
+
+_OBJECT = re.compile(r'\{\s*"name"')  # a call's object, on one line or several
+
+
+def parse_calls(text: str, fmt: CallFormat, functions: list[Function]) -> tuple[str, list[Call]]:
+    """(the text before the calls, the complete calls): each call's name is
+    declared and its arguments validate (a call cut short is left out)."""
+    start = find_start(text, fmt)
+    if start < 0:
+        return text, []
+    declared = {f.name: f for f in functions}
+    decoder = json.JSONDecoder()
+    calls: list[Call] = []
+    pos = start
+    while True:
+        match = _OBJECT.search(text, pos)
+        if match is None:
+            break
+        found = match.start()
+        try:
+            obj, pos = decoder.raw_decode(text, found)
+        except json.JSONDecodeError:
+            break
+        call = _call(obj, fmt, declared)
+        if call is not None:
+            calls.append(call)
+    return text[:start], calls
+
+
+def _call(obj: Any, fmt: CallFormat, declared: dict[str, Function]) -> Call | None:
+    if not isinstance(obj, dict) or obj.get("name") not in declared:
+        return None
+    args = obj.get(fmt.key, obj.get("arguments", obj.get("parameters")))
+    if not isinstance(args, dict):
+        return None
+    function = declared[obj["name"]]
+    if json_problem(function.parameters, json.dumps(args)) is not None:
+        return None
+    return Call(function.name, args)

@@ -1,0 +1,130 @@
+"""OpenAI tools through `localrun serve` with the official `openai` client:
+tool_choice none, auto, required and named, streaming, and a tool loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.serve.conftest import Server, start
+
+WEATHER: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TIME: dict[str, Any] = {
+    "type": "object",
+    "properties": {"tz": {"type": "integer", "minimum": -12, "maximum": 14}},
+    "required": ["tz"],
+}
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": name, "description": f"{name} somewhere", "parameters": schema}}
+    for name, schema in SCHEMAS.items()
+]
+MODEL = "tiny-long"
+QUESTION: Any = [{"role": "user", "content": "What's the weather in Lisbon?"}]
+
+
+@pytest.fixture(scope="module")
+def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Room for the tools' description in the prompt (the byte-level tiny vocabulary spells it out)."""
+    yield from start(tmp_path_factory.mktemp("home"), "-m", str(long_model), "--ctx", "8192", "--parallel", "2")
+
+
+def chat(server: Server, messages: Any = QUESTION, **kw: Any) -> Any:
+    return server.client().chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, **kw)
+
+
+def check_calls(message: Any, names: frozenset[str] = frozenset(SCHEMAS)) -> None:
+    assert message.tool_calls
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_tool_choice_none_never_calls(server: Server) -> None:
+    for seed in range(3):
+        reply = chat(server, tool_choice="none", max_tokens=30, temperature=1.0, seed=seed)
+        assert reply.choices[0].message.tool_calls is None
+        assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_required_always_calls_a_declared_function_with_valid_arguments(server: Server) -> None:
+    for seed in range(6):
+        reply = chat(server, tool_choice="required", max_tokens=200, temperature=1.0, seed=seed)
+        assert reply.choices[0].finish_reason == "tool_calls", reply
+        assert not reply.choices[0].message.content
+        check_calls(reply.choices[0].message)
+        single = chat(
+            server, tool_choice="required", parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=seed
+        )
+        assert len(single.choices[0].message.tool_calls) == 1
+
+
+def test_a_named_function_is_the_one_called(server: Server) -> None:
+    named: Any = {"type": "function", "function": {"name": "get_time"}}
+    for seed in range(3):
+        reply = chat(server, tool_choice=named, max_tokens=200, temperature=1.0, seed=seed)
+        check_calls(reply.choices[0].message, frozenset({"get_time"}))
+
+
+def test_auto_leaves_plain_text_alone(server: Server) -> None:
+    reply = chat(server, max_tokens=20, temperature=0)
+    plain = server.client().chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, tool_choice="none"
+    )
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].finish_reason == "length"
+    assert isinstance(reply.choices[0].message.content, str) and isinstance(plain.choices[0].message.content, str)
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_streamed_deltas_reassemble_to_the_whole_reply(server: Server, choice: str) -> None:
+    kw: Any = {"tool_choice": choice, "max_tokens": 120, "temperature": 1.0, "seed": 5}
+    whole = chat(server, **kw).choices[0]
+    chunks = list(chat(server, stream=True, **kw))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+    assert content == (whole.message.content or "")
+    expected = [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls or []]
+    assert [calls[i] for i in sorted(calls)] == expected
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_a_tool_loop_ends_in_an_answer(server: Server) -> None:
+    """Two tools declared, the model calls one, the result goes back, and a final answer comes."""
+    messages: Any = list(QUESTION)
+    first = chat(server, messages=messages, tool_choice="required", parallel_tool_calls=False, max_tokens=200, seed=1)
+    call = first.choices[0].message.tool_calls[0]
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18})})
+    final = chat(server, messages=messages, max_tokens=16, temperature=0)
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].message.content
+    streamed = list(chat(server, messages=messages, max_tokens=16, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == final.choices[0].message.content
+
+
+def test_unusable_tools_are_a_400_naming_what(server: Server) -> None:
+    broken: Any = [{"type": "function", "function": {"name": "broken", "parameters": {"type": "nope"}}}]
+    with pytest.raises(openai.BadRequestError, match="broken"):
+        server.client().chat.completions.create(model=MODEL, messages=QUESTION, tools=broken)
+    unknown: Any = {"type": "function", "function": {"name": "missing"}}
+    with pytest.raises(openai.BadRequestError, match="missing"):
+        chat(server, tool_choice=unknown)
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        server.client().chat.completions.create(model=MODEL, messages=QUESTION, tool_choice="required")

@@ -1,0 +1,114 @@
+"""Tool calls: each family's format parses, and the grammar makes every call
+a declared function with valid arguments, whatever the model samples."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from localrun.errors import InvalidRequestError
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
+from localrun.runtime.sampling import SamplingParams
+from localrun.structured.constraint import Constraint
+from localrun.structured.tools import (
+    FORMATS,
+    HERMES,
+    Call,
+    Function,
+    call_format,
+    parse_calls,
+    tool_grammar,
+)
+from tests.helpers import collect
+
+WEATHER = Function(
+    "get_weather",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+)
+TIME = Function(
+    "get_time",
+    {"type": "object", "properties": {"tz": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["tz"]},
+)
+FUNCTIONS = [WEATHER, TIME]
+LLAMA, MISTRAL = (next(f for f in FORMATS if f.name == name) for name in ("llama3", "mistral"))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> Iterator[Engine]:
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=1024, n_threads=2)) as engine:
+        yield engine
+
+
+def test_each_family_is_recognised_from_its_template() -> None:
+    assert call_format("... <tool_call> ...").name == "hermes"
+    assert call_format("{{ '<|python_tag|>' }}").name == "llama3"
+    assert call_format("[TOOL_CALLS]").name == "mistral"
+    assert call_format(None) is HERMES
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "content"),
+    [
+        (HERMES, 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>', "Sure.\n"),
+        (HERMES, 'Here:\n```json\n{\n  "name": "get_time",\n  "arguments": {\n    "tz": 1\n  }\n}\n```', "Here:\n"),
+        (LLAMA, '{"name": "get_time", "parameters": {"tz": 1}}', ""),
+        (MISTRAL, '[{"name": "get_time", "arguments": {"tz": 1}}]', ""),
+    ],
+)
+def test_each_format_parses(fmt: Any, text: str, content: str) -> None:
+    assert parse_calls(text, fmt, FUNCTIONS) == (content, [Call("get_time", {"tz": 1})])
+
+
+def test_what_is_not_a_whole_valid_call_is_left_out() -> None:
+    cut = 'x <tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>\n<tool_call>\n{"name": "get_ti'
+    assert parse_calls(cut, HERMES, FUNCTIONS) == ("x ", [Call("get_time", {"tz": 1})])
+    undeclared = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    assert parse_calls(undeclared, HERMES, FUNCTIONS) == ("", [])
+    invalid = '<tool_call>\n{"name": "get_time", "arguments": {"tz": 99}}\n</tool_call>'
+    assert parse_calls(invalid, HERMES, FUNCTIONS) == ("", [])
+    plain = "a JSON block:\n```json\n[1, 2]\n```"
+    assert parse_calls(plain, HERMES, FUNCTIONS) == (plain, [])
+
+
+def test_a_schema_that_cannot_be_compiled_is_refused_by_name(engine: Engine) -> None:
+    bad = Function("broken", {"type": "object", "properties": {"x": {"type": "no-such-type"}}})
+    with pytest.raises(InvalidRequestError, match="broken"):
+        tool_grammar(engine, [WEATHER, bad], HERMES, "auto")
+
+
+def test_once_a_call_begins_free_text_ends(engine: Engine) -> None:
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+    leaked = engine.tokenize("Hi <tool_call> not a call", add_special=False)
+    assert matcher.validate_tokens(leaked) < len(leaked)
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+    text = engine.tokenize("Plain text, no call at all.", add_special=False)
+    assert matcher.validate_tokens(text) == len(text)
+
+
+@pytest.mark.parametrize("fmt", [*FORMATS], ids=lambda f: f.name)
+def test_every_seed_at_temperature_one_calls_validly(engine: Engine, fmt: Any) -> None:
+    """A random model sampling hot: every reply is a declared call with valid arguments."""
+    spec = tool_grammar(engine, FUNCTIONS, fmt, "required", parallel=False)
+    prompt = engine.tokenize("call a tool:")
+    for seed in range(8):
+        constraint = Constraint(engine, spec)
+        text, stats = collect(
+            generate(engine, prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=300, constraint=constraint)
+        )
+        assert stats.stop_reason == "eos", (seed, text)
+        content, calls = parse_calls(text, fmt, FUNCTIONS)
+        assert content == "" and len(calls) == 1, (seed, text)
+        declared = {f.name: f.parameters for f in FUNCTIONS}
+        jsonschema.validate(calls[0].arguments, declared[calls[0].name])
+        assert json.loads(json.dumps(calls[0].arguments)) == calls[0].arguments
