@@ -1,5 +1,6 @@
 """The HTTP API: OpenAI's /v1/models, /v1/chat/completions and
-/v1/completions, and /health, over the served models' engine threads.
+/v1/completions, Anthropic's /v1/messages, and /health, over the served
+models' engine threads.
 
 A request is parsed and checked (an unsupported field is refused by name),
 its prompt tokenized off the event loop, and handed to its model's worker;
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, LocalrunError
 from localrun.events import SequenceDone, SequenceText, Stats
+from localrun.serve import anthropic
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import OnEvent, RequestDone
 from localrun.serve.prompts import prepare
@@ -39,6 +41,7 @@ from localrun.serve.worker import Failed, JobEvent
 
 MAX_BODY = 16 * 2**20  # bytes a request body may have
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key
+ANTHROPIC_PATHS = "/v1/messages"
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,14 @@ class AppSettings:
 # ------------------------------------------------------------- the guard --
 
 
+def _error_response(error: ApiError, path: str) -> JSONResponse:
+    """The error in OpenAI's shape, or Anthropic's on its endpoints."""
+    body = anthropic.error_body(error) if path.startswith(ANTHROPIC_PATHS) else error.body()
+    return JSONResponse(body, error.status, headers=error.headers)
+
+
 async def _send_error(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
-    await JSONResponse(error.body(), error.status, headers=error.headers)(scope, receive, send)
+    await _error_response(error, scope["path"])(scope, receive, send)
 
 
 class Guard:
@@ -64,9 +73,14 @@ class Guard:
         self.max_body = max_body
 
     def _authorized(self, scope: Scope) -> bool:
+        """`Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`."""
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        return self.key is not None and scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        if self.key is None:
+            return False
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            return True
+        return hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -78,7 +92,9 @@ class Guard:
             and scope["method"] != "OPTIONS"
             and not self._authorized(scope)
         ):
-            error = api_error(AuthenticationError("a valid API key is needed: Authorization: Bearer KEY"))
+            error = api_error(
+                AuthenticationError("a valid API key is needed: Authorization: Bearer KEY (or x-api-key)")
+            )
             await _send_error(error, scope, receive, send)
             return
         too_large = http_error(413, f"the request body is over {self.max_body} bytes")
@@ -227,7 +243,10 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
             return
 
 
-async def _whole(job: Job, request: Request, reply: Reply, use: ToolUse | None) -> Response:
+Render = Callable[[SequenceDone], dict[str, Any]]
+
+
+async def _whole(job: Job, request: Request, render: Render) -> Response:
     """Wait for the end (or the client leaving, which cancels the request)."""
     result: SequenceDone | Failed | None = None
     parts: list[str] = []
@@ -252,10 +271,9 @@ async def _whole(job: Job, request: Request, reply: Reply, use: ToolUse | None) 
     if isinstance(result, Failed):
         error = api_error(result.error)
         job.end(error.status, outcome=error.message)
-        return JSONResponse(error.body(), error.status, headers=error.headers)
+        return _error_response(error, request.url.path)
     job.end(200, result.stats)
-    content, calls = split_reply(result.text, use)
-    return JSONResponse(reply.whole(content, result.stats, call_objects(calls)))
+    return JSONResponse(render(result))
 
 
 # ---------------------------------------------------------------- the app --
@@ -271,17 +289,42 @@ def _error_handlers(app: FastAPI, on_event: OnEvent | None) -> None:
     async def on_api_error(request: Request, exc: Exception) -> Response:
         error = api_error(exc)
         report(request, error.status, error.message)
-        return JSONResponse(error.body(), error.status, headers=error.headers)
+        return _error_response(error, request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         error = http_error(exc.status_code, str(exc.detail))
+        error.headers = dict(exc.headers or {})
         report(request, error.status, error.message)
-        return JSONResponse(error.body(), error.status, headers=dict(exc.headers or {}))
+        return _error_response(error, request.url.path)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(LocalrunError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
+
+
+async def _admit(
+    table: ModelTable, request: Request, parsed: ChatRequest | CompletionRequest, on_event: OnEvent | None
+) -> tuple[Job, ToolUse | None]:
+    """Prepare the request off the event loop and hand it to its model's worker."""
+    model = table.find(parsed.model)
+    index = model.worker.next_index()
+    batch_request, use = await run_in_threadpool(prepare, model, parsed, index)
+    job = Job(model, index, len(batch_request.tokens), request, on_event)
+    model.worker.submit(batch_request, job.deliver)
+    return job, use
+
+
+async def _respond(job: Job, request: Request, stream: AsyncIterator[str] | None, render: Render) -> Response:
+    """The whole reply, or ``stream``'s events; the request ends either way."""
+    if stream is None:
+        try:
+            return await _whole(job, request, render)
+        finally:
+            job.end(500, outcome="failed")  # nothing when it ended already
+    return EventStream(
+        stream, lambda gone: job.end(499, outcome="disconnected") if gone else job.end(503, outcome="cancelled")
+    )
 
 
 async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: OnEvent | None) -> Response:
@@ -289,28 +332,65 @@ async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: O
     parsed: ChatRequest | CompletionRequest = (
         parse(ChatRequest, body) if kind == "chat" else parse(CompletionRequest, body)
     )
-    model = table.find(parsed.model)
-    index = model.worker.next_index()
-    batch_request, use = await run_in_threadpool(prepare, model, parsed, index)
-    job = Job(model, index, len(batch_request.tokens), request, on_event)
-    model.worker.submit(batch_request, job.deliver)
-    reply = Reply(kind, model.id)
-    if not parsed.stream:
-        try:
-            return await _whole(job, request, reply, use)
-        finally:
-            job.end(500, outcome="failed")  # nothing when it ended already
+    job, use = await _admit(table, request, parsed, on_event)
+    reply = Reply(kind, job.model.id)
+
+    def render(done: SequenceDone) -> dict[str, Any]:
+        content, calls = split_reply(done.text, use)
+        return reply.whole(content, done.stats, call_objects(calls))
+
     include_usage = parsed.stream_options is not None and parsed.stream_options.include_usage
-    return EventStream(
-        _stream(job, reply, include_usage, use),
-        lambda gone: job.end(499, outcome="disconnected") if gone else job.end(503, outcome="cancelled"),
-    )
+    return await _respond(job, request, _stream(job, reply, include_usage, use) if parsed.stream else None, render)
+
+
+async def _message_stream(job: Job, message: anthropic.Message) -> AsyncIterator[str]:
+    yield message.start()
+    while True:
+        event = await job.queue.get()
+        if isinstance(event, SequenceText):
+            job.generated = event.generated
+            for chunk in message.text(event.text):
+                yield chunk
+        elif isinstance(event, SequenceDone):
+            for chunk in message.finish(event.stats):
+                yield chunk
+            job.end(200, event.stats)
+            return
+        else:
+            error = api_error(event.error)
+            yield anthropic.event("error", {"error": anthropic.error_body(error)["error"]})
+            job.end(error.status, outcome=error.message)
+            return
+
+
+async def _messages(table: ModelTable, request: Request, on_event: OnEvent | None) -> Response:
+    """Anthropic's Messages API on the same engines."""
+    parsed = anthropic.chat_request(await request.body())
+    job, use = await _admit(table, request, parsed, on_event)
+    message = anthropic.Message(job.model.id, parsed, use, job.prompt_tokens)
+    stream = _message_stream(job, message) if parsed.stream else None
+    return await _respond(job, request, stream, lambda done: message.whole(done.text, done.stats))
+
+
+async def _count_tokens(table: ModelTable, request: Request) -> dict[str, Any]:
+    parsed = anthropic.chat_request(await request.body(), counting=True)
+    model = table.find(parsed.model)
+    batch_request, _ = await run_in_threadpool(prepare, model, parsed, -1)
+    return {"input_tokens": len(batch_request.tokens)}
 
 
 def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _generate(table, request, "chat", on_event)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await _messages(table, request, on_event)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> dict[str, Any]:
+        return await _count_tokens(table, request)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -349,6 +429,6 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
             CORSMiddleware,
             allow_origins=list(settings.cors),
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     return app

@@ -147,6 +147,11 @@ def parse(kind: type[R], body: bytes) -> R:
         raise InvalidRequestError(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the body must be a JSON object")
+    return parse_data(kind, data)
+
+
+def parse_data(kind: type[R], data: dict[str, Any]) -> R:
+    """The request in ``data`` (a parsed JSON object), checked as `parse` does."""
     try:
         request = kind.model_validate(data)
     except ValidationError as exc:

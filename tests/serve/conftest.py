@@ -22,6 +22,7 @@ class Server:
     """A server process: its URL, a client for it, and every line it wrote to stderr."""
 
     def __init__(self, args: list[str], home: Path) -> None:
+        self.key = args[args.index("--api-key") + 1] if "--api-key" in args else "none"
         env = {**os.environ, "LOCALRUN_HOME": str(home / "localrun"), "HF_HOME": str(home / "hf")}
         env.pop("LOCALRUN_API_KEY", None)
         for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
@@ -55,7 +56,8 @@ class Server:
                     self.ready.set()
         self.ready.set()  # the process ended
 
-    def client(self, api_key: str = "none") -> openai.OpenAI:
+    def client(self, api_key: str | None = None) -> openai.OpenAI:
+        api_key = api_key or self.key
         client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
         self.clients.append(client)
         return client
@@ -88,6 +90,16 @@ def start(home: Path, *args: str) -> Iterator[Server]:
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Two slots on the tiny model."""
     yield from start(tmp_path_factory.mktemp("home"), "-m", str(tiny_model), "--parallel", "2")
+
+
+@pytest.fixture(scope="module")
+def roomy(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Room for tools described in the prompt (the byte-level tiny vocabulary spells them out), and an API key."""
+    home = tmp_path_factory.mktemp("home")
+    yield from start(home, "-m", str(long_model), "--ctx", "8192", "--parallel", "2", "--api-key", ROOMY_KEY)
+
+
+ROOMY_KEY = "roomy-key-77"
 
 
 @pytest.fixture(scope="module")

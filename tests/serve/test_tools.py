@@ -4,15 +4,13 @@ tool_choice none, auto, required and named, streaming, and a tool loop."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from tests.serve.conftest import Server, start
+from tests.serve.conftest import Server
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -34,9 +32,8 @@ QUESTION: Any = [{"role": "user", "content": "What's the weather in Lisbon?"}]
 
 
 @pytest.fixture(scope="module")
-def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Room for the tools' description in the prompt (the byte-level tiny vocabulary spells it out)."""
-    yield from start(tmp_path_factory.mktemp("home"), "-m", str(long_model), "--ctx", "8192", "--parallel", "2")
+def server(roomy: Server) -> Server:
+    return roomy
 
 
 def chat(server: Server, messages: Any = QUESTION, **kw: Any) -> Any:
