@@ -15,7 +15,7 @@ from localrun.errors import InvalidRequestError
 from localrun.events import Stats
 from localrun.serve.errors import ApiError
 from localrun.serve.schemas import ChatRequest, parse_data
-from localrun.serve.tools import ToolStream, ToolUse, call_objects, split_reply
+from localrun.serve.tools import ToolStream, ToolUse, new_id, split_reply
 from localrun.structured.tools import Call
 
 # fields that change nothing here (prompt caching is always on)
@@ -172,10 +172,7 @@ def _usage(stats: Stats) -> dict[str, Any]:
 
 
 def _tool_blocks(calls: list[Call]) -> list[dict[str, Any]]:
-    return [
-        {"type": "tool_use", "id": "toolu_" + obj["id"].removeprefix("call_"), "name": c.name, "input": c.arguments}
-        for c, obj in zip(calls, call_objects(calls), strict=True)
-    ]
+    return [{"type": "tool_use", "id": "toolu_" + new_id(), "name": c.name, "input": c.arguments} for c in calls]
 
 
 class Message:
@@ -188,7 +185,8 @@ class Message:
         self.use = use
         self.prompt_tokens = prompt_tokens
         self.held = ToolStream(use) if use is not None and use.choice is not None else None
-        self.block = -1  # the open text block's index, -1 for none
+        self.block = -1  # the open block's index, -1 for none
+        self.kind = ""  # its type
         self.blocks = 0
 
     def _head(self) -> dict[str, Any]:
@@ -214,19 +212,38 @@ class Message:
         message = self._head() | {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
         return event("message_start", {"message": message})
 
-    def text(self, piece: str) -> list[str]:
-        if self.held is not None:
-            piece = self.held.feed(piece)
+    def _open(self, block: dict[str, Any]) -> list[str]:
+        """Close the open block, open ``block``."""
+        out = self._close()
+        self.block, self.blocks, self.kind = self.blocks, self.blocks + 1, block["type"]
+        return [*out, event("content_block_start", {"index": self.block, "content_block": block})]
+
+    def _close(self) -> list[str]:
+        if self.block < 0:
+            return []
+        closed, self.block = self.block, -1
+        return [event("content_block_stop", {"index": closed})]
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return event("content_block_delta", {"index": self.block, "delta": delta})
+
+    def _text(self, piece: str) -> list[str]:
         if not piece:
             return []
-        out = []
-        if self.block < 0:
-            self.block, self.blocks = self.blocks, self.blocks + 1
-            out.append(
-                event("content_block_start", {"index": self.block, "content_block": {"type": "text", "text": ""}})
-            )
-        delta = {"type": "text_delta", "text": piece}
-        out.append(event("content_block_delta", {"index": self.block, "delta": delta}))
+        out = self._open({"type": "text", "text": ""}) if self.block < 0 or self.kind != "text" else []
+        return [*out, self._delta({"type": "text_delta", "text": piece})]
+
+    def text(self, piece: str) -> list[str]:
+        """The events for more of the reply: text, and calls as they are written."""
+        if self.held is None:
+            return self._text(piece)
+        piece, deltas = self.held.feed(piece)
+        out = self._text(piece)
+        for d in deltas:
+            if d.id is not None:
+                out += self._open({"type": "tool_use", "id": "toolu_" + d.id, "name": d.name, "input": {}})
+            if d.arguments:
+                out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
         return out
 
     def finish(self, stats: Stats) -> list[str]:
@@ -234,16 +251,8 @@ class Message:
         out = []
         if self.held is not None:
             rest, calls = self.held.finish()
-            out += self.text(rest) if rest else []
-        if self.block >= 0:
-            out.append(event("content_block_stop", {"index": self.block}))
-        for block in _tool_blocks(calls):
-            index, self.blocks = self.blocks, self.blocks + 1
-            arguments = json.dumps(block["input"], ensure_ascii=False)
-            out.append(event("content_block_start", {"index": index, "content_block": block | {"input": {}}}))
-            json_delta = {"type": "input_json_delta", "partial_json": arguments}
-            out.append(event("content_block_delta", {"index": index, "delta": json_delta}))
-            out.append(event("content_block_stop", {"index": index}))
+            out += self._text(rest)
+        out += self._close()
         end = {"stop_reason": _stop_reason(stats, calls), "stop_sequence": self._stop_sequence(stats)}
         out.append(event("message_delta", {"delta": end, "usage": _usage(stats)}))
         out.append(event("message_stop", {}))

@@ -33,7 +33,7 @@ from localrun.serve import anthropic
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import OnEvent, RequestDone
 from localrun.serve.prompts import prepare
-from localrun.serve.responses import DONE, Kind, Reply, call_deltas, sse
+from localrun.serve.responses import DONE, Kind, Reply, sse
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
 from localrun.serve.served import ModelTable, ServedModel
 from localrun.serve.tools import ToolStream, ToolUse, call_objects, split_reply
@@ -218,17 +218,17 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
         event = await job.queue.get()
         if isinstance(event, SequenceText):
             job.generated = event.generated
-            text = held.feed(event.text) if held is not None else event.text
+            text, deltas = held.feed(event.text) if held is not None else (event.text, [])
             if text:
                 yield reply.chunk(text)
+            for delta in deltas:
+                yield reply.chunk(None, calls=[delta.openai()])
         elif isinstance(event, SequenceDone):
             reason = None
             if held is not None:
                 rest, found = held.finish()
                 if rest:
                     yield reply.chunk(rest)
-                for delta in call_deltas(call_objects(found)):
-                    yield reply.chunk(None, calls=delta)
                 reason = "tool_calls" if found else None
             yield reply.chunk(None, stats=event.stats, reason=reason)
             if include_usage:

@@ -112,25 +112,6 @@ class Reply:
         return sse(body)
 
 
-def call_deltas(calls: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Each call as OpenAI streams it: its id and name first, then its arguments."""
-    out = []
-    for i, call in enumerate(calls):
-        function = call["function"]
-        out.append(
-            [
-                {
-                    "index": i,
-                    "id": call["id"],
-                    "type": "function",
-                    "function": {"name": function["name"], "arguments": ""},
-                }
-            ]
-        )
-        out.append([{"index": i, "function": {"arguments": function["arguments"]}}])
-    return out
-
-
 def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 

@@ -20,6 +20,7 @@ from localrun.structured.tools import (
     could_start,
     find_start,
     parse_calls,
+    scan,
     takes_tools,
     tools_prompt,
 )
@@ -37,7 +38,7 @@ class ToolUse:
     native: bool  # whether the chat template takes tools itself
 
 
-def _function(tool: Any, index: int) -> Function:
+def function_from(tool: Any, index: int) -> Function:
     where = f"tools.{index}"
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise InvalidRequestError(f"{where}: a tool is {{'type': 'function', 'function': {{...}}}}", "tools")
@@ -59,7 +60,7 @@ def tool_use(
         if tool_choice not in (None, "none", "auto"):
             raise InvalidRequestError("tool_choice needs tools", "tool_choice")
         return None
-    functions = [_function(t, i) for i, t in enumerate(tools)]
+    functions = [function_from(t, i) for i, t in enumerate(tools)]
     names = [f.name for f in functions]
     if len(set(names)) != len(names):
         raise InvalidRequestError("tools: two functions have the same name", "tools")
@@ -131,7 +132,7 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
         else:
             out.append({k: v for k, v in m.items() if k != "tool_calls" or v})
     if use is not None and not native and use.choice is not None:
-        described = tools_prompt([_function(t, i) for i, t in enumerate(use.declared)])
+        described = tools_prompt([function_from(t, i) for i, t in enumerate(use.declared)])
         if out and out[0]["role"] == "system":
             out[0] = out[0] | {"content": out[0]["content"] + "\n\n" + described}
         else:
@@ -142,15 +143,17 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
 # ----------------------------------------------------------- the reply --
 
 
-def call_objects(calls: list[Call]) -> list[dict[str, Any]]:
-    """OpenAI's `message.tool_calls`, each with an id of its own."""
+def new_id() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+def call_objects(calls: list[Call], ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """OpenAI's `message.tool_calls`, each with an id of its own; the
+    arguments as the model wrote them."""
+    ids = ids or [new_id() for _ in calls]
     return [
-        {
-            "id": "call_" + uuid.uuid4().hex[:24],
-            "type": "function",
-            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-        }
-        for c in calls
+        {"id": "call_" + i, "type": "function", "function": {"name": c.name, "arguments": c.raw}}
+        for c, i in zip(calls, ids, strict=False)
     ]
 
 
@@ -162,36 +165,80 @@ def split_reply(text: str, use: ToolUse | None) -> tuple[str, list[Call]]:
     return content, calls if use.parallel else calls[:1]
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of a call as it streams: the first one of a call has its id
+    (without a prefix) and name; the others more of its arguments' text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"index": self.index, "id": "call_" + self.id, "type": "function", "function": function}
+
+
 class ToolStream:
-    """A reply's content as it streams: text that may begin a call is held
-    back until it does (then the rest is the call's) or cannot."""
+    """A reply as it streams: its content, with text that may begin a call
+    held back until it does or cannot; then each call as it is written (its
+    name once whole, then its arguments' text as it comes)."""
 
     def __init__(self, use: ToolUse) -> None:
         self.use = use
         self.text = ""
         self.sent = 0
         self.calling = use.choice == "required"
+        self.pos = 0  # where the calls not finished yet are looked for
+        self.ids: list[str] = []  # of the calls begun
+        self.open = False  # whether the last call begun is still being written
+        self.args_sent = 0  # its arguments' characters sent
 
-    def feed(self, piece: str) -> str:
-        """The content that can go out now."""
+    def feed(self, piece: str) -> tuple[str, list[CallDelta]]:
+        """The content that can go out now, and the calls' new pieces."""
         self.text += piece
-        if self.calling:
-            return ""
-        start = find_start(self.text, self.use.fmt)
-        if start >= 0:
-            self.calling = True
-            return self._send(start)
-        tail = self.text[self.sent :]
-        if self.use.fmt.leading and not self.text.strip():
-            return ""
-        return self._send(self.sent + could_start(tail, self.use.fmt))
+        content = ""
+        if not self.calling:
+            start = find_start(self.text, self.use.fmt)
+            if start >= 0:
+                self.calling = True
+                self.pos = start
+                content = self._send(start)
+            elif not (self.use.fmt.leading and not self.text.strip()):
+                content = self._send(self.sent + could_start(self.text[self.sent :], self.use.fmt))
+        return content, self._calls() if self.calling else []
 
     def _send(self, upto: int) -> str:
         out = self.text[self.sent : upto] if upto > self.sent else ""
         self.sent = max(self.sent, upto)
         return out
 
+    def _calls(self) -> list[CallDelta]:
+        out = []
+        declared = {f.name for f in self.use.functions}
+        for piece in scan(self.text, self.pos):
+            if piece.name not in declared:
+                break
+            if not self.open:
+                if self.ids and not self.use.parallel:
+                    break
+                self.ids.append(new_id())
+                self.args_sent, self.open = 0, True
+                out.append(CallDelta(len(self.ids) - 1, self.ids[-1], piece.name))
+            end = piece.end if piece.end >= 0 else len(self.text)
+            more = self.text[piece.start + self.args_sent : end]
+            if more:
+                out.append(CallDelta(len(self.ids) - 1, arguments=more))
+                self.args_sent += len(more)
+            if piece.end < 0:
+                break
+            self.pos, self.open = piece.end, False
+        return out
+
     def finish(self) -> tuple[str, list[Call]]:
-        """(the content not sent yet, the calls)."""
+        """(the content not sent yet, the calls, validated)."""
         content, calls = split_reply(self.text, self.use)
         return content[self.sent :], calls

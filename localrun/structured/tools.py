@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -243,6 +244,7 @@ def _trigger_rule(name: str, trigger: str, specials: set[str]) -> str:
 class Call:
     name: str
     arguments: dict[str, Any]
+    raw: str = ""  # the arguments as the model wrote them
 
 
 def find_start(text: str, fmt: CallFormat) -> int:
@@ -269,7 +271,33 @@ def could_start(tail: str, fmt: CallFormat) -> int:
     return len(tail)
 
 
-_OBJECT = re.compile(r'\{\s*"name"')  # a call's object, on one line or several
+# a call's object up to its arguments, on one line or several (the key is
+# `parameters` for Llama 3.x); it matches once the arguments' `{` has come
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A call found in text: its name, and where its arguments' text begins
+    and ends (-1: not yet, the text stops inside them)."""
+
+    name: str
+    start: int
+    end: int
+
+
+def scan(text: str, pos: int) -> Iterator[Piece]:
+    """The calls in ``text`` from ``pos`` on, the last one possibly unfinished."""
+    decoder = json.JSONDecoder()
+    while (match := _HEAD.search(text, pos)) is not None:
+        try:
+            name = json.loads(f'"{match.group(1)}"')
+            _, end = decoder.raw_decode(text, match.end())
+        except json.JSONDecodeError:
+            yield Piece(match.group(1), match.end(), -1)
+            return
+        yield Piece(name, match.end(), end)
+        pos = end
 
 
 def parse_calls(text: str, fmt: CallFormat, functions: list[Function]) -> tuple[str, list[Call]]:
@@ -279,31 +307,12 @@ def parse_calls(text: str, fmt: CallFormat, functions: list[Function]) -> tuple[
     if start < 0:
         return text, []
     declared = {f.name: f for f in functions}
-    decoder = json.JSONDecoder()
     calls: list[Call] = []
-    pos = start
-    while True:
-        match = _OBJECT.search(text, pos)
-        if match is None:
+    for piece in scan(text, start):
+        if piece.end < 0:
             break
-        found = match.start()
-        try:
-            obj, pos = decoder.raw_decode(text, found)
-        except json.JSONDecodeError:
-            break
-        call = _call(obj, fmt, declared)
-        if call is not None:
-            calls.append(call)
+        raw = text[piece.start : piece.end]
+        function = declared.get(piece.name)
+        if function is not None and json_problem(function.parameters, raw) is None:
+            calls.append(Call(function.name, json.loads(raw), raw))
     return text[:start], calls
-
-
-def _call(obj: Any, fmt: CallFormat, declared: dict[str, Function]) -> Call | None:
-    if not isinstance(obj, dict) or obj.get("name") not in declared:
-        return None
-    args = obj.get(fmt.key, obj.get("arguments", obj.get("parameters")))
-    if not isinstance(args, dict):
-        return None
-    function = declared[obj["name"]]
-    if json_problem(function.parameters, json.dumps(args)) is not None:
-        return None
-    return Call(function.name, args)

@@ -10,6 +10,8 @@ import jsonschema
 import openai
 import pytest
 
+from localrun.serve.tools import ToolStream, ToolUse, function_from, split_reply
+from localrun.structured.tools import HERMES
 from tests.serve.conftest import Server
 
 WEATHER: dict[str, Any] = {
@@ -125,3 +127,32 @@ def test_unusable_tools_are_a_400_naming_what(server: Server) -> None:
         chat(server, tool_choice=unknown)
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
         server.client().chat.completions.create(model=MODEL, messages=QUESTION, tool_choice="required")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Let me look.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": 3}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
+        'Sure:\n```json\n{\n  "name": "get_time",\n  "arguments": {\n    "tz": -2\n  }\n}\n```',
+        "No call here, only a ``` fence and <tool_ text.",
+    ],
+)
+def test_a_reply_streamed_in_any_pieces_reassembles(text: str) -> None:
+    """Held back only while it may begin a call; each call as it is written: the same content and calls."""
+    functions = [function_from(t, i) for i, t in enumerate(TOOLS)]
+    use = ToolUse(functions, TOOLS, HERMES, "auto", parallel=True, native=False)
+    for size in (1, 3, 1000):
+        stream = ToolStream(use)
+        content, calls = "", dict[int, list[str]]()
+        for k in range(0, len(text), size):
+            piece, deltas = stream.feed(text[k : k + size])
+            content += piece
+            for d in deltas:
+                call = calls.setdefault(d.index, ["", ""])
+                call[0] += d.name or ""
+                call[1] += d.arguments
+        rest, found = stream.finish()
+        whole_content, whole_calls = split_reply(text, use)
+        assert content + rest == whole_content and found == whole_calls
+        assert [tuple(calls[i]) for i in sorted(calls)] == [(c.name, c.raw) for c in whole_calls]

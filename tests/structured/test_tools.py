@@ -67,12 +67,13 @@ def test_each_family_is_recognised_from_its_template() -> None:
     ],
 )
 def test_each_format_parses(fmt: Any, text: str, content: str) -> None:
-    assert parse_calls(text, fmt, FUNCTIONS) == (content, [Call("get_time", {"tz": 1})])
+    found, calls = parse_calls(text, fmt, FUNCTIONS)
+    assert (found, [(c.name, c.arguments) for c in calls]) == (content, [("get_time", {"tz": 1})])
 
 
 def test_what_is_not_a_whole_valid_call_is_left_out() -> None:
     cut = 'x <tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>\n<tool_call>\n{"name": "get_ti'
-    assert parse_calls(cut, HERMES, FUNCTIONS) == ("x ", [Call("get_time", {"tz": 1})])
+    assert parse_calls(cut, HERMES, FUNCTIONS) == ("x ", [Call("get_time", {"tz": 1}, '{"tz": 1}')])
     undeclared = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
     assert parse_calls(undeclared, HERMES, FUNCTIONS) == ("", [])
     invalid = '<tool_call>\n{"name": "get_time", "arguments": {"tz": 99}}\n</tool_call>'
