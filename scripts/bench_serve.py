@@ -151,11 +151,11 @@ def _free_port() -> int:
 
 @contextmanager
 def llama_server(
-    binary: Path, model: Path, parallel: int, args: argparse.Namespace, flash_attn: str = "auto"
+    binary: Path, model: Path, parallel: int, args: argparse.Namespace, flash_attn: str = "auto", *extra: str
 ) -> Iterator[Server]:
     port = _free_port()
     cmd = [str(binary), "-m", str(model), "--port", str(port), "-np", str(parallel), "-c", str(args.ctx * parallel)]
-    cmd += ["-fa", flash_attn]
+    cmd += ["-fa", flash_attn, *extra]
     if args.threads is not None:
         cmd += ["-t", str(args.threads)]
     proc = subprocess.Popen(
