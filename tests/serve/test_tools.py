@@ -10,9 +10,11 @@ import jsonschema
 import openai
 import pytest
 
-from localrun.serve.tools import ToolStream, ToolUse, function_from, split_reply
+from localrun.runtime.templates import render_chat
+from localrun.serve.tools import ToolStream, ToolUse, conversation, function_from, split_reply, tool_use
 from localrun.structured.tools import HERMES
 from tests.serve.conftest import Server
+from tests.tinymodel import CHATML
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -156,3 +158,49 @@ def test_a_reply_streamed_in_any_pieces_reassembles(text: str) -> None:
         whole_content, whole_calls = split_reply(text, use)
         assert content + rest == whole_content and found == whole_calls
         assert [tuple(calls[i]) for i in sorted(calls)] == [(c.name, c.raw) for c in whole_calls]
+
+
+# Qwen2.5's way with tools, shortened: the tools in the system turn, past calls
+# as <tool_call>, results as <tool_response>
+QWEN_LIKE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n"
+    "</tools>\nReturn calls within <tool_call></tool_call> XML tags.<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant"
+    "{% for call in message.tool_calls %}\n<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "<|im_start|>assistant\n"
+)
+HISTORY: Any = [
+    {"role": "user", "content": "Weather in Lisbon?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "18 degrees"},
+]
+
+
+def test_a_template_that_takes_tools_gets_them_and_the_calls_as_its_own_fields() -> None:
+    use = tool_use(TOOLS, "auto", None, QWEN_LIKE)
+    assert use is not None and use.native and use.fmt is HERMES
+    text = render_chat(QWEN_LIKE, conversation(HISTORY, use), bos_token="", eos_token="", tools=use.declared)
+    assert '"name": "get_time"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>' in text
+    assert "<tool_response>\n18 degrees\n</tool_response>" in text
+
+
+def test_a_template_without_tools_gets_them_described_and_the_calls_as_text() -> None:
+    use = tool_use(TOOLS, "required", None, CHATML)
+    assert use is not None and not use.native
+    text = render_chat(CHATML, conversation(HISTORY, use), bos_token="", eos_token="")
+    assert text.startswith("<|im_start|>system\n# Tools") and '"name": "get_time"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n18 degrees\n</tool_response>" in text
