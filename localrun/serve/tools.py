@@ -208,7 +208,8 @@ class ToolStream:
                 self.pos = start
                 content = self._send(start)
             elif not (self.use.fmt.leading and not self.text.strip()):
-                content = self._send(self.sent + could_start(self.text[self.sent :], self.use.fmt))
+                tail = self.text[self.sent :]
+                content = self._send(self.sent + could_start(tail, self.use.fmt, first=not self.sent))
         return content, self._calls() if self.calling else []
 
     def _send(self, upto: int) -> str:

@@ -87,6 +87,9 @@ FENCED = CallFormat(
 )
 
 
+BARE = '{"name":'  # a call object with no marker, at the start of a reply
+
+
 def call_format(template: str | None) -> CallFormat:
     """The family a chat template's model writes calls in (Hermes when none is recognised)."""
     for fmt in FORMATS:
@@ -214,27 +217,42 @@ def tool_grammar(
     if choice == "required":
         rules.insert(1, f"start: {calls}")
     else:
-        alternatives = []
-        if fmt.leading:  # plain text may not start the way a call does
-            rules[1] = "TEXT: /([^{\\[<](.|\\n)*)?/"
-            alternatives.append(calls)
+        # plain text may not start the way a call does: with the family's
+        # leading marker, or with a bare call object (what small models write)
+        text = "([^{\\[<](.|\\n)*)?" if fmt.leading else _not_starting(BARE)
+        rules[1] = f"TEXT: /{text}/"
+        alternatives = [calls] if fmt.leading else []
+        if not fmt.leading:
+            rules += _call_rules(CallFormat("bare", (), key=fmt.key), functions, specials, "b")
+            alternatives.append("b_call" + (' ("\\n" b_call)*' if parallel else ""))
         for k, (trigger, rest) in enumerate(fmt.triggers):
-            rules.append(_trigger_rule(f"t{k}", trigger, specials))
+            rules.append(_trigger_rule(f"t{k}", trigger, specials, text))
             alternatives.append(f"t{k} {_lark_text(rest, specials)} c_rest {more}")
         rules += _call_rules(FENCED, functions, specials, "f")
         for k, (trigger, rest) in enumerate(FENCED.triggers):
-            rules.append(_trigger_rule(f"ft{k}", trigger, specials))
+            rules.append(_trigger_rule(f"ft{k}", trigger, specials, text))
             alternatives.append(f"ft{k} {_lark_text(rest, specials)} f_rest")
         rules.insert(1, f"start: TEXT | {' | '.join(alternatives)}")
     grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
     return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools")
 
 
-def _trigger_rule(name: str, trigger: str, specials: set[str]) -> str:
+def _regex(text: str) -> str:
+    """``text`` matched literally, inside a lark /regex/."""
+    return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
+
+
+def _not_starting(prefix: str) -> str:
+    """A regex for any text that does not start with ``prefix``."""
+    parts = [_regex(prefix[:i]) for i in range(len(prefix))]
+    parts += [f"{_regex(prefix[:i])}[^{_regex(c)}](.|\\n)*" for i, c in enumerate(prefix)]
+    return "(" + "|".join(parts) + ")"
+
+
+def _trigger_rule(name: str, trigger: str, specials: set[str], text: str) -> str:
     if trigger in specials:
         return f"{name}: TEXT {trigger}"
-    pattern = re.escape(trigger).replace("\\\n", "\\n").replace("/", "\\/")
-    return f"{name}[lazy]: /(.|\\n)*{pattern}/"
+    return f"{name}[lazy]: /{text}{_regex(trigger)}/"
 
 
 # ------------------------------------------------------------------ parse --
@@ -251,7 +269,7 @@ def find_start(text: str, fmt: CallFormat) -> int:
     """Where the first call begins in ``text`` (-1: nowhere); in a stream, text from here is held back."""
     starts = [text.find(t) for t, _ in (*fmt.triggers, *FENCED.triggers)]
     starts = [i for i in starts if i >= 0]
-    if fmt.leading and _opens_leading(text, fmt):
+    if _opens_leading(text, fmt) if fmt.leading else text.startswith(BARE):
         starts.append(0)
     return min(starts, default=-1)
 
@@ -261,8 +279,11 @@ def _opens_leading(text: str, fmt: CallFormat) -> bool:
     return any(stripped.startswith(v) for v in (fmt.begin + fmt.each, "[", "{")) and stripped[:1] in "{[<"
 
 
-def could_start(tail: str, fmt: CallFormat) -> int:
-    """The earliest index in ``tail`` from which a trigger may still be being written (len: none)."""
+def could_start(tail: str, fmt: CallFormat, *, first: bool = False) -> int:
+    """The earliest index in ``tail`` from which a trigger may still be being
+    written (len: none); ``first``: ``tail`` is the reply's beginning, where a bare call may be."""
+    if first and not fmt.leading and BARE.startswith(tail[: len(BARE)]):
+        return 0
     triggers = [t for t, _ in (*fmt.triggers, *FENCED.triggers)]
     for i in range(len(tail)):
         piece = tail[i:]

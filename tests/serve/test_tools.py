@@ -138,6 +138,8 @@ def test_unusable_tools_are_a_400_naming_what(server: Server) -> None:
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>',
         'Sure:\n```json\n{\n  "name": "get_time",\n  "arguments": {\n    "tz": -2\n  }\n}\n```',
         "No call here, only a ``` fence and <tool_ text.",
+        '{"name": "get_time", "arguments": {"tz": 0}}',
+        '{"nam is not a call',
     ],
 )
 def test_a_reply_streamed_in_any_pieces_reassembles(text: str) -> None:

@@ -92,9 +92,24 @@ def test_once_a_call_begins_free_text_ends(engine: Engine) -> None:
     matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
     leaked = engine.tokenize("Hi <tool_call> not a call", add_special=False)
     assert matcher.validate_tokens(leaked) < len(leaked)
+    for plain in ("Plain text, no call at all.", '{"other": 1} is JSON, not a call', '{"nam'):
+        matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+        text = engine.tokenize(plain, add_special=False)
+        assert matcher.validate_tokens(text) == len(text), plain
+
+
+def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
+    """What small models write after a tool result: `{"name": ...}` with no marker."""
+    bare = '{"name": "get_time", "arguments": {"tz": 4}}'
     matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
-    text = engine.tokenize("Plain text, no call at all.", add_special=False)
-    assert matcher.validate_tokens(text) == len(text)
+    tokens = engine.tokenize(bare, add_special=False)
+    assert matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+    assert matcher.is_accepting()
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+    wrong = engine.tokenize('{"name": "rm_rf", "arguments": {}}', add_special=False)
+    assert matcher.validate_tokens(wrong) < len(wrong)
+    content, calls = parse_calls(bare, HERMES, FUNCTIONS)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
 
 
 @pytest.mark.parametrize("fmt", [*FORMATS], ids=lambda f: f.name)
