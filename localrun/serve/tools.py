@@ -192,6 +192,7 @@ class ToolStream:
         self.text = ""
         self.sent = 0
         self.calling = use.choice == "required"
+        self.names = frozenset(f.name for f in use.functions)
         self.pos = 0  # where the calls not finished yet are looked for
         self.ids: list[str] = []  # of the calls begun
         self.open = False  # whether the last call begun is still being written
@@ -202,10 +203,9 @@ class ToolStream:
         self.text += piece
         content = ""
         if not self.calling:
-            start = find_start(self.text, self.use.fmt)
+            start, sure = find_start(self.text, self.use.fmt, self.names)
             if start >= 0:
-                self.calling = True
-                self.pos = start
+                self.calling, self.pos = sure, start
                 content = self._send(start)
             elif not (self.use.fmt.leading and not self.text.strip()):
                 tail = self.text[self.sent :]

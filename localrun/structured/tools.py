@@ -222,16 +222,19 @@ def tool_grammar(
         text = "([^{\\[<](.|\\n)*)?" if fmt.leading else _not_starting(BARE)
         rules[1] = f"TEXT: /{text}/"
         alternatives = [calls] if fmt.leading else []
+        # a fenced block or bare object naming an undeclared function is text
+        rules.append(f'OTHER: /"{_not_named([f.name for f in functions])}"(.|\\n)*/')
         if not fmt.leading:
             rules += _call_rules(CallFormat("bare", (), key=fmt.key), functions, specials, "b")
-            alternatives.append("b_call" + (' ("\\n" b_call)*' if parallel else ""))
+            bare_more = ' ("\\n" b_call)*' if parallel else ""
+            alternatives.append(f"{json.dumps(BARE + ' ')} (b_rest{bare_more} | OTHER)")
         for k, (trigger, rest) in enumerate(fmt.triggers):
             rules.append(_trigger_rule(f"t{k}", trigger, specials, text))
             alternatives.append(f"t{k} {_lark_text(rest, specials)} c_rest {more}")
         rules += _call_rules(FENCED, functions, specials, "f")
         for k, (trigger, rest) in enumerate(FENCED.triggers):
             rules.append(_trigger_rule(f"ft{k}", trigger, specials, text))
-            alternatives.append(f"ft{k} {_lark_text(rest, specials)} f_rest")
+            alternatives.append(f"ft{k} {_lark_text(rest, specials)} (f_rest | OTHER)")
         rules.insert(1, f"start: TEXT | {' | '.join(alternatives)}")
     grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
     return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools")
@@ -247,6 +250,25 @@ def _not_starting(prefix: str) -> str:
     parts = [_regex(prefix[:i]) for i in range(len(prefix))]
     parts += [f"{_regex(prefix[:i])}[^{_regex(c)}](.|\\n)*" for i, c in enumerate(prefix)]
     return "(" + "|".join(parts) + ")"
+
+
+def _not_named(names: list[str]) -> str:
+    """A regex for a JSON string's content that is none of ``names``."""
+    trie: dict[str, Any] = {}
+    for name in names:
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[""] = {}
+
+    def below(node: dict[str, Any]) -> str:
+        chars = "".join(_regex(c) for c in node if c)
+        options = [f'[^"\\\\{chars}]([^"\\\\]|\\\\.)*', *(_regex(c) + below(child) for c, child in node.items() if c)]
+        if "" not in node:
+            options.append("")
+        return "(" + "|".join(options) + ")"
+
+    return below(trie)
 
 
 def _trigger_rule(name: str, trigger: str, specials: set[str], text: str) -> str:
@@ -265,13 +287,36 @@ class Call:
     raw: str = ""  # the arguments as the model wrote them
 
 
-def find_start(text: str, fmt: CallFormat) -> int:
-    """Where the first call begins in ``text`` (-1: nowhere); in a stream, text from here is held back."""
-    starts = [text.find(t) for t, _ in (*fmt.triggers, *FENCED.triggers)]
-    starts = [i for i in starts if i >= 0]
-    if _opens_leading(text, fmt) if fmt.leading else text.startswith(BARE):
-        starts.append(0)
-    return min(starts, default=-1)
+_NAME = re.compile(r' ?"((?:[^"\\]|\\.)*)(")?')
+
+
+def find_start(text: str, fmt: CallFormat, names: frozenset[str]) -> tuple[int, bool]:
+    """Where the first call begins in ``text`` (-1: nowhere), and whether it
+    is sure to be one. A fenced block or a bare object is a call only when it
+    names a declared function (its name may not be whole yet: not sure); one
+    that names another is text. In a stream, text from here is held back."""
+    starts = [(text.find(t), True) for t, _ in fmt.triggers]
+    for trigger, _ in FENCED.triggers:
+        at = text.find(trigger)
+        while at >= 0:
+            sure = _named(text, at + len(trigger), names)
+            if sure is not False:
+                starts.append((at, bool(sure)))
+                break
+            at = text.find(trigger, at + 1)
+    if fmt.leading and _opens_leading(text, fmt):
+        starts.append((0, True))
+    elif not fmt.leading and text.startswith(BARE) and (sure := _named(text, len(BARE), names)) is not False:
+        starts.append((0, bool(sure)))
+    return min(((i, sure) for i, sure in starts if i >= 0), default=(-1, False))
+
+
+def _named(text: str, at: int, names: frozenset[str]) -> bool | None:
+    """Whether the name written from ``at`` is declared (None: not whole yet)."""
+    match = _NAME.match(text, at)
+    if match is None or match.group(2) is None:
+        return None if len(text) - at < 2 or match is not None else False
+    return match.group(1) in names
 
 
 def _opens_leading(text: str, fmt: CallFormat) -> bool:
@@ -324,10 +369,10 @@ def scan(text: str, pos: int) -> Iterator[Piece]:
 def parse_calls(text: str, fmt: CallFormat, functions: list[Function]) -> tuple[str, list[Call]]:
     """(the text before the calls, the complete calls): each call's name is
     declared and its arguments validate (a call cut short is left out)."""
-    start = find_start(text, fmt)
+    declared = {f.name: f for f in functions}
+    start, _ = find_start(text, fmt, frozenset(declared))
     if start < 0:
         return text, []
-    declared = {f.name: f for f in functions}
     calls: list[Call] = []
     for piece in scan(text, start):
         if piece.end < 0:

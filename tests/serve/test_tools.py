@@ -140,6 +140,8 @@ def test_unusable_tools_are_a_400_naming_what(server: Server) -> None:
         "No call here, only a ``` fence and <tool_ text.",
         '{"name": "get_time", "arguments": {"tz": 0}}',
         '{"nam is not a call',
+        'Use:\n```json\n{"name": "multiply", "arguments": {}}\n```\nthen\n'
+        '```json\n{"name": "get_time", "arguments": {"tz": 2}}\n```',
     ],
 )
 def test_a_reply_streamed_in_any_pieces_reassembles(text: str) -> None:

@@ -98,6 +98,22 @@ def test_once_a_call_begins_free_text_ends(engine: Engine) -> None:
         assert matcher.validate_tokens(text) == len(text), plain
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '```json\n{\n  "name": "multiply",\n  "arguments": {"a": 17}\n}\n```',
+        '{"name": "get_timezone", "arguments": {}}',
+        '{"name": "get_tim", "x": 1}',
+    ],
+)
+def test_a_fenced_or_bare_object_naming_no_declared_function_is_text(engine: Engine, text: str) -> None:
+    """A model reaching for a function nobody declared is not forced into another one."""
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+    tokens = engine.tokenize(text, add_special=False)
+    assert matcher.validate_tokens(tokens) == len(tokens)
+    assert parse_calls(text, HERMES, FUNCTIONS) == (text, [])
+
+
 def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
     """What small models write after a tool result: `{"name": ...}` with no marker."""
     bare = '{"name": "get_time", "arguments": {"tz": 4}}'
@@ -106,7 +122,7 @@ def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
     assert matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
     assert matcher.is_accepting()
     matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
-    wrong = engine.tokenize('{"name": "rm_rf", "arguments": {}}', add_special=False)
+    wrong = engine.tokenize('{"name": "get_time", "arguments": {"tz": 99}}', add_special=False)
     assert matcher.validate_tokens(wrong) < len(wrong)
     content, calls = parse_calls(bare, HERMES, FUNCTIONS)
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
