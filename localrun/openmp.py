@@ -8,9 +8,11 @@ milliseconds of a core. On an idle machine the wait is microseconds and the
 spin is free. When other processes compete for the cores it is not: a thread
 spins on the core its partner (preempted) needs, and a thread the governor
 dropped (localrun.runtime.threads) keeps spinning on the core another process
-needs after every decode that used it. A spin count of `SPINCOUNT` (tens of
-microseconds) covers a barrier's wait on an idle machine and frees the core
-soon after under load; scripts/bench_decode.py measures both sides.
+needs after every decode that used it. A spin count of `SPINCOUNT` (about a
+millisecond or less) covers a barrier's wait on an idle machine and frees the
+core soon after under load. 1,000 spins cost an idle 2-core Xeon a tenth of
+the 135M model's decode speed (docs/benchmarks.md); scripts/bench_decode.py
+`--tree` (idle) and scripts/bench_load.py (under load) measure both sides.
 
 libgomp reads its environment once, when llama.cpp's library is loaded, so
 `configure` runs when localrun is imported (localrun/__init__.py), before any
@@ -23,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-SPINCOUNT = "1000"
+SPINCOUNT = "10000"
 USER_KEYS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 _set_here = False  # whether localrun set this process's spin count (not the user)
 
