@@ -14,7 +14,7 @@ from typing import Any
 from localrun.errors import InvalidRequestError
 from localrun.events import Stats
 from localrun.serve.errors import ApiError
-from localrun.serve.schemas import ChatRequest, parse_data
+from localrun.serve.schemas import ChatRequest, json_object, parse_data
 from localrun.serve.tools import ToolStream, ToolUse, new_id, split_reply
 from localrun.structured.tools import Call
 
@@ -131,12 +131,7 @@ def _tools(data: dict[str, Any]) -> dict[str, Any]:
 def chat_request(body: bytes, *, counting: bool = False) -> ChatRequest:
     """A Messages API request as the chat request the server runs; a field
     it cannot honour is refused by name."""
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidRequestError("the body must be a JSON object")
+    data = json_object(body)
     unknown = [k for k in data if k not in KNOWN and k not in IGNORED]
     if unknown:
         raise InvalidRequestError(f"not supported by this server: {', '.join(unknown)}", unknown[0])

@@ -138,16 +138,21 @@ class CompletionRequest(_Generation):
 R = TypeVar("R", bound=_Generation)
 
 
-def parse(kind: type[R], body: bytes) -> R:
-    """The request in ``body``: malformed JSON, a wrong type or an unsupported
-    field is an InvalidRequestError naming the field."""
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; anything else is an InvalidRequestError."""
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the body must be a JSON object")
-    return parse_data(kind, data)
+    return data
+
+
+def parse(kind: type[R], body: bytes) -> R:
+    """The request in ``body``: malformed JSON, a wrong type or an unsupported
+    field is an InvalidRequestError naming the field."""
+    return parse_data(kind, json_object(body))
 
 
 def parse_data(kind: type[R], data: dict[str, Any]) -> R:
