@@ -20,9 +20,9 @@ until the best is separated beyond noise, the rounds run out, or the phase's
 time is up. A tie keeps llama.cpp's default.
 
 Nothing is learnt from noise. Before each sample the machine's load is read
-(other runnable tasks, localrun.runtime.threads); a phase that ran under load
-in `BUSY_READINGS` (localrun.runtime.load) of its samples or more is kept as not measured ("machine
-busy") and decides nothing: `WisdomFile.put` keeps what an earlier run
+(other runnable tasks: localrun.runtime.load); a phase that saw other tasks
+before `BUSY_READINGS` of its samples or more is kept as not measured
+("machine busy") and decides nothing: `WisdomFile.put` keeps what an earlier run
 measured for it. A decision whose samples spread more than `MAX_SPREAD`
 decides nothing, and neither does one that moves a default away from
 llama.cpp's by more than `MAX_GAIN` (a 5x faster KV cache type is a machine
@@ -219,7 +219,7 @@ class Tuner:
 
         return watched
 
-    def _busy(self, phase: str) -> bool:
+    def _ran_busy(self, phase: str) -> bool:
         """Whether ``phase`` ran under load; if so it is kept as not measured."""
         why = self.load.busy()
         if why is not None:
@@ -301,7 +301,7 @@ class Tuner:
             return ctx.step_s(steps)
 
         race = Race(candidates).run(self._watched(sample), deadline=deadline)
-        if self._busy("threads"):
+        if self._ran_busy("threads"):
             return None
         return _decision(race, physical_cores(), "ms/token", max_gain=MAX_GAIN)
 
@@ -309,7 +309,7 @@ class Tuner:
         deadline = self._phase("verify")
         race = Race(list(range(1, MAX_ROWS + 1)))
         race.run(self._watched(ctx.rows_s), min_rounds=2, max_rounds=5, deadline=deadline)
-        if self._busy("verify"):
+        if self._ran_busy("verify"):
             return ()
         return tuple(race.median(r) * 1e3 for r in race.candidates)
 
@@ -318,7 +318,7 @@ class Tuner:
         ctx.share_prompt(MAX_ROWS)
         race = Race(list(PARALLEL_COUNTS))
         race.run(self._watched(ctx.parallel_s), min_rounds=2, max_rounds=6, deadline=deadline)
-        if self._busy("parallel"):
+        if self._ran_busy("parallel"):
             return None
         return _decision(race, LLAMA_PARALLEL, "ms/token")
 
@@ -333,7 +333,7 @@ class Tuner:
         ]
         race = Race(sizes).run(self._watched(ctx.prompt_s), min_rounds=2, max_rounds=5, deadline=deadline)
         rate = 1.0 / race.median(max(sizes))
-        if self._busy("ubatch"):
+        if self._ran_busy("ubatch"):
             return None, rate
         decision = _decision(race, LLAMA_UBATCH, "ms/token")
         if decision.value is not None and max(sizes) in race.tied() and max(sizes) < LLAMA_UBATCH:
@@ -377,7 +377,7 @@ class Tuner:
         finally:
             for ctx in contexts.values():
                 ctx.close()
-        if self._busy("depth"):
+        if self._ran_busy("depth"):
             return None, None, 0
         attention = None
         if type_v == "f16":
