@@ -238,14 +238,19 @@ def test_a_paste_is_one_message(tiny_model: Path, tmp_path: Path) -> None:
     child.send("\r")
     child.expect("stop: length")
     child.expect(">>> ")
+    save_one_turn_and_exit(child, saved)
+    messages = json.loads(saved.read_text())["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["Fix this code:\ndef add(a, b)\n    return a+b"]
+
+
+def save_one_turn_and_exit(child: pexpect.spawn, saved: Path) -> None:
+    """`/save` a session of one turn to ``saved``, then `/exit` and wait for the end."""
     child.sendline(f"/save {saved}")
     child.expect("saved 1 turn")
     child.expect(">>> ")
     child.sendline("/exit")
     child.expect("session: 1 turn, ")
     child.expect(pexpect.EOF)
-    messages = json.loads(saved.read_text())["messages"]
-    assert [m["content"] for m in messages if m["role"] == "user"] == ["Fix this code:\ndef add(a, b)\n    return a+b"]
 
 
 @pytest.mark.pty
@@ -265,12 +270,7 @@ def test_ctrl_c_at_the_prompt_clears_the_line(tiny_model: Path, tmp_path: Path) 
     child.expect("more")
     child.sendintr()  # again: the line goes, without the hint
     child.expect(">>> ")
-    child.sendline(f"/save {saved}")
-    child.expect("saved 1 turn")
-    child.expect(">>> ")
-    child.sendline("/exit")
-    child.expect("session: 1 turn, ")
-    child.expect(pexpect.EOF)
+    save_one_turn_and_exit(child, saved)
     assert "ends the session" not in child.before
     child.close()
     assert child.exitstatus == 0
