@@ -9,15 +9,25 @@ import sys
 from pathlib import Path
 
 
-def available_memory() -> int:
-    """MemAvailable from /proc/meminfo (bytes); 0 when unknown."""
+def _meminfo(key: str) -> int:
+    """One /proc/meminfo field in bytes; 0 when unknown."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (bytes); 0 when unknown."""
+    return _meminfo("MemAvailable")
+
+
+def total_memory() -> int:
+    """MemTotal from /proc/meminfo (bytes); 0 when unknown."""
+    return _meminfo("MemTotal")
 
 
 def cpu_count() -> int:

@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from localrun import store
+from localrun.assemble import assemble
 from localrun.errors import LocalrunError
-from localrun.gguf.info import N_UBATCH, describe
-from localrun.gguf.reader import read_gguf
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
-from localrun.system import cpu_count
-from localrun.tune.apply import apply, find
 
 
 def model_path(name: str) -> Path:
@@ -52,22 +50,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def engine_config(model: Path, *, tuned: bool = False, verbose: bool = False, **options: Any) -> EngineConfig:
+    """The engine configuration `localrun generate` would make for ``model``
+    with these options (`localrun.settings.Options` fields, e.g. ``ctx="4096"``,
+    ``threads=2``, ``kv_k="q8_0"``): placed on this machine, with its wisdom
+    only when ``tuned`` (llama.cpp's defaults otherwise, as its own tools use)."""
+    return assemble(model, resolve(Options(**options)), verbose=verbose, use_wisdom=tuned).config
+
+
 def tuned_engine(target: Path, threads: int | None, n_ctx: int = 4096) -> tuple[Engine, tuple[float, ...] | None]:
     """The target as `localrun generate` runs it on this machine: its wisdom's
     threads, flash attention and prompt batch (`localrun tune`), with a
     context of ``n_ctx`` tokens; and the verify-cost curve the speculative
     controller starts from."""
-    wisdom = find(target, hint_once=False).wisdom
-    settings = apply(resolve(Options(ctx=str(n_ctx), threads=threads)), describe(read_gguf(target)), wisdom)
-    config = EngineConfig(
-        model_path=target,
-        n_ctx=settings.n_ctx,
-        n_threads=settings.threads,
-        adapt_threads=threads is None,
-        max_threads=None if threads else cpu_count(),
-        type_k=settings.type_k,
-        type_v=settings.type_v,
-        flash_attn=settings.flash_attn,
-        n_ubatch=settings.n_ubatch or N_UBATCH,
-    )
-    return Engine(config), wisdom.verify_curve if wisdom is not None else None
+    run = assemble(target, resolve(Options(ctx=str(n_ctx), threads=threads)))
+    return Engine(run.config, run.info), run.verify_curve

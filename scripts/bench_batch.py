@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -61,12 +62,12 @@ from localrun.events import BatchProgress, DoneEvent, TokenEvent
 from localrun.openmp import others_environ
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
 from localrun.system import default_threads
-from scripts._models import HelpFormatter, model_path
+from scripts._models import HelpFormatter, engine_config, model_path
 from scripts._stats import median_ratio, ratio_summary
 
 HERE = Path(__file__).resolve().parent.parent
@@ -299,7 +300,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915  a script's main
         print(f"  (--parallel above {len(prompts)} left out: no more prompts than that to run together)")
 
     seq_ctx = 4096
-    single = Engine(EngineConfig(model_path=args.model, n_ctx=seq_ctx, n_threads=threads))
+    single = Engine(engine_config(args.model, ctx=str(seq_ctx), threads=threads))
     lengths = [len(prompt_tokens(single, p, system=SYSTEM)) for p in prompts]
     print(f"prompt tokens: {min(lengths)} to {max(lengths)}, {sum(lengths)} in all")
     rates: dict[str, list[float]] = {"batch": [], "alone": [], **{f"p{p}": [] for p in sweep}}
@@ -338,7 +339,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915  a script's main
 
     if args.native:
         n = parallel or 16
-        engine = Engine(EngineConfig(model_path=args.model, n_ctx=n * 512, n_seq_max=n, n_threads=threads))
+        engine = Engine(replace(engine_config(args.model, ctx=str(n * 512), threads=threads), n_seq_max=n))
         run_core_random(engine, min(n, 2), 16, 2, seed=0)  # warm up, as batched-bench does
         ours: list[Figures] = []
         native: list[Figures] = []

@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from localrun.events import DoneEvent, Stats
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt, chat_template
 from localrun.runtime.promptcache import PromptCache
 from localrun.runtime.sampling import SamplingParams
-from scripts._models import HelpFormatter, model_path
+from scripts._models import HelpFormatter, engine_config, model_path
 from scripts._stats import median_ratio
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     args = ap.parse_args()
     model = model_path(args.model)
-    with Engine(EngineConfig(model, n_ctx=args.ctx)) as engine:
+    with Engine(engine_config(model, ctx=str(args.ctx), kv="f16")) as engine:
         print(f"{engine.info.name}, context {engine.n_ctx}, KV f16")
         bench_prompt_cache(engine, args.prefix, args.reps)
         bench_chat(engine, args.turns)

@@ -82,13 +82,13 @@ from rich.console import Console
 
 from localrun.events import Stats
 from localrun.openmp import others_environ
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.system import default_threads
 from localrun.ui.stream import LiveRenderer, PlainRenderer
 from scripts._load import cpu_load
-from scripts._models import HelpFormatter, model_path
+from scripts._models import HelpFormatter, engine_config, model_path
 from scripts._native import timings
 from scripts._stats import median_ratio, ratio_summary
 
@@ -251,7 +251,7 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
     flash_attn = args.flash_attn
     tokens: list[int] = []
     if in_process:
-        engine = Engine(EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn))
+        engine = Engine(engine_config(model, ctx="4096", threads=args.threads, flash_attn=args.flash_attn))
         flash_attn = engine.flash_attn  # what auto resolved to: every in-process column runs with it
         tokens = engine.tokenize(PROMPT)
         eng = engine

@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
 from localrun.gguf.reader import read_gguf
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.perplexity import REFERENCE_TEXT
 from localrun.runtime.perplexity import perplexity as measure_perplexity
 from localrun.units import parse_size
-from scripts._models import HelpFormatter, model_path
+from scripts._models import HelpFormatter, engine_config, model_path
 
 
 def perplexity(model: Path, kv_type: str, text: str, window: int, max_tokens: int) -> tuple[float, int]:
-    with Engine(EngineConfig(model_path=model, n_ctx=window, type_k=kv_type, type_v=kv_type)) as engine:
+    with Engine(engine_config(model, ctx=str(window), kv=kv_type)) as engine:
         result = measure_perplexity(engine, engine.tokenize(text)[:max_tokens], window)
     return result.value, result.tokens
 
@@ -64,7 +64,7 @@ def main() -> None:
         print("  {:8} {:>15} {:>10} {:>7} {:>7} {:>8} {:>7}".format(*header))
         base: tuple[float, int] | None = None
         for kv_type in KV_BYTES_PER_ELEMENT:
-            engine = Engine(EngineConfig(model_path=model, n_ctx=args.ctx, type_k=kv_type, type_v=kv_type))
+            engine = Engine(engine_config(model, ctx=str(args.ctx), kv=kv_type))
             kv_bytes, cells, compute = engine.kv_cache_bytes, engine.kv_cells, engine.compute_buffer_bytes
             engine.close()
             if not kv_bytes or not cells or compute is None:

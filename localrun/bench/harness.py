@@ -15,13 +15,14 @@ from localrun.bench.stats import Advice, Row, median
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.gguf.reader import read_gguf
+from localrun.runtime import devices
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.generate import PLAIN, Decoding, generate
 from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
+from localrun.runtime.placement import place, slot_context
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.sizing import memory_budget, slot_context
 from localrun.speculative import open_speculation
 from localrun.system import peak_rss, reset_peak_rss
 
@@ -166,7 +167,8 @@ class Bench:
         self.compare = compare
         self.draft = draft  # the matched draft model, for the speculative rows
         self.shape = describe(read_gguf(model))
-        self.budget = memory_budget(plan.memory_budget)
+        self.placement = place(devices.probe(), memory_budget=plan.memory_budget)  # once, before any row loads
+        self.budget = self.placement.budget
         self._shapes: dict[Path, ModelInfo] = {model: self.shape}
         self._weights: Weights | None = None
 
@@ -177,7 +179,7 @@ class Bench:
         held = self._weights
         if held is None or not held.serves(config):
             self.close()
-            held = self._weights = Weights(config.model_path, repack=config.repack, verbose=config.verbose)
+            held = self._weights = Weights(config.model_path, config.placement, verbose=config.verbose)
         return Engine(config, weights=held)
 
     def close(self) -> None:
@@ -197,7 +199,7 @@ class Bench:
             n_ctx=self.plan.n_ctx,
             n_threads=self.plan.threads,
             flash_attn=self.plan.flash_attn,
-            memory_budget=self.plan.memory_budget,
+            placement=self.placement,
             verbose=self.plan.verbose,
         )
         return dataclasses.replace(base, **changes)

@@ -14,7 +14,6 @@ from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
-from localrun.gguf.info import N_UBATCH
 from localrun.settings import Options, RunSettings, resolve
 from localrun.store import Target
 
@@ -151,8 +150,8 @@ def check_output_file(option: str, path: Path) -> None:
 
 @dataclass
 class Resolved:
-    """The model file, what its name resolved to, its header, and the run's
-    settings after the precedence rule (`localrun.settings`)."""
+    """The model file, what its name resolved to, and the run put together
+    from it (`localrun.assemble`): header, settings, placement, wisdom."""
 
     config: EngineConfig
     info: GGUFInfo
@@ -177,52 +176,33 @@ def resolve_engine(
 ) -> Resolved:
     """Settle the run's settings, then resolve the model (pulled on first use,
     with its matched draft when ``with_draft`` and speculation is auto), then
-    settle what is automatic from this machine's wisdom (``need``: the context
-    the run needs, ``depth``: the depth it mostly decodes at, when known); the
-    model is not loaded. Says on a terminal which KV cache type auto chose and why."""
-    from localrun.gguf.info import describe
-    from localrun.gguf.reader import read_gguf
-    from localrun.runtime.engine import EngineConfig
-    from localrun.system import cpu_count
-    from localrun.tune import apply as tuned
+    put the run together (`localrun.assemble`: placement, and what is
+    automatic from this machine's wisdom; ``need``: the context the run
+    needs, ``depth``: the depth it mostly decodes at, when known); the model
+    is not loaded. Says on a terminal which KV cache type auto chose and why."""
+    from localrun.assemble import assemble
 
     check_positive(threads=options.threads)
     env = current()
     entry = store.parse(model or env.registry.default, env.registry).entry
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
-    info = read_gguf(found.path)
     # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all
-    wisdom = tuned.find(found.path, (settings.type_k, settings.type_v), hint_once=bool(env.stderr_isatty))
-    for warning in wisdom.warnings:
+    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=bool(env.stderr_isatty))
+    for warning in run.warnings:
         out().warn(warning)
-    if wisdom.hint:
-        out().note(wisdom.hint)
-    settings = tuned.apply(settings, describe(info), wisdom.wisdom, need=need, depth=depth)
-    if "kv" in settings.reasons and env.stderr_isatty:
-        out().note(f"kv cache {settings.reasons['kv']}")
-    adaptive = settings.sources.get("threads") not in ("option", "config", "model")  # a count given is kept
-    config = EngineConfig(
-        model_path=info.path,
-        n_ctx=settings.n_ctx,
-        n_threads=settings.threads,
-        adapt_threads=adaptive,
-        max_threads=cpu_count() if adaptive else None,
-        memory_budget=settings.memory_budget,
-        n_ubatch=settings.n_ubatch or N_UBATCH,
-        type_k=settings.type_k,
-        type_v=settings.type_v,
-        flash_attn=settings.flash_attn,
-        verbose=verbose,
-    )
-    return Resolved(config, info, found.target, settings, wisdom.wisdom)
+    if run.hint:
+        out().note(run.hint)
+    if "kv" in run.settings.reasons and env.stderr_isatty:
+        out().note(f"kv cache {run.settings.reasons['kv']}")
+    return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
 
 
 def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
     """(the context a run needs, the depth it mostly decodes at), estimated
     before the model loads: about 3 characters a token (an overestimate for
     prose, near it for code), and DEFAULT_CTX of room to generate without a limit."""
-    from localrun.runtime.sizing import DEFAULT_CTX
+    from localrun.runtime.placement import DEFAULT_CTX
 
     prompt = prompt_chars // 3 + 16  # the chat template's tokens
     room = max_tokens if max_tokens is not None else DEFAULT_CTX
@@ -234,7 +214,7 @@ def conversation_depth(options: Options) -> int:
     or a server's slot that clients re-send their history to, grows turn by
     turn toward its context, so the middle of that context (DEFAULT_CTX when
     --ctx is auto or not given)."""
-    from localrun.runtime.sizing import DEFAULT_CTX
+    from localrun.runtime.placement import DEFAULT_CTX
     from localrun.settings import parse_ctx
 
     ctx = parse_ctx(options.ctx) if options.ctx else None

@@ -95,7 +95,7 @@ def run(
         return ExitCode.OK
     env = current()
     try:
-        with Weights(config.model_path, repack=config.repack, verbose=config.verbose) as weights:
+        with Weights(config.model_path, config.placement, verbose=config.verbose) as weights:
             plan = plan_batch(jobs, settings, weights, config)
             progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
             with _output(resume) as sink, progress as bar:

@@ -226,7 +226,8 @@ def show(
     """What the model file says: architecture, size, attention, context, KV cache cost."""
     from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
     from localrun.gguf.reader import read_gguf
-    from localrun.runtime.sizing import memory_budget
+    from localrun.runtime import devices
+    from localrun.runtime.placement import place
 
     reg = current().registry
     target = store.parse(name, reg)
@@ -234,9 +235,10 @@ def show(
     if path is None:
         raise ModelNotFoundError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
     try:
-        budget_bytes = memory_budget(parse_size(budget) if budget else None)
+        placement = place(devices.probe(), memory_budget=parse_size(budget) if budget else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    budget_bytes = placement.budget
     info = describe(read_gguf(path))
     kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
     fa_mode, fa_why = _flash_attn_auto(path)
@@ -260,6 +262,7 @@ def show(
         "budget_bytes": budget_bytes,
         "max_context": fits,
         "flash_attn_auto": fa_mode,
+        "placement": placement.to_json(),
     }
     if as_json:
         out().json(record, indent=2)
@@ -284,6 +287,7 @@ def show(
         f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",
         "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
         f"  context in {human_bytes(budget_bytes)}: " + _fits_text(fits, info.weights_bytes, info.compute_bytes()),
+        f"  placement        {dict(placement.reasons)['model']}",
     ]
     out().result("\n".join(lines))
 

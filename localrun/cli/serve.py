@@ -55,7 +55,7 @@ def _plans(
     contexts: dict[str, RunContext] | None = None,
 ) -> list[ModelPlan]:
     """Each model's plan; ``contexts`` gets each one's run history context, by id."""
-    from localrun.runtime.sizing import DEFAULT_CTX, LLAMA_PARALLEL
+    from localrun.runtime.placement import DEFAULT_CTX, LLAMA_PARALLEL
     from localrun.serve.served import ModelPlan, looks_like_path
     from localrun.settings import parse_ctx
 

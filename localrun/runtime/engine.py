@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,9 @@ import llama_cpp
 from localrun.errors import BadModelError, ContextOverflowError, EngineError
 from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
-from localrun.runtime import llama_log
+from localrun.runtime import devices, llama_log
 from localrun.runtime.llama import Native, native_call
-from localrun.runtime.sizing import check_kv_config, choose_context
+from localrun.runtime.placement import ModelPlacement, Placement, check_kv_config, choose_context, place
 from localrun.system import default_threads
 
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
@@ -31,10 +31,10 @@ _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
 # ----------------------------------------------------------------- engine --
 
 
-def _load_model(info: GGUFInfo, repack: bool) -> Any:
+def _load_model(info: GGUFInfo, placed: ModelPlacement) -> Any:
     mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    mparams.use_extra_bufts = repack
+    mparams.n_gpu_layers = placed.n_gpu_layers  # llama.cpp's default is every layer: placement decides
+    mparams.use_extra_bufts = placed.repack
     model = None
     try:
         with native_call():  # seconds of llama.cpp logging: Ctrl-C must not land in the log callback
@@ -54,18 +54,20 @@ def _load_model(info: GGUFInfo, repack: bool) -> Any:
 class Weights(Native):
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
-    def __init__(self, path: Path, *, repack: bool = True, verbose: bool = False) -> None:
+    def __init__(self, path: Path, placement: Placement | None = None, *, verbose: bool = False) -> None:
         self.handle: Any = None
         self.path = path
-        self.repack = repack
         self.info = read_gguf(path)
         llama_log.set_verbose(verbose)
         llama_log.init_backend()
-        self.handle = _load_model(self.info, repack)
+        self.placement = placement or place(devices.probe())  # measured before the load, never after
+        self.handle = _load_model(self.info, self.placement.model)
 
     def serves(self, config: EngineConfig) -> bool:
-        """Whether an engine of ``config`` can run on these weights."""
-        return self.path == config.model_path and self.repack == config.repack
+        """Whether an engine of ``config`` can run on these weights: the same
+        file, placed the same way."""
+        placed = config.placement is None or config.placement.model == self.placement.model
+        return self.path == config.model_path and placed
 
     def close(self) -> None:
         if self.handle:
@@ -77,8 +79,8 @@ class Weights(Native):
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
-    n_ctx: int | None = None  # None: auto, the longest context that fits memory_budget
-    memory_budget: int | None = None  # bytes for weights + KV cache + compute; None: available RAM
+    n_ctx: int | None = None  # None: auto, the longest context that fits the placement's budget
+    placement: Placement | None = None  # None: placed on this machine's devices before the engine loads
     n_threads: int | None = None  # None: default_threads()
     n_batch: int = 2048
     n_ubatch: int = N_UBATCH  # the memory estimates (localrun.gguf.info) assume it
@@ -87,7 +89,6 @@ class EngineConfig:
     flash_attn: str = "auto"  # auto, on or off
     verbose: bool = False
     n_seq_max: int = 1  # sequences sharing the context (batched decoding)
-    repack: bool = True  # weights in llama.cpp's repacked SIMD layouts (scripts/setup compiles AMX out)
     kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
     adapt_threads: bool = True  # False: the thread count stays n_threads (see localrun.runtime.threads)
     max_threads: int | None = None  # the most adapting may use; None: n_threads (a tuned start may be lower)
@@ -129,17 +130,23 @@ class Engine(Native):
         self._ctx: Any = None
         self._owns_model = weights is None
         self.abort_requested = False
-        self.config = config
         if weights is not None and not weights.serves(config):
             raise ValueError(f"weights of {weights.path} given for an engine of {config.model_path}")
+        placement = config.placement  # placed once, before this engine loads anything
+        if placement is None:
+            placement = weights.placement if weights is not None else place(devices.probe())
+            config = replace(config, placement=placement)
+        self.config = config
+        self.placement = placement
         self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
         shape = describe(self.info)
-        flash_attn = check_kv_config(config, shape)  # settled from the file's header, before any load
-        n_ctx = choose_context(shape, config, flash_attn)
+        kv = (config.type_k, config.type_v)
+        flash_attn = check_kv_config(kv, config.flash_attn, shape)  # settled from the file's header, before any load
+        n_ctx = choose_context(shape, config.n_ctx, kv, flash_attn, self.placement.budget)
         llama_log.set_verbose(config.verbose)
         llama_log.init_backend()
 
-        self._model = weights.handle if weights is not None else _load_model(self.info, config.repack)
+        self._model = weights.handle if weights is not None else _load_model(self.info, self.placement.model)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)

@@ -12,10 +12,11 @@ from typing import Any
 from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, UsageError
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
+from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.placement import DEFAULT_CTX, Placement, default_parallel, parallel_that_fits, place
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
-from localrun.runtime.sizing import DEFAULT_CTX, default_parallel, memory_budget, parallel_that_fits
 from localrun.serve.events import ServerStatus
 from localrun.serve.worker import Worker
 from localrun.speculative import Speculation, lookup_drafters
@@ -108,17 +109,13 @@ def slots_for(plan: ModelPlan, shape: ModelInfo, budget: int) -> tuple[int, int]
     return slot_ctx, plan.parallel or default_parallel(UNBOUNDED, fits, plan.tuned)
 
 
-def load_model(plan: ModelPlan, reserved: int = 0) -> ServedModel:
-    """Load the model, size its slots in the memory budget less ``reserved``
-    bytes (the models loaded before it), and start its engine thread."""
+def load_model(plan: ModelPlan, placement: Placement) -> ServedModel:
+    """Load the model, size its slots in ``placement``'s budget (measured
+    before any model loaded, less the models loaded before this one), and
+    start its engine thread."""
     shape = describe(plan.info)
-    budget = memory_budget(plan.config.memory_budget)
-    if budget and reserved:
-        budget = max(budget - reserved, 1)
-    slot_ctx, parallel = slots_for(plan, shape, budget)
-    config = replace(
-        plan.config, n_ctx=slot_ctx * parallel, n_seq_max=parallel, memory_budget=budget or plan.config.memory_budget
-    )
+    slot_ctx, parallel = slots_for(plan, shape, placement.budget)
+    config = replace(plan.config, n_ctx=slot_ctx * parallel, n_seq_max=parallel, placement=placement)
     engine = Engine(config, plan.info)
     try:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
@@ -142,12 +139,14 @@ def load_model(plan: ModelPlan, reserved: int = 0) -> ServedModel:
 
 def load_models(plans: Sequence[ModelPlan]) -> list[ServedModel]:
     """Every model, each sized in what the ones before it left of the memory
-    budget; none stays loaded when one fails."""
+    budget, as the first model's placement measured it before anything
+    loaded; none stays loaded when one fails."""
     loaded: list[ServedModel] = []
     reserved = 0
+    measured = next((p.config.placement for p in plans if p.config.placement), None) or place(devices.probe())
     try:
         for plan in plans:
-            model = load_model(plan, reserved)
+            model = load_model(plan, (plan.config.placement or measured).less(reserved))
             loaded.append(model)
             reserved += model.memory_bytes
     except BaseException:

@@ -43,9 +43,11 @@ from typing import Any
 import llama_cpp
 
 from localrun.gguf.info import describe
+from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
 from localrun.runtime.load import LoadWatch
+from localrun.runtime.placement import place
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, spread
@@ -197,7 +199,7 @@ class Tuner:
         self.seconds = seconds
         self.kv = kv
         self.progress = progress
-        self.memory_budget = memory_budget
+        self.placement = place(devices.probe(), memory_budget=memory_budget)  # once, before any phase loads
         self.start = time.monotonic()
         self.deadline = self.start
         self.busy = 0.0
@@ -236,7 +238,7 @@ class Tuner:
             model_path=self.model,
             n_ctx=n_ctx,
             n_threads=threads,
-            memory_budget=self.memory_budget,
+            placement=self.placement,
             n_batch=LLAMA_UBATCH,
             n_ubatch=LLAMA_UBATCH,
             type_k=type_k,
@@ -248,7 +250,7 @@ class Tuner:
 
     def run(self) -> Wisdom:
         self._report("loading the model")
-        with Weights(self.model) as weights:
+        with Weights(self.model, self.placement) as weights:
             shape = describe(weights.info)
             type_k, type_v = self.kv
             fa_base = "on" if type_v != "f16" else "auto"

@@ -15,6 +15,7 @@ from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import engine
 from localrun.runtime.generate import generate
+from localrun.runtime.placement import ModelPlacement
 from localrun.runtime.quantize import quantize
 from localrun.runtime.sampling import SamplingParams
 from localrun.tune.wisdom import wisdom_file
@@ -204,9 +205,9 @@ def test_rows_on_one_file_load_it_once(weights: dict[str, Path], monkeypatch: py
     loads: list[str] = []
     load = engine._load_model
 
-    def counting(info: GGUFInfo, repack: bool) -> object:
+    def counting(info: GGUFInfo, placed: ModelPlacement) -> object:
         loads.append(info.path.name)
-        return load(info, repack)
+        return load(info, placed)
 
     monkeypatch.setattr(engine, "_load_model", counting)
     result = bench.run(bench.Bench(weights["q4_0"], _quick(rounds=2)))

@@ -71,11 +71,12 @@ class Outcome:
 def _child(paths: list[str]) -> int:
     from localrun.errors import BadModelError
     from localrun.runtime.engine import Weights
+    from localrun.runtime.placement import ModelPlacement, Placement
 
     for i, path in enumerate(paths):
         print(f"start {i}", flush=True)
         try:
-            Weights(Path(path), repack=False).close()
+            Weights(Path(path), Placement(ModelPlacement(repack=False))).close()
         except BadModelError as exc:
             print(f"refused {i} {str(exc).splitlines()[0][:200]}", flush=True)
         else:

@@ -22,10 +22,10 @@ from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch, run_
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.llama import DecodeStatus
+from localrun.runtime.placement import LLAMA_PARALLEL, default_parallel, parallel_that_fits, place, slot_context
 from localrun.runtime.prompt import build_prompt, prompt_tokens
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, PromptCache
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.sizing import LLAMA_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.ui.batch import JsonlWriter
 from tests.helpers import Result, cli, collect, on_terminal
 
@@ -570,9 +570,9 @@ def test_cli_loads_the_weights_once(tiny_model: Path, tmp_path: Path, monkeypatc
     loads: list[Path] = []
     real = engine_module._load_model
 
-    def counting(info: Any, repack: bool) -> Any:
+    def counting(info: Any, placed: Any) -> Any:
         loads.append(info.path)
-        return real(info, repack)
+        return real(info, placed)
 
     monkeypatch.setattr(engine_module, "_load_model", counting)
     res = run_cli(tiny_model, "-", "-n", "3", input="one\ntwo\nthree\n")
@@ -585,7 +585,7 @@ def test_plan_sizes_sequences_and_caps_them(tiny_model: Path) -> None:
     from localrun.runtime.engine import Weights
 
     lines = read_lines(["hello there\n", "x\n"])
-    config = EngineConfig(model_path=tiny_model, memory_budget=10**9)
+    config = EngineConfig(model_path=tiny_model, placement=place((), memory_budget=10**9))
     with Weights(tiny_model) as weights:
         sized = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, config)
         capped = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, ctx_limit=256), weights, config)

@@ -13,6 +13,7 @@ from localrun.errors import InvalidRequestError, ModelNotFoundError, UsageError
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.engine import EngineConfig
+from localrun.runtime.placement import place
 from localrun.serve.prompts import prepare
 from localrun.serve.schemas import ChatRequest
 from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models, slots_for
@@ -45,7 +46,11 @@ def two(tiny_model: Path) -> Iterator[list[ServedModel]]:
     per_slot = shape.memory_needed(2 * 512, "f16", "f16") - shape.memory_needed(512, "f16", "f16")
     budget = shape.memory_needed(4 * 512, "f16", "f16") + shape.memory_needed(512, "f16", "f16") + per_slot // 2
     first = plan(tiny_model, "tiny")
-    first = replace(first, names=frozenset({"qwen2.5-coder:1.5b"}), config=replace(first.config, memory_budget=budget))
+    first = replace(
+        first,
+        names=frozenset({"qwen2.5-coder:1.5b"}),
+        config=replace(first.config, placement=place((), memory_budget=budget)),
+    )
     second = replace(first, id="other", names=frozenset())
     models = load_models([first, second])
     yield models

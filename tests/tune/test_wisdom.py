@@ -11,14 +11,14 @@ import pytest
 
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
-from localrun.runtime.sizing import choose_kv
+from localrun.runtime.placement import choose_kv
 from localrun.settings import Options, resolve
 from localrun.system import physical_cores
 from localrun.tune import apply as tuned
 from localrun.tune.machine import Machine, this_machine
 from localrun.tune.measure import _decision
 from localrun.tune.race import Race, separated, settled_tie
-from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom, WisdomFile, wisdom_file
+from localrun.tune.wisdom import MAX_GAIN, TIE_MARGIN, Attention, Decision, ModelKey, Wisdom, WisdomFile, wisdom_file
 from localrun.ui.tune import describe as describe_wisdom
 
 
@@ -137,9 +137,9 @@ def test_kv_auto_quantizes_only_when_f16_does_not_fit(wide_model: Path) -> None:
     assert (q8.type_k, q8.type_v) == ("q8_0", "q8_0") and "do not fit at f16" in q8.reason
     assert (choose_kv(shape, need, at["q8_0", "q4_0"] + 1).type_v) == "q4_0"
     # a quantized cache measured faster here is taken where it fits too; a tie is not
-    faster = choose_kv(shape, need, 0, {"f16/f16": 20.0, "q8_0/q8_0": 15.0})
+    faster = choose_kv(shape, need, 0, {"f16/f16": 20.0, "q8_0/q8_0": 15.0}, TIE_MARGIN)
     assert faster.type_k == "q8_0" and "localrun tune" in faster.reason
-    assert choose_kv(shape, need, 0, {"f16/f16": 20.0, "q8_0/q8_0": 19.9}).type_k == "f16"
+    assert choose_kv(shape, need, 0, {"f16/f16": 20.0, "q8_0/q8_0": 19.9}, TIE_MARGIN).type_k == "f16"
 
 
 def test_the_race_separates_beyond_noise_and_calls_a_tie() -> None:

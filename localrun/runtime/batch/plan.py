@@ -18,15 +18,14 @@ from localrun.gguf.info import CONTEXT_STEP, describe
 from localrun.runtime.batch.input import BatchLine
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Weights
-from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
-from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.sizing import (
+from localrun.runtime.placement import (
     DEFAULT_CTX,
     default_parallel,
-    memory_budget,
     parallel_that_fits,
     sequence_context,
 )
+from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
+from localrun.runtime.sampling import SamplingParams
 from localrun.settings import check_context
 from localrun.structured.spec import OutputSpec
 
@@ -119,7 +118,7 @@ def _need(job: Job) -> int:
 def _parallel(n_prompts: int, seq_ctx: int, settings: BatchSettings, config: EngineConfig, weights: Weights) -> int:
     """--parallel, checked against memory; by default the tuned count (else
     llama-server's default), no more than fit."""
-    budget = memory_budget(config.memory_budget)
+    budget = (config.placement or weights.placement).budget  # measured before the weights loaded
     shape = describe(weights.info)
     fits = parallel_that_fits(shape, seq_ctx, config.type_k, config.type_v, budget) if budget else None
     if fits == 0 and n_prompts:

@@ -7,9 +7,11 @@ import pytest
 from localrun.errors import UsageError
 from localrun.events import DoneEvent
 from localrun.gguf.info import describe
-from localrun.gguf.reader import read_gguf
+from localrun.gguf.reader import GGUFInfo, read_gguf
+from localrun.runtime.devices import Device
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
+from localrun.runtime.placement import RESERVE, ModelPlacement, place
 from localrun.runtime.sampling import SamplingParams
 from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
@@ -66,11 +68,15 @@ def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
     per_token = shape.context_bytes_per_token("f16", flash_attn="off")  # KV, and attention scores when unfused
     assert per_token > shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * per_token
-    with Engine(EngineConfig(model_path=long_model, memory_budget=budget, flash_attn="off")) as engine:
+    with Engine(
+        EngineConfig(model_path=long_model, placement=place((), memory_budget=budget), flash_attn="off")
+    ) as engine:
         assert engine.n_ctx == 2816  # 3000 tokens of room, in steps of 256
     f16 = shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * f16
-    with Engine(EngineConfig(model_path=long_model, memory_budget=budget, type_k="q8_0", type_v="q8_0")) as engine:
+    with Engine(
+        EngineConfig(model_path=long_model, placement=place((), memory_budget=budget), type_k="q8_0", type_v="q8_0")
+    ) as engine:
         assert engine.flash_attn == "on"  # a quantized V: no scores buffer
         # the longest context that fits: one more step of 256 would not
         assert shape.memory_needed(engine.n_ctx, "q8_0", "q8_0", "on") <= budget
@@ -78,7 +84,7 @@ def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
 
 
 def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
-    with Engine(EngineConfig(model_path=tiny_model, memory_budget=10**10)) as engine:
+    with Engine(EngineConfig(model_path=tiny_model, placement=place((), memory_budget=10**10))) as engine:
         assert engine.n_ctx == 512
 
 
@@ -86,10 +92,10 @@ def test_context_that_does_not_fit_is_refused_with_numbers(long_model: Path) -> 
     shape = describe(read_gguf(long_model))
     budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.context_bytes_per_token("f16")
     with pytest.raises(UsageError, match=r"--ctx 8192 needs .* GiB .*memory budget") as info:
-        Engine(EngineConfig(model_path=long_model, n_ctx=8192, memory_budget=budget))
+        Engine(EngineConfig(model_path=long_model, n_ctx=8192, placement=place((), memory_budget=budget)))
     assert info.value.hint is not None and "--ctx auto fits 768" in info.value.hint
     with pytest.raises(UsageError, match="does not fit"):
-        Engine(EngineConfig(model_path=long_model, memory_budget=shape.weights_bytes))
+        Engine(EngineConfig(model_path=long_model, placement=place((), memory_budget=shape.weights_bytes)))
 
 
 def test_ctx_option(tiny_model: Path) -> None:
@@ -135,8 +141,102 @@ def test_a_context_that_does_not_fit_is_refused_before_the_load(
     from localrun.runtime import engine as engine_module
 
     loads: list[object] = []
-    monkeypatch.setattr(engine_module, "_load_model", lambda info, repack: loads.append(info))
+    monkeypatch.setattr(engine_module, "_load_model", lambda info, placed: loads.append(info))
     shape = describe(read_gguf(wide_long_model))
     with pytest.raises(UsageError, match="--ctx 8192 needs"):
-        Engine(EngineConfig(model_path=wide_long_model, n_ctx=8192, memory_budget=shape.weights_bytes))
+        Engine(
+            EngineConfig(model_path=wide_long_model, n_ctx=8192, placement=place((), memory_budget=shape.weights_bytes))
+        )
     assert loads == []
+
+
+# -- memory measured once, before anything loads --
+
+
+class ShrinkingMemory:
+    """A fake host whose available memory drops by a model's weights once
+    llama.cpp has loaded them, as the OS reports it after a real load."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+        from localrun.runtime import devices
+        from localrun.runtime import engine as engine_module
+
+        self.free = free
+        self.reads = 0
+        real_load = engine_module._load_model
+
+        def load(info: GGUFInfo, placed: ModelPlacement) -> object:
+            handle = real_load(info, placed)
+            self.free -= describe(info).weights_bytes
+            return handle
+
+        def probe() -> tuple[Device, ...]:
+            self.reads += 1
+            return (Device("CPU", "fake", "cpu", self.free, 2 * free),)
+
+        monkeypatch.setattr(engine_module, "_load_model", load)
+        monkeypatch.setattr(devices, "probe", probe)
+
+
+def test_a_batch_is_sized_in_the_memory_measured_before_its_weights_loaded(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localrun.runtime.batch.input import read_lines
+    from localrun.runtime.batch.plan import BatchSettings, jobs_for, plan_batch
+    from localrun.runtime.engine import Weights
+
+    shape = describe(read_gguf(tiny_model))
+    per_sequence = 512 * shape.kv_bytes_per_token("f16", "f16")
+    assert shape.weights_bytes > per_sequence  # counting the weights twice would cost at least one sequence
+    room = shape.weights_bytes + shape.compute_bytes() + 4 * per_sequence + per_sequence // 2  # four fit
+    memory = ShrinkingMemory(monkeypatch, RESERVE + room)
+    lines = read_lines([f"prompt {i}\n" for i in range(4)])
+    with Weights(tiny_model) as weights:
+        batch = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, EngineConfig(tiny_model))
+    assert memory.free < RESERVE + room  # the fake did see the load
+    assert batch.seq_ctx == 512 and batch.parallel == 4
+    assert memory.reads == 1
+
+
+def test_served_models_share_one_measurement(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second model gets what the first left of the budget measured
+    before either loaded, not that less the first's weights again."""
+    from localrun.serve.served import ModelPlan, load_models
+
+    shape = describe(read_gguf(tiny_model))
+    per_slot = shape.memory_needed(2 * 512, "f16", "f16") - shape.memory_needed(512, "f16", "f16")
+    room = shape.memory_needed(4 * 512, "f16", "f16") + shape.memory_needed(2 * 512, "f16", "f16") + per_slot // 2
+    memory = ShrinkingMemory(monkeypatch, RESERVE + room)
+    info = read_gguf(tiny_model)
+    plans = [ModelPlan(name, frozenset(), EngineConfig(tiny_model, n_threads=1), info) for name in ("a", "b")]
+    models = load_models(plans)
+    try:
+        assert [m.worker.parallel for m in models] == [4, 2]
+    finally:
+        for model in models:
+            model.close()
+    assert memory.reads == 1
+
+
+def test_placement_on_a_cpu_only_machine_and_beside_a_gpu() -> None:
+    cpu = Device("CPU", "a CPU", "cpu", 8 * 2**30, 16 * 2**30)
+    alone = place([cpu])
+    assert alone.budget == 8 * 2**30 - RESERVE and alone.model.n_gpu_layers == 0 and alone.model.repack
+    assert "no GPU" in dict(alone.reasons)["model"]
+    gpu = Device("CUDA0", "a GPU", "gpu", 70 * 2**30, 80 * 2**30)
+    beside = place([cpu, gpu], memory_budget=2**30)
+    assert beside.budget == 2**30 and beside.model.describe() == "CPU"  # no GPU placement yet: the CPU's plan
+    assert "CUDA0" in dict(beside.reasons)["model"]
+    assert beside.less(2**29).budget == 2**29 and place([]).budget == 0 == place([]).less(5).budget
+    shown = beside.to_json()
+    assert shown["devices"][1] == {"name": "CUDA0", "kind": "gpu", "description": "a GPU"}
+    assert shown["budget_bytes"] == {"CPU": 2**30}
+
+
+def test_the_real_probe_finds_the_host_first() -> None:
+    from localrun.runtime import devices
+
+    found = devices.probe()
+    assert found[0].name == "CPU" and found[0].kind == "cpu" and found[0].free > 0
+    assert found[0].total >= found[0].free
+    assert all(d.kind != "cpu" for d in found[1:])

@@ -1,0 +1,93 @@
+"""Putting a run together: a model file and the run's settings become what
+an engine is made of, before anything loads.
+
+Every way localrun starts a model (generate, chat, `--batch`, serve, and the
+scripts that measure them) goes through `assemble`: it places the run on
+this machine's devices (`localrun.runtime.placement`, memory measured once),
+settles what is automatic from this machine's wisdom (`localrun.tune.apply`)
+and makes the `EngineConfig` that carries both. Nothing here prints: the
+notes a person should see come back in `Assembled`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from localrun.gguf.info import N_UBATCH, describe
+from localrun.gguf.reader import GGUFInfo, read_gguf
+from localrun.runtime import devices as devices_module
+from localrun.runtime.devices import Device
+from localrun.runtime.engine import EngineConfig
+from localrun.runtime.placement import Placement, place
+from localrun.settings import RunSettings
+from localrun.system import cpu_count
+from localrun.tune import apply as tuned
+from localrun.tune.wisdom import Wisdom
+
+PINNED = ("option", "config", "model")  # where a thread count comes from that adapting must keep
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A run put together: its engine configuration (with the placement), the
+    model's header, the settings as settled, this machine's wisdom for the
+    model, and what to tell a person about them."""
+
+    config: EngineConfig
+    info: GGUFInfo
+    settings: RunSettings
+    wisdom: Wisdom | None = None
+    warnings: tuple[str, ...] = ()
+    hint: str | None = None  # how to tune the model, said once per model
+
+    @property
+    def placement(self) -> Placement:
+        assert self.config.placement is not None  # assemble always places
+        return self.config.placement
+
+    @property
+    def verify_curve(self) -> tuple[float, ...] | None:
+        return self.wisdom.verify_curve if self.wisdom is not None else None
+
+
+def assemble(
+    path: Path,
+    settings: RunSettings,
+    *,
+    need: int | None = None,
+    depth: int | None = None,
+    verbose: bool = False,
+    hint_once: bool = False,
+    devices: Sequence[Device] | None = None,
+    use_wisdom: bool = True,
+) -> Assembled:
+    """The run of the model at ``path`` with ``settings`` (after the
+    precedence rule of `localrun.settings.resolve`): placed on ``devices``
+    (None: this machine's, probed now), its automatic values settled from
+    the wisdom (``need``: the context the run needs, ``depth``: the depth it
+    mostly decodes at, when known; ``use_wisdom`` False: llama.cpp's
+    defaults, as a benchmark comparing with llama.cpp's own tools needs).
+    The model is not loaded."""
+    info = read_gguf(path)
+    placement = place(devices_module.probe() if devices is None else devices, memory_budget=settings.memory_budget)
+    found = (
+        tuned.find(path, (settings.type_k, settings.type_v), hint_once=hint_once) if use_wisdom else tuned.Found(None)
+    )
+    settings = tuned.apply(settings, describe(info), found.wisdom, need=need, depth=depth, budget=placement.budget)
+    adaptive = settings.sources.get("threads") not in PINNED  # a count given is kept
+    config = EngineConfig(
+        model_path=info.path,
+        n_ctx=settings.n_ctx,
+        placement=placement,
+        n_threads=settings.threads,
+        adapt_threads=adaptive,
+        max_threads=cpu_count() if adaptive else None,
+        n_ubatch=settings.n_ubatch or N_UBATCH,
+        type_k=settings.type_k,
+        type_v=settings.type_v,
+        flash_attn=settings.flash_attn,
+        verbose=verbose,
+    )
+    return Assembled(config, info, settings, found.wisdom, tuple(found.warnings), found.hint)

@@ -1,0 +1,120 @@
+"""What the build and the machine offer a run: the host (its CPUs and the
+memory the OS says is available) and every device llama.cpp's backends
+report (a CUDA, ROCm, Metal or Vulkan GPU when the build has that backend).
+
+`probe()` is the one seam: placement reads devices only through it, and
+tests hand placement fake device lists instead. llama-cpp-python does not
+bind ggml's device API, so it is called through ctypes on the libraries the
+wheel ships (libggml for the registry, libggml-base for the device calls).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from localrun.system import available_memory, total_memory
+
+Kind = Literal["cpu", "gpu", "igpu", "accel"]
+
+HOST = "CPU"  # the host's name, as ggml's CPU backend names its device
+_KINDS: dict[int, Kind] = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
+
+
+@dataclass(frozen=True)
+class Device:
+    """One place a model's weights or KV cache can live, with its memory in bytes (0: unknown)."""
+
+    name: str  # llama.cpp's: "CPU", "CUDA0", "Metal", "Vulkan0"
+    description: str  # the device's own: a CPU or GPU model name
+    kind: Kind
+    free: int
+    total: int
+
+    @property
+    def offloads(self) -> bool:
+        """Whether layers can be placed on it (a GPU, discrete or integrated)."""
+        return self.kind in ("gpu", "igpu")
+
+
+def _library(name: str) -> ctypes.CDLL:
+    import llama_cpp  # its lib/ folder holds the ggml libraries libllama is linked with
+
+    return ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / name))
+
+
+@dataclass(frozen=True)
+class _Api:
+    registry: ctypes.CDLL
+    base: ctypes.CDLL
+
+
+@functools.cache
+def _api() -> _Api | None:
+    """ggml's device calls with their C types; None when the libraries lack them."""
+    try:
+        registry, base = _library("libggml.so"), _library("libggml-base.so")
+        registry.ggml_backend_dev_count.restype = ctypes.c_size_t
+        registry.ggml_backend_dev_count.argtypes = []
+        registry.ggml_backend_dev_get.restype = ctypes.c_void_p
+        registry.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for text in (base.ggml_backend_dev_name, base.ggml_backend_dev_description):
+            text.restype = ctypes.c_char_p
+            text.argtypes = [ctypes.c_void_p]
+        base.ggml_backend_dev_type.restype = ctypes.c_int
+        base.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        base.ggml_backend_dev_memory.restype = None
+        size_p = ctypes.POINTER(ctypes.c_size_t)
+        base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
+    except (OSError, AttributeError):  # another platform's library names, or an older ggml
+        return None
+    return _Api(registry, base)
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+def backend_devices() -> tuple[Device, ...]:
+    """Every device llama.cpp's backends report, with free memory read now."""
+    api = _api()
+    if api is None:
+        return ()
+    found = []
+    for i in range(api.registry.ggml_backend_dev_count()):
+        handle = api.registry.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        api.base.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
+        found.append(
+            Device(
+                name=_text(api.base.ggml_backend_dev_name(handle)),
+                description=_text(api.base.ggml_backend_dev_description(handle)),
+                kind=_KINDS.get(api.base.ggml_backend_dev_type(handle), "accel"),
+                free=int(free.value),
+                total=int(total.value),
+            )
+        )
+    return tuple(found)
+
+
+def probe() -> tuple[Device, ...]:
+    """The host first (memory as the OS counts it: ggml's CPU device reports
+    its total as free), then every other device the backends report. A run
+    probes once, before anything loads, and carries what it found."""
+    reported = backend_devices()
+    cpu = next((d for d in reported if d.kind == "cpu"), None)
+    host = Device(HOST, cpu.description if cpu else "", "cpu", available_memory(), total_memory())
+    return (host, *(d for d in reported if d.kind != "cpu"))
+
+
+def host(devices: tuple[Device, ...]) -> Device:
+    """The CPU and its memory: the first device of a probe."""
+    return next((d for d in devices if d.kind == "cpu"), Device(HOST, "", "cpu", 0, 0))
+
+
+def offload_targets(devices: tuple[Device, ...]) -> tuple[Device, ...]:
+    """The devices layers could be placed on (none on a CPU-only build)."""
+    return tuple(d for d in devices if d.offloads)

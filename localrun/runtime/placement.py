@@ -1,0 +1,246 @@
+"""Where a run's model goes and what fits there: the devices it is placed
+on, the memory budget measured once per device before anything loads, the
+context of one engine, each sequence's context in a batch, and how many
+sequences run at once.
+
+`place()` makes a run's `Placement`; `EngineConfig` carries it, and every
+engine, batch plan and server slot sized afterwards reads its budget rather
+than the memory the OS reports then (which already lacks the weights loaded
+meanwhile). `localrun show`, `--ctx auto`, `--ctx N`, `--batch`, `serve` and
+`bench` all size through this module, so they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from localrun.config import FLASH_ATTN_MODES
+from localrun.errors import UsageError
+from localrun.gguf.info import CONTEXT_STEP, KV_BYTES_PER_ELEMENT, ModelInfo
+from localrun.runtime.devices import HOST, Device, host, offload_targets
+from localrun.settings import check_context
+
+DEFAULT_CTX = 4096  # a context when nothing is known about memory, and what a line without max tokens may use
+LLAMA_PARALLEL = 4  # --batch without wisdom or --parallel: llama-server's default slots (-np auto)
+KV_AUTO_ORDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "q4_0"))  # --kv auto: the first that fits
+RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
+
+_QUANT_BLOCK = 32
+
+
+def _round_up(n: int) -> int:
+    """``n`` rounded up to llama.cpp's context step of 256."""
+    return -(-n // CONTEXT_STEP) * CONTEXT_STEP
+
+
+def host_budget(configured: int | None, available: int) -> int:
+    """The bytes a model may use on the host: ``configured``, or the memory
+    ``available`` less a reserve for the rest of the system; 0 when nothing is known."""
+    if configured:
+        return configured
+    return max(available - RESERVE, 1) if available else 0
+
+
+@dataclass(frozen=True)
+class ModelPlacement:
+    """Where the weights are loaded: what `Weights` is made with, and what an
+    engine on shared weights must match."""
+
+    n_gpu_layers: int = 0  # layers offloaded to ``devices``; 0: every layer on the CPU
+    devices: tuple[str, ...] = ()  # the devices layers go to, in llama.cpp's names
+    repack: bool = True  # weights in llama.cpp's repacked SIMD layouts on the CPU (scripts/setup compiles AMX out)
+
+    def describe(self) -> str:
+        if not self.n_gpu_layers or not self.devices:
+            return "CPU"
+        return f"{self.n_gpu_layers} layers on {', '.join(self.devices)}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A run's devices and memory, decided once before anything loads: where
+    the model goes, the bytes budgeted on each device (0: unknown), and why
+    each automatic value is what it is."""
+
+    model: ModelPlacement = ModelPlacement()
+    budgets: tuple[tuple[str, int], ...] = ()  # (device name, bytes); the host first
+    reasons: tuple[tuple[str, str], ...] = ()  # (what, why) for every automatic value
+    devices: tuple[Device, ...] = field(default=(), compare=False)  # as probed, for show and --json
+
+    @property
+    def budget(self) -> int:
+        """The host's budget in bytes (0: unknown): weights on the CPU, KV cache and compute."""
+        return dict(self.budgets).get(HOST, 0)
+
+    def less(self, used: int) -> Placement:
+        """This placement with ``used`` bytes of the host budget taken (by a model loaded before)."""
+        if not self.budget or not used:
+            return self
+        budgets = tuple((name, max(n - used, 1) if name == HOST else n) for name, n in self.budgets)
+        return replace(self, budgets=budgets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model.describe(),
+            "n_gpu_layers": self.model.n_gpu_layers,
+            "devices": [{"name": d.name, "kind": d.kind, "description": d.description} for d in self.devices],
+            "budget_bytes": dict(self.budgets),
+            "reasons": dict(self.reasons),
+        }
+
+
+def place(devices: Sequence[Device], *, memory_budget: int | None = None) -> Placement:
+    """Place a run on ``devices`` (the host first, as `devices.probe` gives
+    them): the model on the CPU, with the host's budget measured now
+    (``memory_budget``: the user's, in bytes)."""
+    found = tuple(devices)
+    cpu = host(found)
+    gpus = offload_targets(found)
+    budget = host_budget(memory_budget, cpu.free)
+    if memory_budget:
+        budget_why = "memory_budget as configured"
+    elif budget:
+        budget_why = f"available memory {cpu.free / 2**30:.1f} GiB less {RESERVE // 2**20} MiB for the system"
+    else:
+        budget_why = "available memory unknown: contexts default to 4096 tokens"
+    where = (
+        f"{', '.join(d.name for d in gpus)} found; localrun places models on the CPU"
+        if gpus
+        else "no GPU in this build or machine"
+    )
+    return Placement(
+        ModelPlacement(),
+        budgets=((HOST, budget),),
+        reasons=(("model", f"CPU: {where}"), ("budget", budget_why)),
+        devices=found,
+    )
+
+
+def choose_context(shape: ModelInfo, n_ctx: int | None, kv: tuple[str, str], flash_attn: str, budget: int) -> int:
+    """`--ctx auto` (``n_ctx`` None): the longest context that fits ``budget``
+    bytes; `--ctx N`: N, or an error with the numbers when it does not fit."""
+    type_k, type_v = kv
+    if not budget:  # nothing known about memory
+        return n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
+    fits = shape.max_context(budget, type_k, type_v, flash_attn)
+    label = f"KV {type_k}/{type_v}"
+    if n_ctx is None:
+        if fits < CONTEXT_STEP:
+            raise UsageError(
+                f"the model does not fit in {budget / 2**30:.1f} GiB: weights {shape.weights_bytes / 2**30:.2f} GiB, "
+                f"compute {shape.compute_bytes() / 2**30:.2f} GiB, "
+                f"and no room for a {CONTEXT_STEP}-token {label} cache",
+                hint="free some memory, or pass --ctx N to try anyway",
+            )
+        return fits
+    check_context(n_ctx)
+    need = shape.memory_needed(n_ctx, type_k, type_v, flash_attn)
+    if need > budget:
+        kv_bytes = n_ctx * shape.kv_bytes_per_token(type_k, type_v)
+        raise UsageError(
+            f"--ctx {n_ctx} needs {need / 2**30:.2f} GiB (weights {shape.weights_bytes / 2**30:.2f}, "
+            f"{label} {kv_bytes / 2**30:.2f}, compute {(need - shape.weights_bytes - kv_bytes) / 2**30:.2f}); "
+            f"the memory budget is {budget / 2**30:.2f} GiB",
+            hint=f"--ctx auto fits {fits} tokens; --kv q8_0 halves the KV cache",
+        )
+    return n_ctx
+
+
+def check_kv_config(kv: tuple[str, str], flash_attn: str, shape: ModelInfo) -> str:
+    """Validate the KV cache types against the model and return the flash
+    attention mode to ask llama.cpp for: a quantized V cache needs flash
+    attention, so it is switched on unless the user switched it off (then it
+    is an error); auto is settled by `ModelInfo.auto_flash_attn`."""
+    type_k, type_v = kv
+    for name, kv_type, dim in (("K", type_k, shape.key_length), ("V", type_v, shape.value_length)):
+        if kv_type not in KV_BYTES_PER_ELEMENT:
+            raise UsageError(f"unknown KV cache type {kv_type!r} for {name}", hint="use f16, q8_0 or q4_0")
+        if kv_type != "f16" and dim % _QUANT_BLOCK:
+            raise UsageError(
+                f"a {kv_type} {name} cache needs a head size that is a multiple of {_QUANT_BLOCK}; "
+                f"this model's is {dim}",
+                hint=f"use --kv-{name.lower()} f16",
+            )
+    if flash_attn not in FLASH_ATTN_MODES:
+        raise UsageError(f"unknown --flash-attn value {flash_attn!r}", hint="use auto, on or off")
+    if type_v != "f16" and flash_attn == "off":
+        raise UsageError(
+            f"a {type_v} V cache needs flash attention, which --flash-attn off switches off",
+            hint="use --flash-attn on (or auto), or --kv-v f16",
+        )
+    if flash_attn == "auto" or type_v != "f16":
+        return shape.auto_flash_attn(type_v)
+    return flash_attn
+
+
+def slot_context(need: int, limit: int) -> int:
+    """The context one sequence gets: ``need`` tokens rounded up to llama.cpp's
+    step of 256, at most ``limit`` (the trained context)."""
+    return max(CONTEXT_STEP, min(_round_up(need), limit))
+
+
+def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int) -> int:
+    """How many sequences of ``seq_ctx`` tokens fit in ``budget`` bytes beside
+    the weights and the compute buffer."""
+    room = budget - shape.weights_bytes - shape.compute_bytes()
+    per_sequence = seq_ctx * shape.kv_bytes_per_token(type_k, type_v)
+    return max(0, room // per_sequence) if per_sequence else 0
+
+
+def default_parallel(n_prompts: int, fits: int | None, tuned: int | None = None) -> int:
+    """``tuned`` (measured by `localrun tune`) or llama-server's default,
+    no more than there are prompts, no more than fit in memory."""
+    n = min(tuned or LLAMA_PARALLEL, max(n_prompts, 1))
+    return max(1, min(n, fits)) if fits is not None else n
+
+
+@dataclass(frozen=True)
+class KvChoice:
+    type_k: str
+    type_v: str
+    reason: str
+
+
+def _quantizable(shape: ModelInfo) -> bool:
+    return shape.key_length % _QUANT_BLOCK == 0 and shape.value_length % _QUANT_BLOCK == 0
+
+
+def choose_kv(
+    shape: ModelInfo, need: int, budget: int, costs: Mapping[str, float] | None = None, margin: float = 0.0
+) -> KvChoice:
+    """`--kv auto`: f16 while ``need`` tokens of context fit ``budget`` at
+    f16, else q8_0, else q8_0 K with q4_0 V (a q4_0 K cache loses too much
+    quality); with ``costs`` (decode ms per token at depth per "K/V", as
+    `localrun tune` measured them on this machine) a quantized cache that
+    decoded faster than f16 by more than ``margin`` (a share) is taken when it fits too.
+    When none fits, the smallest, and the context check says why."""
+    order = KV_AUTO_ORDER if _quantizable(shape) else KV_AUTO_ORDER[:1]
+    fitting = [kv for kv in order if not budget or shape.memory_needed(need, kv[0], kv[1]) <= budget]
+    if not fitting:
+        k, v = order[-1]
+        return KvChoice(k, v, f"no KV type fits {need} tokens in the memory budget; the smallest is tried")
+    first = fitting[0]
+    if first == order[0]:
+        why = f"the run needs about {need} tokens of context, which fit at f16"
+    else:
+        why = f"the run needs about {need} tokens of context, which do not fit at f16 in {budget / 2**30:.1f} GiB"
+    if costs:
+        timed = [kv for kv in fitting if f"{kv[0]}/{kv[1]}" in costs]
+        if timed and first in timed:
+            fastest = min(timed, key=lambda kv: costs[f"{kv[0]}/{kv[1]}"])
+            base, best = costs[f"{first[0]}/{first[1]}"], costs[f"{fastest[0]}/{fastest[1]}"]
+            if fastest != first and best < base * (1 - margin):
+                label = f"{fastest[0]}/{fastest[1]}"
+                return KvChoice(*fastest, f"{why}; {label} decoded {base / best:.2f}x as fast here (localrun tune)")
+    return KvChoice(*first, why)
+
+
+def sequence_context(needs: list[int], fixed: int | None, limit: int) -> int:
+    """Each batch sequence's context: ``fixed`` (--ctx) rounded up to the
+    step, or enough for the largest of ``needs`` (prompt plus max tokens),
+    at most ``limit`` (the trained context)."""
+    if fixed is not None:
+        return _round_up(fixed)
+    return slot_context(max(needs, default=1), limit)
