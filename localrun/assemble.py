@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
@@ -50,6 +51,19 @@ class Assembled:
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
         return self.wisdom.verify_curve if self.wisdom is not None else None
+
+
+def report(settings: RunSettings, placement: Placement | None) -> dict[str, Any]:
+    """The run's settings as `--json` and the history show them (each
+    `{"value", "source"}`, with `"why"` for an automatic one), the placement
+    among them: where the model runs and the memory budgeted for it."""
+    shown = settings.as_dict()
+    if placement is not None:
+        reasons = dict(placement.reasons)
+        given = settings.sources.get("memory_budget", "default")
+        shown["placement"] = {"value": placement.model.describe(), "source": "default", "why": reasons["model"]}
+        shown["memory_budget"] = {"value": placement.budget or None, "source": given, "why": reasons["budget"]}
+    return shown
 
 
 def assemble(

@@ -47,7 +47,7 @@ def context(
     target, settings, config = resolved.target, resolved.settings, resolved.config
     entry = target.entry
     mirrors: Any = entry.mirrors if entry is not None else ()
-    as_dict: dict[str, Any] = settings.as_dict()
+    as_dict: dict[str, Any] = resolved.report()
     if output is not None:
         as_dict["schema"] = {"value": output.source or output.kind, "source": "option"}
     return RunContext(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -163,6 +163,12 @@ class Resolved:
     def verify_curve(self) -> tuple[float, ...] | None:
         return self.wisdom.verify_curve if self.wisdom is not None else None
 
+    def report(self) -> dict[str, Any]:
+        """The settings as `--json` and the history show them, the placement among them."""
+        from localrun.assemble import report
+
+        return report(self.settings, self.config.placement)
+
 
 def resolve_engine(
     model: str | None,
@@ -196,29 +202,6 @@ def resolve_engine(
     if "kv" in run.settings.reasons and env.stderr_isatty:
         out().note(f"kv cache {run.settings.reasons['kv']}")
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
-
-
-def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
-    """(the context a run needs, the depth it mostly decodes at), estimated
-    before the model loads: about 3 characters a token (an overestimate for
-    prose, near it for code), and DEFAULT_CTX of room to generate without a limit."""
-    from localrun.runtime.placement import DEFAULT_CTX
-
-    prompt = prompt_chars // 3 + 16  # the chat template's tokens
-    room = max_tokens if max_tokens is not None else DEFAULT_CTX
-    return prompt + room, prompt + min(room, 1024) // 2
-
-
-def conversation_depth(options: Options) -> int:
-    """The depth a conversation mostly decodes at, for flash attention: a chat,
-    or a server's slot that clients re-send their history to, grows turn by
-    turn toward its context, so the middle of that context (DEFAULT_CTX when
-    --ctx is auto or not given)."""
-    from localrun.runtime.placement import DEFAULT_CTX
-    from localrun.settings import parse_ctx
-
-    ctx = parse_ctx(options.ctx) if options.ctx else None
-    return (ctx or DEFAULT_CTX) // 2
 
 
 def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:

@@ -156,7 +156,7 @@ def chat(
             console = Console(file=env.stdout, highlight=False)
             repl = Repl(session, console, title=opt.title(resolved), recorder=recorder, markdown=_markdown(markdown))
             return repl.run()
-        return run_piped(session, as_json, stats, resolved.settings.as_dict(), recorder)
+        return run_piped(session, as_json, stats, resolved.report(), recorder)
 
 
 def _markdown(option: bool | None) -> bool:
@@ -169,8 +169,10 @@ def _resolve(
 ) -> opt.Resolved:
     """The model named, else the conversation's (as `llm -c` does), else the default."""
     from localrun.errors import ModelNotFoundError
+    from localrun.runtime.placement import conversation_depth
+    from localrun.settings import parse_ctx
 
-    depth = opt.conversation_depth(options)
+    depth = conversation_depth(parse_ctx(options.ctx) if options.ctx else None)
     if model is not None or saved is None or saved.model is None:
         return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth)
     try:

@@ -263,18 +263,19 @@ def generate(
 
     from localrun.cli._signals import ctrl_c_stops
     from localrun.runtime.generate import PLAIN, Decoding, finished
+    from localrun.runtime.placement import run_extent
     from localrun.runtime.prompt import build_prompt, compose
     from localrun.runtime.promptcache import checkpoint_for
     from localrun.structured.constraint import Constraint
 
     instruction, material = read_prompt(prompt)
     chars = sum(len(text) for text in (instruction, material, system) if text)
-    need, depth = opt.run_extent(chars, max_tokens)
+    need, depth = run_extent(chars, max_tokens)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
     with opt.load(resolved) as engine:
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
-        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.settings.as_dict())
+        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.report())
         recorder = _history.recorder(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )

@@ -55,12 +55,12 @@ def _plans(
     contexts: dict[str, RunContext] | None = None,
 ) -> list[ModelPlan]:
     """Each model's plan; ``contexts`` gets each one's run history context, by id."""
-    from localrun.runtime.placement import DEFAULT_CTX, LLAMA_PARALLEL
+    from localrun.runtime.placement import conversation_depth, slots_extent
     from localrun.serve.served import ModelPlan, looks_like_path
     from localrun.settings import parse_ctx
 
     slot_ctx = parse_ctx(options.ctx) if options.ctx else None
-    need = (slot_ctx or DEFAULT_CTX) * (options.parallel or LLAMA_PARALLEL)  # for --kv auto: every slot full
+    need = slots_extent(slot_ctx, options.parallel)
     plans: list[ModelPlan] = []
     for name in names:
         resolved = opt.resolve_engine(
@@ -70,7 +70,7 @@ def _plans(
             verbose=verbose,
             with_draft=False,
             need=need,
-            depth=opt.conversation_depth(options),
+            depth=conversation_depth(slot_ctx),
         )
         settings = resolved.settings
         tuned = settings.sources["parallel"] == "wisdom"

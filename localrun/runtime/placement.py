@@ -30,7 +30,7 @@ RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget i
 _QUANT_BLOCK = 32
 
 
-def _round_up(n: int) -> int:
+def round_up(n: int) -> int:
     """``n`` rounded up to llama.cpp's context step of 256."""
     return -(-n // CONTEXT_STEP) * CONTEXT_STEP
 
@@ -178,7 +178,7 @@ def check_kv_config(kv: tuple[str, str], flash_attn: str, shape: ModelInfo) -> s
 def slot_context(need: int, limit: int) -> int:
     """The context one sequence gets: ``need`` tokens rounded up to llama.cpp's
     step of 256, at most ``limit`` (the trained context)."""
-    return max(CONTEXT_STEP, min(_round_up(need), limit))
+    return max(CONTEXT_STEP, min(round_up(need), limit))
 
 
 def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int) -> int:
@@ -187,6 +187,37 @@ def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str,
     room = budget - shape.weights_bytes - shape.compute_bytes()
     per_sequence = seq_ctx * shape.kv_bytes_per_token(type_k, type_v)
     return max(0, room // per_sequence) if per_sequence else 0
+
+
+def sequences(
+    shape: ModelInfo,
+    seq_ctx: int,
+    kv: tuple[str, str],
+    budget: int,
+    *,
+    asked: int | None,
+    tuned: int | None,
+    wanted: int,
+    unit: str,
+    smaller: str,
+) -> int:
+    """How many sequences of ``seq_ctx`` tokens run at once in ``budget``
+    bytes (0: unknown): ``asked`` (--parallel), which must fit; else the
+    ``tuned`` count or llama-server's default, no more than fit, no more
+    than ``wanted``. ``unit`` names a sequence in errors ("sequence", "slot"),
+    ``smaller`` the options that shrink one ("--ctx")."""
+    fits = parallel_that_fits(shape, seq_ctx, *kv, budget) if budget else None
+    if fits == 0 and wanted:
+        raise UsageError(
+            f"not even one {unit} of {seq_ctx} tokens fits in {budget / 2**30:.1f} GiB beside the weights",
+            hint=f"lower {smaller}, or use --kv q8_0",
+        )
+    if asked is not None and fits is not None and asked > fits:
+        raise UsageError(
+            f"--parallel {asked} with {seq_ctx}-token {unit}s does not fit in memory; {fits} do",
+            hint=f"use --parallel {fits}, a smaller {smaller}, or --kv q8_0",
+        )
+    return min(asked or default_parallel(wanted, fits, tuned), max(wanted, 1))
 
 
 def default_parallel(n_prompts: int, fits: int | None, tuned: int | None = None) -> int:
@@ -237,10 +268,34 @@ def choose_kv(
     return KvChoice(*first, why)
 
 
+def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
+    """(the context a run needs, the depth it mostly decodes at), estimated
+    before the model loads: about 3 characters a token (an overestimate for
+    prose, near it for code), and DEFAULT_CTX of room to generate without a limit."""
+    prompt = prompt_chars // 3 + 16  # the chat template's tokens
+    room = max_tokens if max_tokens is not None else DEFAULT_CTX
+    return prompt + room, prompt + min(room, 1024) // 2
+
+
+def conversation_depth(ctx: int | None) -> int:
+    """The depth a conversation mostly decodes at, for flash attention: a chat,
+    or a server's slot that clients re-send their history to, grows turn by
+    turn toward its context ``ctx``, so the middle of it (of DEFAULT_CTX when
+    --ctx is auto or not given)."""
+    return (ctx or DEFAULT_CTX) // 2
+
+
+def slots_extent(slot_ctx: int | None, parallel: int | None) -> int:
+    """The context a server needs when every slot is full, for `--kv auto`:
+    each slot's (DEFAULT_CTX when not given) times the slots (llama-server's
+    default when not given)."""
+    return (slot_ctx or DEFAULT_CTX) * (parallel or LLAMA_PARALLEL)
+
+
 def sequence_context(needs: list[int], fixed: int | None, limit: int) -> int:
     """Each batch sequence's context: ``fixed`` (--ctx) rounded up to the
     step, or enough for the largest of ``needs`` (prompt plus max tokens),
     at most ``limit`` (the trained context)."""
     if fixed is not None:
-        return _round_up(fixed)
+        return round_up(fixed)
     return slot_context(max(needs, default=1), limit)

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, UsageError
-from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
+from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError
+from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.runtime.placement import DEFAULT_CTX, Placement, default_parallel, parallel_that_fits, place
+from localrun.runtime.placement import DEFAULT_CTX, Placement, place, round_up, sequences
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
 from localrun.serve.events import ServerStatus
@@ -94,19 +94,20 @@ def slots_for(plan: ModelPlan, shape: ModelInfo, budget: int) -> tuple[int, int]
     llama-server's), no more than fit."""
     limit = shape.context_length or DEFAULT_CTX
     slot_ctx = plan.slot_ctx if plan.slot_ctx is not None else min(DEFAULT_CTX, limit)
-    slot_ctx = -(-slot_ctx // CONTEXT_STEP) * CONTEXT_STEP
-    fits = parallel_that_fits(shape, slot_ctx, plan.config.type_k, plan.config.type_v, budget) if budget else None
-    if fits == 0:
-        raise UsageError(
-            f"not even one slot of {slot_ctx} tokens fits in {budget / 2**30:.1f} GiB beside the weights",
-            hint="lower --ctx, or use --kv q8_0",
-        )
-    if plan.parallel is not None and fits is not None and plan.parallel > fits:
-        raise UsageError(
-            f"--parallel {plan.parallel} with {slot_ctx}-token slots does not fit in memory; {fits} do",
-            hint=f"use --parallel {fits}, a smaller --ctx, or --kv q8_0",
-        )
-    return slot_ctx, plan.parallel or default_parallel(UNBOUNDED, fits, plan.tuned)
+    slot_ctx = round_up(slot_ctx)
+    kv = (plan.config.type_k, plan.config.type_v)
+    parallel = sequences(
+        shape,
+        slot_ctx,
+        kv,
+        budget,
+        asked=plan.parallel,
+        tuned=plan.tuned,
+        wanted=UNBOUNDED,
+        unit="slot",
+        smaller="--ctx",
+    )
+    return slot_ctx, parallel
 
 
 def load_model(plan: ModelPlan, placement: Placement) -> ServedModel:

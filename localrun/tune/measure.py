@@ -42,12 +42,13 @@ from typing import Any
 
 import llama_cpp
 
+from localrun.gguf.info import N_UBATCH as LLAMA_UBATCH
 from localrun.gguf.info import describe
 from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
 from localrun.runtime.load import LoadWatch
-from localrun.runtime.placement import place
+from localrun.runtime.placement import LLAMA_PARALLEL, place
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, spread
@@ -56,8 +57,6 @@ from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom
 MAX_ROWS = 16  # verify batches and parallel sequences measured: 1..MAX_ROWS
 PARALLEL_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
 UBATCH_SIZES = (64, 128, 256, 512)
-LLAMA_UBATCH = 512  # llama.cpp's default prompt batch (n_ubatch)
-LLAMA_PARALLEL = 4  # llama-server's default slots when not told (-np auto)
 PROMPT = 32  # tokens evaluated before anything is timed
 MAX_SPREAD = 0.25  # samples whose interquartile range is more than this share of their median decide nothing
 SAMPLE_S = 0.25  # aim of one timed sample: enough steps that one slow step does not decide

@@ -18,12 +18,7 @@ from localrun.gguf.info import CONTEXT_STEP, describe
 from localrun.runtime.batch.input import BatchLine
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Weights
-from localrun.runtime.placement import (
-    DEFAULT_CTX,
-    default_parallel,
-    parallel_that_fits,
-    sequence_context,
-)
+from localrun.runtime.placement import DEFAULT_CTX, sequence_context, sequences
 from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
 from localrun.runtime.sampling import SamplingParams
 from localrun.settings import check_context
@@ -118,20 +113,17 @@ def _need(job: Job) -> int:
 def _parallel(n_prompts: int, seq_ctx: int, settings: BatchSettings, config: EngineConfig, weights: Weights) -> int:
     """--parallel, checked against memory; by default the tuned count (else
     llama-server's default), no more than fit."""
-    budget = (config.placement or weights.placement).budget  # measured before the weights loaded
-    shape = describe(weights.info)
-    fits = parallel_that_fits(shape, seq_ctx, config.type_k, config.type_v, budget) if budget else None
-    if fits == 0 and n_prompts:
-        raise UsageError(
-            f"not even one sequence of {seq_ctx} tokens fits in {budget / 2**30:.1f} GiB beside the weights",
-            hint="lower --max-tokens or --ctx, or use --kv q8_0",
-        )
-    if settings.parallel is not None and fits is not None and settings.parallel > fits:
-        raise UsageError(
-            f"--parallel {settings.parallel} with {seq_ctx}-token sequences does not fit in memory; {fits} do",
-            hint=f"use --parallel {fits}, a smaller --ctx or --max-tokens, or --kv q8_0",
-        )
-    return min(settings.parallel or default_parallel(n_prompts, fits, settings.tuned_parallel), max(n_prompts, 1))
+    return sequences(
+        describe(weights.info),
+        seq_ctx,
+        (config.type_k, config.type_v),
+        (config.placement or weights.placement).budget,  # measured before the weights loaded
+        asked=settings.parallel,
+        tuned=settings.tuned_parallel,
+        wanted=n_prompts,
+        unit="sequence",
+        smaller="--ctx or --max-tokens",
+    )
 
 
 def plan_batch(jobs: list[Job], settings: BatchSettings, weights: Weights, config: EngineConfig) -> BatchPlan:
