@@ -8,16 +8,24 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from enum import IntEnum
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Protocol, Self
 
 import llama_cpp
 
 from localrun.errors import EngineError
 
-if TYPE_CHECKING:
-    from localrun.runtime.engine import Engine
+
+class Context(Protocol):
+    """What decoding needs of an engine: its llama.cpp context, and a way to
+    let Ctrl-C stop a decode midway (`localrun.runtime.engine.Engine`)."""
+
+    @property
+    def ctx(self) -> Any: ...
+
+    def abortable(self) -> AbstractContextManager[None]: ...
 
 
 class DecodeStatus(IntEnum):
@@ -64,7 +72,7 @@ def native_call() -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)
 
 
-def decode(engine: Engine, batch: Any, *, abortable: bool = False) -> DecodeStatus:
+def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeStatus:
     """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
     long batch midway (a Python callback between graph nodes, which costs)."""
     with native_call():
@@ -122,7 +130,7 @@ class Batch(Native):
         self.n += 1
         return i
 
-    def decode(self, engine: Engine, *, abortable: bool = False) -> DecodeStatus:
+    def decode(self, engine: Context, *, abortable: bool = False) -> DecodeStatus:
         self.handle.n_tokens = self.n
         return decode(engine, self.handle, abortable=abortable)
 
