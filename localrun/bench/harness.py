@@ -11,18 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localrun.assemble import assemble
 from localrun.bench.stats import Advice, Row, median
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
 from localrun.gguf.reader import read_gguf
-from localrun.runtime import devices
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.generate import PLAIN, Decoding, generate
 from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
-from localrun.runtime.placement import place, slot_context
+from localrun.runtime.placement import slot_context
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
+from localrun.settings import Options, resolve
 from localrun.speculative import open_speculation
 from localrun.system import peak_rss, reset_peak_rss
 
@@ -167,8 +168,11 @@ class Bench:
         self.compare = compare
         self.draft = draft  # the matched draft model, for the speculative rows
         self.shape = describe(read_gguf(model))
-        self.placement = place(devices.probe(), memory_budget=plan.memory_budget)  # once, before any row loads
-        self.budget = self.placement.budget
+        options = Options(ctx=str(plan.n_ctx), kv="f16", flash_attn=plan.flash_attn, threads=plan.threads)
+        settings = resolve(dataclasses.replace(options, memory_budget=plan.memory_budget))
+        # llama.cpp's defaults, placed once before any row loads: every row changes what it measures
+        self.base = assemble(model, settings, verbose=plan.verbose, use_wisdom=False).config
+        self.budget = self.base.placement.budget if self.base.placement is not None else 0
         self._shapes: dict[Path, ModelInfo] = {model: self.shape}
         self._weights: Weights | None = None
 
@@ -194,15 +198,7 @@ class Bench:
         return self._shapes[path]
 
     def engine_config(self, **changes: Any) -> EngineConfig:
-        base = EngineConfig(
-            model_path=self.model,
-            n_ctx=self.plan.n_ctx,
-            n_threads=self.plan.threads,
-            flash_attn=self.plan.flash_attn,
-            placement=self.placement,
-            verbose=self.plan.verbose,
-        )
-        return dataclasses.replace(base, **changes)
+        return dataclasses.replace(self.base, **changes)
 
     def context_fits(self, config: EngineConfig) -> int:
         """Tokens of KV cache that fit the budget beside the weights and compute
