@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localrun.gguf.info import N_UBATCH, describe
+from localrun.errors import LocalrunError
+from localrun.gguf.info import N_UBATCH, ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import devices as devices_module
 from localrun.runtime.devices import Device
 from localrun.runtime.engine import EngineConfig
 from localrun.runtime.placement import Placement, place
-from localrun.settings import RunSettings
+from localrun.settings import AUTO, RunSettings
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune.wisdom import Wisdom
@@ -42,6 +43,7 @@ class Assembled:
     wisdom: Wisdom | None = None
     warnings: tuple[str, ...] = ()
     hint: str | None = None  # how to tune the model, said once per model
+    gpu_hint: str | None = None  # a GPU the build cannot use, and the setup command that builds for it
 
     @property
     def placement(self) -> Placement:
@@ -66,6 +68,17 @@ def report(settings: RunSettings, placement: Placement | None) -> dict[str, Any]
     return shown
 
 
+def _draft_shape(draft: Path | None) -> ModelInfo | None:
+    """The draft model's shape, for its share of a GPU; a draft file that
+    cannot be read is left to the speculative path, which says why."""
+    if draft is None:
+        return None
+    try:
+        return describe(read_gguf(draft))
+    except (LocalrunError, OSError):
+        return None
+
+
 def assemble(
     path: Path,
     settings: RunSettings,
@@ -76,21 +89,38 @@ def assemble(
     hint_once: bool = False,
     devices: Sequence[Device] | None = None,
     use_wisdom: bool = True,
+    draft: Path | None = None,
 ) -> Assembled:
     """The run of the model at ``path`` with ``settings`` (after the
     precedence rule of `localrun.settings.resolve`): placed on ``devices``
     (None: this machine's, probed now), its automatic values settled from
     the wisdom (``need``: the context the run needs, ``depth``: the depth it
     mostly decodes at, when known; ``use_wisdom`` False: llama.cpp's
-    defaults, as a benchmark comparing with llama.cpp's own tools needs).
-    The model is not loaded."""
+    defaults, as a benchmark comparing with llama.cpp's own tools needs;
+    ``draft``: the draft model that will run beside it, placed in the same
+    plan). The model is not loaded."""
     info = read_gguf(path)
-    placement = place(devices_module.probe() if devices is None else devices, memory_budget=settings.memory_budget)
+    shape = describe(info)
+    type_k, type_v = ("f16" if t == AUTO else t for t in (settings.type_k, settings.type_v))  # f16 if any fits
+    found_devices = devices_module.probe() if devices is None else tuple(devices)
+    placement = place(
+        found_devices,
+        memory_budget=settings.memory_budget,
+        shape=shape,
+        need=need or settings.n_ctx,
+        kv=(type_k, type_v),
+        gpu_layers=settings.gpu_layers,
+        device=settings.device,
+        draft=_draft_shape(draft) if devices_module.offload_targets(found_devices) else None,
+    )
     found = (
         tuned.find(path, (settings.type_k, settings.type_v), hint_once=hint_once) if use_wisdom else tuned.Found(None)
     )
-    settings = tuned.apply(settings, describe(info), found.wisdom, need=need, depth=depth, budget=placement.budget)
-    adaptive = settings.sources.get("threads") not in PINNED  # a count given is kept
+    settings = tuned.apply(
+        settings, shape, found.wisdom, need=need, depth=depth, budget=placement.budget, kv_pairs=placement.kv_pairs
+    )
+    # a count given is kept; with every layer on a GPU nothing decodes on the CPU, and nothing adapts
+    adaptive = settings.sources.get("threads") not in PINNED and not placement.model.whole
     config = EngineConfig(
         model_path=info.path,
         n_ctx=settings.n_ctx,
@@ -104,4 +134,5 @@ def assemble(
         flash_attn=settings.flash_attn,
         verbose=verbose,
     )
-    return Assembled(config, info, settings, found.wisdom, tuple(found.warnings), found.hint)
+    gpu_hint = devices_module.unused_gpu(found_devices) if settings.gpu_layers != "0" else None
+    return Assembled(config, info, settings, found.wisdom, tuple(found.warnings), found.hint, gpu_hint)

@@ -36,6 +36,8 @@ class Options:
     system: str | None = None
     draft: str | None = None
     parallel: int | None = None
+    gpu_layers: str | None = None  # auto, all or a count (0: the CPU)
+    device: str | None = None  # one device by llama.cpp's name (CUDA0); None: every GPU
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class RunSettings:
     draft: str
     parallel: int | None  # None: the tuned count, else llama-server's default
     n_ubatch: int | None = None  # prompt batch size; None: llama.cpp's default
+    gpu_layers: str = "auto"  # layers on the GPU: auto (all that fit), all, or a count (0: the CPU)
+    device: str | None = None  # the one device layers go to; None: every GPU
     sources: Mapping[str, Source] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)  # why an automatic value is what it is
 
@@ -138,6 +142,8 @@ def resolve(
         "system": _first(("option", options.system), ("model", model.get("system"))),
         "draft": _first(("option", options.draft), ("config", user.draft), ("default", "auto")),
         "parallel": _first(("option", options.parallel), ("config", user.parallel)),
+        "gpu_layers": _first(("option", options.gpu_layers), ("default", "auto")),
+        "device": _first(("option", options.device)),
     }
     ctx = picked["ctx"][0]
     type_k, type_v = picked["type_k"][0], picked["type_v"][0]
@@ -153,5 +159,7 @@ def resolve(
         system=picked["system"][0],
         draft=picked["draft"][0],
         parallel=picked["parallel"][0],
+        gpu_layers=str(picked["gpu_layers"][0]),
+        device=picked["device"][0],
         sources={name: source for name, (_, source) in picked.items()},
     )

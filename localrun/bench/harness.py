@@ -58,6 +58,8 @@ class Plan:
     threads: int | None = None
     flash_attn: str = "auto"
     memory_budget: int | None = None  # None: the available RAM less a reserve
+    gpu_layers: str = "auto"  # --gpu-layers: auto, all or a count (0: the CPU)
+    device: str | None = None  # --device: one device by name; None: every GPU
     verbose: bool = False  # llama.cpp's own log on stderr
 
     @classmethod
@@ -169,7 +171,8 @@ class Bench:
         self.draft = draft  # the matched draft model, for the speculative rows
         self.shape = describe(read_gguf(model))
         options = Options(ctx=str(plan.n_ctx), kv="f16", flash_attn=plan.flash_attn, threads=plan.threads)
-        settings = resolve(dataclasses.replace(options, memory_budget=plan.memory_budget))
+        where = dataclasses.replace(options, gpu_layers=plan.gpu_layers, device=plan.device)
+        settings = resolve(dataclasses.replace(where, memory_budget=plan.memory_budget))
         # llama.cpp's defaults, placed once before any row loads: every row changes what it measures
         self.base = assemble(model, settings, verbose=plan.verbose, use_wisdom=False).config
         self.budget = self.base.placement.budget if self.base.placement is not None else 0

@@ -65,6 +65,25 @@ Threads = Annotated[
         show_default=False,
     ),
 ]
+GpuLayers = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu-layers",
+        "-ngl",
+        help="Layers on the GPU: auto (every layer when the model fits, else the most that fit), all, "
+        "or a count; 0 keeps the model on the CPU. Default: auto.",
+        show_default=False,
+    ),
+]
+Device = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        envvar="LOCALRUN_DEVICE",
+        help="Put the model on this device only (a name `localrun doctor` lists, e.g. CUDA0). Default: every GPU.",
+        show_default=False,
+    ),
+]
 Kv = Annotated[
     str | None,
     typer.Option(
@@ -194,11 +213,16 @@ def resolve_engine(
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
     # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all
-    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=bool(env.stderr_isatty))
+    drafting = with_draft and settings.draft == "auto"
+    draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
+    notes = bool(env.stderr_isatty)
+    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=notes, draft=draft)
     for warning in run.warnings:
         out().warn(warning)
     if run.hint:
         out().note(run.hint)
+    if run.gpu_hint and notes:
+        out().note(run.gpu_hint)
     if "kv" in run.settings.reasons and env.stderr_isatty:
         out().note(f"kv cache {run.settings.reasons['kv']}")
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
@@ -239,6 +263,10 @@ def reference(resolved: Resolved) -> str:
 
 
 def load(resolved: Resolved) -> Engine:
+    """The engine, loaded; a retry with fewer GPU layers is said in one warning."""
     from localrun.runtime.engine import Engine
 
-    return Engine(resolved.config, resolved.info)
+    engine = Engine(resolved.config, resolved.info)
+    for notice in engine.notices:
+        out().warn(notice)
+    return engine

@@ -4,6 +4,7 @@ write one JSON object per line."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,6 +97,9 @@ def run(
     env = current()
     try:
         with Weights(config.model_path, config.placement, verbose=config.verbose) as weights:
+            for notice in weights.notices:
+                out().warn(notice)
+            config = dataclasses.replace(config, placement=weights.placement)  # fewer layers, if the load retried
             plan = plan_batch(jobs, settings, weights, config)
             progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
             with _output(resume) as sink, progress as bar:

@@ -46,6 +46,8 @@ def bench_command(
         int | None, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.", show_default=False)
     ] = None,
     threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = None,
+    device: opt.Device = None,
     budget: Annotated[
         str | None, typer.Option("--budget", help="Memory budget for the KV fits column, e.g. 4GiB.")
     ] = None,
@@ -81,7 +83,9 @@ def bench_command(
     found = resolve_model(model, offline=offline)
     entry = found.target.entry
     settings = resolve(
-        Options(threads=threads, memory_budget=budget_bytes), entry.defaults if entry else None, env.config
+        Options(threads=threads, memory_budget=budget_bytes, gpu_layers=gpu_layers, device=device),
+        entry.defaults if entry else None,
+        env.config,
     )
     draft_path = (
         resolve_model(draft_model, offline=offline).path
@@ -94,6 +98,8 @@ def bench_command(
         max_tokens=max_tokens,
         threads=settings.threads,
         memory_budget=settings.memory_budget,
+        gpu_layers=settings.gpu_layers,
+        device=settings.device,
         flash_attn=settings.flash_attn,
         verbose=verbose or None,
     )

@@ -63,6 +63,8 @@ def chat(
     seed: opt.Seed = None,
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = None,
+    device: opt.Device = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
@@ -104,6 +106,8 @@ def chat(
         kv_v=kv_v,
         flash_attn=flash_attn,
         threads=threads,
+        gpu_layers=gpu_layers,
+        device=device,
         system=system,
         draft=drafting,
     )

@@ -12,6 +12,7 @@ from localrun.cli import _history
 from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
+from localrun.cli._output import out
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
@@ -152,6 +153,8 @@ def serve_command(
         typer.Option("--ctx", help="Each slot's context in tokens (default: 4096, at most the trained context)."),
     ] = None,
     threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = None,
+    device: opt.Device = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
@@ -203,6 +206,8 @@ def serve_command(
         kv_v=kv_v,
         flash_attn=flash_attn,
         threads=threads,
+        gpu_layers=gpu_layers,
+        device=device,
         system=system,
         draft="none",
         parallel=parallel,
@@ -220,6 +225,9 @@ def serve_command(
         contexts=contexts,
     )
     table = ModelTable(load_models(plans), env.registry)
+    for served in table.models:
+        for notice in served.engine.notices:
+            out().warn(f"{served.id}: {notice}")
     settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
     with (
         ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view,

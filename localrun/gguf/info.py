@@ -41,6 +41,13 @@ class ModelInfo:
     context_length: int
     vocab_size: int
     has_chat_template: bool
+    block_bytes: int = 0  # the repeating layers' weights (blk.N.*): what offloading a layer moves
+    output_bytes: int = 0  # the output layer's weights (the tied embeddings when it has none of its own)
+
+    @property
+    def layer_bytes(self) -> int:
+        """One repeating layer's weights, on average."""
+        return self.block_bytes // self.layers if self.layers else 0
 
     @property
     def grouped_query_attention(self) -> bool:
@@ -105,6 +112,10 @@ def describe(info: GGUFInfo) -> ModelInfo:
         )
     except ValueError:
         quant = f"type {ftype}"
+    block = sum(t.n_bytes for t in info.tensors if t.name.startswith("blk."))
+    output = sum(t.n_bytes for t in info.tensors if t.name.startswith("output"))
+    if not any(t.name == "output.weight" for t in info.tensors):  # tied: llama.cpp offloads a copy of the embeddings
+        output += sum(t.n_bytes for t in info.tensors if t.name == "token_embd.weight")
     params = 0
     for t in info.tensors:
         n = 1
@@ -126,4 +137,6 @@ def describe(info: GGUFInfo) -> ModelInfo:
         context_length=info.context_length or 0,
         vocab_size=info.n_vocab or 0,
         has_chat_template=info.chat_template is not None,
+        block_bytes=block,
+        output_bytes=output,
     )

@@ -74,6 +74,20 @@ def _api() -> _Api | None:
     return _Api(registry, base)
 
 
+def handles(names: tuple[str, ...]) -> ctypes.Array[ctypes.c_void_p] | None:
+    """A NULL-terminated array of the named devices' handles, as
+    `llama_model_params.devices` takes it; None when one is not in this build."""
+    api = _api()
+    if api is None or not names:
+        return None
+    api.registry.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    api.registry.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    found = [api.registry.ggml_backend_dev_by_name(name.encode()) for name in names]
+    if not all(found):
+        return None
+    return (ctypes.c_void_p * (len(found) + 1))(*found, None)
+
+
 def _text(raw: bytes | None) -> str:
     return raw.decode("utf-8", errors="replace") if raw else ""
 
@@ -108,6 +122,23 @@ def probe() -> tuple[Device, ...]:
     cpu = next((d for d in reported if d.kind == "cpu"), None)
     host = Device(HOST, cpu.description if cpu else "", "cpu", available_memory(), total_memory())
     return (host, *(d for d in reported if d.kind != "cpu"))
+
+
+_GPU_NODES = (("/dev/nvidia0", "an NVIDIA GPU", "cuda"), ("/dev/kfd", "an AMD GPU", "rocm"))
+
+
+def unused_gpu(found: tuple[Device, ...]) -> str | None:
+    """A hint when the machine has a GPU the build cannot use (a CPU-only
+    build on a machine with an NVIDIA or AMD driver): the setup command that
+    builds for it. None when the build uses a GPU or none is seen."""
+    if offload_targets(found):
+        return None
+    for node, what, backend in _GPU_NODES:
+        if Path(node).exists():
+            return (
+                f"this machine has {what}, but this build is for the CPU only: LOCALRUN_BACKEND={backend} scripts/setup"
+            )
+    return None
 
 
 def host(devices: tuple[Device, ...]) -> Device:

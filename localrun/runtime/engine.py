@@ -35,6 +35,9 @@ def _load_model(info: GGUFInfo, placed: ModelPlacement) -> Any:
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placed.n_gpu_layers  # llama.cpp's default is every layer: placement decides
     mparams.use_extra_bufts = placed.repack
+    chosen = devices.handles(placed.devices) if placed.offloaded else None  # kept alive through the load
+    if chosen is not None:
+        mparams.devices = ctypes.cast(chosen, ctypes.c_void_p)
     model = None
     try:
         with native_call():  # seconds of llama.cpp logging: Ctrl-C must not land in the log callback
@@ -51,6 +54,10 @@ def _load_model(info: GGUFInfo, placed: ModelPlacement) -> Any:
     return model
 
 
+def _retry_notice(tried: Placement, now: Placement) -> str:
+    return f"{tried.model.describe()} did not load (out of device memory?); retried with {now.model.describe()}"
+
+
 class Weights(Native):
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
@@ -61,7 +68,16 @@ class Weights(Native):
         llama_log.set_verbose(verbose)
         llama_log.init_backend()
         self.placement = placement or place(devices.probe())  # measured before the load, never after
-        self.handle = _load_model(self.info, self.placement.model)
+        self.notices: list[str] = []  # what a person should know of the load (a retry with fewer layers)
+        try:
+            self.handle = _load_model(self.info, self.placement.model)
+        except BadModelError:
+            fewer = self.placement.fewer_layers()
+            if fewer is None:
+                raise
+            self.notices.append(_retry_notice(self.placement, fewer))
+            self.placement = fewer
+            self.handle = _load_model(self.info, fewer.model)
 
     def serves(self, config: EngineConfig) -> bool:
         """Whether an engine of ``config`` can run on these weights: the same
@@ -136,17 +152,47 @@ class Engine(Native):
         if placement is None:
             placement = weights.placement if weights is not None else place(devices.probe())
             config = replace(config, placement=placement)
+        self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
+        self.notices: list[str] = []  # what a person should know of the load (a retry with fewer layers)
+        llama_log.set_verbose(config.verbose)
+        llama_log.init_backend()
+        try:
+            flash_attn, n_ctx, cparams = self._open(config, placement, weights)
+        except (BadModelError, EngineError):
+            fewer = placement.fewer_layers() if weights is None else None
+            if fewer is None:
+                raise
+            self.notices.append(_retry_notice(placement, fewer))
+            placement = fewer
+            config = replace(config, placement=placement)
+            flash_attn, n_ctx, cparams = self._open(config, placement, weights)
         self.config = config
         self.placement = placement
-        self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
+        self.flash_attn = flash_attn  # the mode asked of llama.cpp: on or off, or auto where it decides
+        self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = llama_log.logged_buffers()
+        # llama.cpp pads a context to its step; an explicit size is what the run may use
+        self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), config.n_ctx or n_ctx)
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
+        self.memory = llama_cpp.llama_get_memory(self._ctx)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        # adapting never goes above this: the configured count, or more where a tuned start is below the CPUs
+        self.max_threads = max(int(cparams.n_threads), config.max_threads or 0)
+        self.threads = int(cparams.n_threads)  # the count in use, for single tokens and batches alike
+        self._pieces: dict[int, bytes] = {}
+        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
+
+    def _open(self, config: EngineConfig, placement: Placement, weights: Weights | None) -> tuple[str, int, Any]:
+        """Load the model (unless on shared ``weights``) and create the context:
+        (the flash attention mode asked for, the context size, its parameters)."""
         shape = describe(self.info)
         kv = (config.type_k, config.type_v)
         flash_attn = check_kv_config(kv, config.flash_attn, shape)  # settled from the file's header, before any load
-        n_ctx = choose_context(shape, config.n_ctx, kv, flash_attn, self.placement.budget)
-        llama_log.set_verbose(config.verbose)
-        llama_log.init_backend()
-
-        self._model = weights.handle if weights is not None else _load_model(self.info, self.placement.model)
+        n_ctx = choose_context(shape, config.n_ctx, kv, flash_attn, placement.budget)
+        if config.n_ctx is None and placement.max_ctx is not None:  # a partial offload planned for this context
+            n_ctx = min(n_ctx, placement.max_ctx)
+        self._model = weights.handle if weights is not None else _load_model(self.info, placement.model)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
@@ -162,20 +208,7 @@ class Engine(Native):
                 f"(KV {config.type_k}/{config.type_v}, flash attention {flash_attn}): {reason}",
                 hint="try a smaller --ctx, or --kv f16",
             )
-        self.flash_attn = flash_attn  # the mode asked of llama.cpp: on or off, or auto where it decides
-        self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = llama_log.logged_buffers()
-        # llama.cpp pads a context to its step; an explicit size is what the run may use
-        self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), config.n_ctx or n_ctx)
-        self.n_batch = llama_cpp.llama_n_batch(self._ctx)
-        self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
-        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
-        self.memory = llama_cpp.llama_get_memory(self._ctx)
-        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
-        # adapting never goes above this: the configured count, or more where a tuned start is below the CPUs
-        self.max_threads = max(int(cparams.n_threads), config.max_threads or 0)
-        self.threads = int(cparams.n_threads)  # the count in use, for single tokens and batches alike
-        self._pieces: dict[int, bytes] = {}
-        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
+        return flash_attn, n_ctx, cparams
 
     def _should_abort(self, _data: ctypes.c_void_p) -> bool:
         return self.abort_requested

@@ -24,7 +24,8 @@ from localrun.settings import check_context
 
 DEFAULT_CTX = 4096  # a context when nothing is known about memory, and what a line without max tokens may use
 LLAMA_PARALLEL = 4  # --batch without wisdom or --parallel: llama-server's default slots (-np auto)
-KV_AUTO_ORDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "q4_0"))  # --kv auto: the first that fits
+KvPairs = tuple[tuple[str, str], ...]
+KV_AUTO_ORDER: KvPairs = (("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "q4_0"))  # --kv auto: the first that fits
 RESERVE = 512 * 1024 * 1024  # left for the rest of the system when the budget is the available RAM
 
 _QUANT_BLOCK = 32
@@ -43,78 +44,241 @@ def host_budget(configured: int | None, available: int) -> int:
     return max(available - RESERVE, 1) if available else 0
 
 
+GPU_RESERVE = 1024 * 1024 * 1024  # left free on each GPU, for the driver and other programs
+AUTO_LAYERS = "auto"  # --gpu-layers: every layer on the GPU when it fits, else the most that fit
+ALL_LAYERS = "all"
+
+
 @dataclass(frozen=True)
 class ModelPlacement:
     """Where the weights are loaded: what `Weights` is made with, and what an
     engine on shared weights must match."""
 
-    n_gpu_layers: int = 0  # layers offloaded to ``devices``; 0: every layer on the CPU
+    n_gpu_layers: int = 0  # layers offloaded to ``devices``; 0: every layer on the CPU; above ``layers``: all
     devices: tuple[str, ...] = ()  # the devices layers go to, in llama.cpp's names
     repack: bool = True  # weights in llama.cpp's repacked SIMD layouts on the CPU (scripts/setup compiles AMX out)
+    layers: int = 0  # the model's repeating layers, for saying how many went where
+
+    @property
+    def offloaded(self) -> bool:
+        return self.n_gpu_layers > 0 and bool(self.devices)
+
+    @property
+    def whole(self) -> bool:
+        """Every layer, the output layer included, on the devices: nothing decodes on the CPU."""
+        return self.offloaded and self.n_gpu_layers > self.layers
 
     def describe(self) -> str:
-        if not self.n_gpu_layers or not self.devices:
+        if not self.offloaded:
             return "CPU"
-        return f"{self.n_gpu_layers} layers on {', '.join(self.devices)}"
+        where = ", ".join(self.devices)
+        if self.whole:
+            return f"{where}, all {self.layers} layers"
+        if self.n_gpu_layers == self.layers:
+            return f"{where}, all {self.layers} layers (the output layer on the CPU)"
+        return f"{where}, {self.n_gpu_layers} of {self.layers} layers (the rest on the CPU)"
 
 
 @dataclass(frozen=True)
 class Placement:
     """A run's devices and memory, decided once before anything loads: where
-    the model goes, the bytes budgeted on each device (0: unknown), and why
-    each automatic value is what it is."""
+    the model (and its draft) go, the bytes the context is sized in, the bytes
+    budgeted on each device (0: unknown), and why each automatic value is
+    what it is."""
 
     model: ModelPlacement = ModelPlacement()
+    budget: int = 0  # what the model and its context are sized in: the memory of where the KV cache lives
     budgets: tuple[tuple[str, int], ...] = ()  # (device name, bytes); the host first
     reasons: tuple[tuple[str, str], ...] = ()  # (what, why) for every automatic value
     devices: tuple[Device, ...] = field(default=(), compare=False)  # as probed, for show and --json
-
-    @property
-    def budget(self) -> int:
-        """The host's budget in bytes (0: unknown): weights on the CPU, KV cache and compute."""
-        return dict(self.budgets).get(HOST, 0)
+    max_ctx: int | None = None  # a partial offload was planned for this many tokens of context
+    draft: ModelPlacement = ModelPlacement()  # the draft model's share of the same devices
+    retry: bool = False  # the layer count was automatic: a device out of memory may cost one retry with fewer
 
     def less(self, used: int) -> Placement:
-        """This placement with ``used`` bytes of the host budget taken (by a model loaded before)."""
+        """This placement with ``used`` bytes of its budget taken (by a model loaded before)."""
         if not self.budget or not used:
             return self
-        budgets = tuple((name, max(n - used, 1) if name == HOST else n) for name, n in self.budgets)
-        return replace(self, budgets=budgets)
+        return replace(self, budget=max(self.budget - used, 1))
+
+    def fewer_layers(self) -> Placement | None:
+        """The placement to retry with after a device ran out of memory: half
+        the layers offloaded (none: the CPU), when the count was automatic."""
+        if not self.retry or not self.model.offloaded:
+            return None
+        n = min(self.model.n_gpu_layers, self.model.layers) // 2
+        model = replace(self.model, n_gpu_layers=n, devices=self.model.devices if n else ())
+        why = f"{model.describe()}: the first try ran out of device memory"
+        reasons = tuple((k, why if k == "model" else v) for k, v in self.reasons)
+        return replace(self, model=model, reasons=reasons, retry=False)
+
+    def for_draft(self) -> Placement:
+        """The placement a draft model's engine loads with: the draft's share
+        of the same devices, sized in the same budget."""
+        return replace(self, model=self.draft, max_ctx=None, retry=False)
+
+    @property
+    def kv_pairs(self) -> KvPairs:
+        """The K/V type pairs `--kv auto` may choose: on a GPU only matched
+        pairs, which llama.cpp's CUDA flash attention has kernels for."""
+        if self.model.offloaded:
+            return tuple(kv for kv in KV_AUTO_ORDER if kv[0] == kv[1])
+        return KV_AUTO_ORDER
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model.describe(),
             "n_gpu_layers": self.model.n_gpu_layers,
-            "devices": [{"name": d.name, "kind": d.kind, "description": d.description} for d in self.devices],
-            "budget_bytes": dict(self.budgets),
+            "draft": self.draft.describe(),
+            "devices": [
+                {"name": d.name, "kind": d.kind, "description": d.description, "free": d.free, "total": d.total}
+                for d in self.devices
+            ],
+            "budget_bytes": self.budget,
+            "device_budget_bytes": dict(self.budgets),
             "reasons": dict(self.reasons),
         }
 
 
-def place(devices: Sequence[Device], *, memory_budget: int | None = None) -> Placement:
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _targets(found: tuple[Device, ...], device: str | None) -> tuple[Device, ...]:
+    """The devices layers may go to: ``device`` alone (a name, any case), or every GPU."""
+    if device is None:
+        return offload_targets(found)
+    named = [d for d in found if d.name.lower() == device.lower()]
+    if not named:
+        names = ", ".join(d.name for d in found) or "none"
+        raise UsageError(f"no device {device!r} in this build or machine", hint=f"devices: {names} (localrun doctor)")
+    return offload_targets(tuple(named))
+
+
+def _layer_count(gpu_layers: str, layers: int) -> int | None:
+    """--gpu-layers as a count (above ``layers``: every layer and the output), None for auto."""
+    if gpu_layers == AUTO_LAYERS:
+        return None
+    if gpu_layers == ALL_LAYERS:
+        return layers + 1
+    try:
+        n = int(gpu_layers)
+    except ValueError:
+        raise UsageError(f"--gpu-layers {gpu_layers!r} is not a count", hint="use auto, all or a number") from None
+    if n < 0:
+        raise UsageError("--gpu-layers must be 0 or more", hint="0 keeps the model on the CPU")
+    return min(n, layers + 1)
+
+
+def _budget_why(memory_budget: int | None, host_bytes: int, cpu: Device) -> str:
+    if memory_budget:
+        return "memory_budget as configured"
+    if host_bytes:
+        return f"available memory {_gib(cpu.free)} less {RESERVE // 2**20} MiB for the system"
+    return "available memory unknown: contexts default to 4096 tokens"
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What place() was asked, carried to the offload plan."""
+
+    found: tuple[Device, ...]
+    host_bytes: int
+    budget_why: str
+    gpu_layers: str
+
+    def on_cpu(self, why: str) -> Placement:
+        reasons = (("model", f"CPU: {why}"), ("budget", self.budget_why))
+        return Placement(ModelPlacement(), self.host_bytes, ((HOST, self.host_bytes),), reasons, self.found)
+
+
+def place(
+    devices: Sequence[Device],
+    *,
+    memory_budget: int | None = None,
+    shape: ModelInfo | None = None,
+    need: int | None = None,
+    kv: tuple[str, str] = ("f16", "f16"),
+    gpu_layers: str = AUTO_LAYERS,
+    device: str | None = None,
+    draft: ModelInfo | None = None,
+) -> Placement:
     """Place a run on ``devices`` (the host first, as `devices.probe` gives
-    them): the model on the CPU, with the host's budget measured now
-    (``memory_budget``: the user's, in bytes)."""
+    them), measured once, before anything loads.
+
+    With a GPU and ``shape`` (the model) known, every layer goes on the GPU
+    when its weights, ``need`` tokens of ``kv`` cache, the compute buffer and
+    the ``draft`` model fit the GPU's free memory less GPU_RESERVE; else the
+    most layers that fit, the rest on the CPU. ``gpu_layers`` (--gpu-layers:
+    auto, all, or a count; 0: the CPU) and ``device`` (--device: one device by
+    name) are the user's, kept as given. ``memory_budget``: the user's host
+    budget in bytes (None: the available memory less RESERVE)."""
     found = tuple(devices)
     cpu = host(found)
-    gpus = offload_targets(found)
-    budget = host_budget(memory_budget, cpu.free)
-    if memory_budget:
-        budget_why = "memory_budget as configured"
-    elif budget:
-        budget_why = f"available memory {cpu.free / 2**30:.1f} GiB less {RESERVE // 2**20} MiB for the system"
-    else:
-        budget_why = "available memory unknown: contexts default to 4096 tokens"
-    where = (
-        f"{', '.join(d.name for d in gpus)} found; localrun places models on the CPU"
-        if gpus
-        else "no GPU in this build or machine"
+    host_bytes = host_budget(memory_budget, cpu.free)
+    run = _Run(found, host_bytes, _budget_why(memory_budget, host_bytes, cpu), gpu_layers)
+    targets = _targets(found, device)
+    count = _layer_count(gpu_layers, shape.layers if shape is not None else 0)
+    if count == 0:
+        return run.on_cpu(f"--gpu-layers {gpu_layers}")
+    if not targets:
+        if count is not None:  # layers asked for, nowhere to put them
+            raise UsageError(
+                f"--gpu-layers {gpu_layers} needs a GPU, and this build or machine has none",
+                hint="`localrun doctor` says what the build supports; LOCALRUN_BACKEND=cuda scripts/setup builds one",
+            )
+        return run.on_cpu(f"{device} is not a GPU" if device else "no GPU in this build or machine")
+    if shape is None:
+        return run.on_cpu("the model's shape is unknown")
+    return _offload(
+        run, shape, targets, count, need or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX), kv, draft
     )
+
+
+def _offload(
+    run: _Run,
+    shape: ModelInfo,
+    targets: tuple[Device, ...],
+    count: int | None,
+    tokens: int,
+    kv: tuple[str, str],
+    draft: ModelInfo | None,
+) -> Placement:
+    """The layers on ``targets`` (``count``, or as many as fit when None) for
+    a context of ``tokens``, with the draft's share."""
+    names = tuple(d.name for d in targets)
+    free = {d.name: max(d.free - GPU_RESERVE, 0) for d in targets}
+    room = sum(free.values())
+    draft_bytes = draft.memory_needed(tokens, "f16") if draft is not None else 0
+    draft_fits = draft is not None and draft_bytes <= room // 4  # a draft takes a small share, or stays on the CPU
+    room -= draft_bytes if draft_fits else 0
+    per_layer = shape.layer_bytes + tokens * shape.kv_bytes_per_token(*kv) // max(shape.layers, 1)
+    whole = shape.layers * per_layer + shape.output_bytes + shape.compute_bytes()
+    where = f"{', '.join(names)} {_gib(room)} free beyond a {GPU_RESERVE // 2**20} MiB reserve"
+    why = f"--gpu-layers {run.gpu_layers}"
+    if count is None:
+        fit = max(0, (room - shape.compute_bytes()) // per_layer) if per_layer else 0
+        count = shape.layers + 1 if whole <= room else min(shape.layers, fit)
+        if count == 0:
+            return run.on_cpu(f"not one layer fits: {where}, one layer and the compute buffer need more")
+        why = f"weights, KV for {tokens} tokens and compute need {_gib(whole)}; {where}"
+    model = ModelPlacement(count, names, repack=True, layers=shape.layers)
+    reasons = [("model", f"{model.describe()}: {why}"), ("budget", run.budget_why)]
+    drafted = ModelPlacement()
+    if draft is not None:
+        drafted = ModelPlacement(draft.layers + 1, names, layers=draft.layers) if draft_fits else drafted
+        reasons.append(("draft", f"{drafted.describe()}: {_gib(draft_bytes)} with its KV cache"))
+    room = max(room, 1)
+    whole_on_gpu = model.whole
     return Placement(
-        ModelPlacement(),
-        budgets=((HOST, budget),),
-        reasons=(("model", f"CPU: {where}"), ("budget", budget_why)),
-        devices=found,
+        model,
+        budget=room if whole_on_gpu else run.host_bytes + room if run.host_bytes else 0,
+        budgets=((HOST, run.host_bytes), *free.items()),
+        reasons=tuple(reasons),
+        devices=run.found,
+        max_ctx=None if whole_on_gpu else round_up(tokens),  # a partial offload was planned for this context
+        draft=drafted,
+        retry=run.gpu_layers == AUTO_LAYERS,
     )
 
 
@@ -239,7 +403,12 @@ def _quantizable(shape: ModelInfo) -> bool:
 
 
 def choose_kv(
-    shape: ModelInfo, need: int, budget: int, costs: Mapping[str, float] | None = None, margin: float = 0.0
+    shape: ModelInfo,
+    need: int,
+    budget: int,
+    costs: Mapping[str, float] | None = None,
+    margin: float = 0.0,
+    pairs: KvPairs = KV_AUTO_ORDER,
 ) -> KvChoice:
     """`--kv auto`: f16 while ``need`` tokens of context fit ``budget`` at
     f16, else q8_0, else q8_0 K with q4_0 V (a q4_0 K cache loses too much
@@ -247,7 +416,7 @@ def choose_kv(
     `localrun tune` measured them on this machine) a quantized cache that
     decoded faster than f16 by more than ``margin`` (a share) is taken when it fits too.
     When none fits, the smallest, and the context check says why."""
-    order = KV_AUTO_ORDER if _quantizable(shape) else KV_AUTO_ORDER[:1]
+    order = pairs if _quantizable(shape) else pairs[:1]
     fitting = [kv for kv in order if not budget or shape.memory_needed(need, kv[0], kv[1]) <= budget]
     if not fitting:
         k, v = order[-1]

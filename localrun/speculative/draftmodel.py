@@ -123,7 +123,7 @@ class DraftModelDrafter:
                 EngineConfig(
                     model_path=self.path,
                     n_ctx=self.target.n_ctx,
-                    placement=self.target.placement,  # the target's devices, measured before it loaded
+                    placement=self.target.placement.for_draft(),  # the draft's share of the target's plan
                     n_threads=self.target.threads,  # the count the target decodes with now (it may adapt)
                     max_threads=self.target.max_threads,
                     adapt_threads=False,  # its steps are not timed: it follows the target's governor

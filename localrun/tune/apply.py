@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localrun.gguf.info import ModelInfo
-from localrun.runtime.placement import DEFAULT_CTX, choose_kv
+from localrun.runtime.placement import DEFAULT_CTX, KV_AUTO_ORDER, KvPairs, choose_kv
 from localrun.settings import AUTO, RunSettings, Source
 from localrun.system import default_threads
 from localrun.tune.wisdom import TIE_MARGIN, ModelKey, Wisdom, WisdomFile, kv_label
@@ -99,14 +99,16 @@ def _measured_counts(s: _Settled, wisdom: Wisdom) -> None:
         s.take("parallel", advised, "localrun bench measured it fastest here")
 
 
-def _kv(s: _Settled, shape: ModelInfo, wisdom: Wisdom | None, need: int | None, budget: int) -> tuple[str, str]:
+def _kv(
+    s: _Settled, shape: ModelInfo, wisdom: Wisdom | None, need: int | None, budget: int, pairs: KvPairs
+) -> tuple[str, str]:
     settings = s.settings
     if AUTO not in (settings.type_k, settings.type_v):
         return settings.type_k, settings.type_v
     n = need or settings.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
     cost = wisdom.kv_cost if wisdom is not None else None
     costs = cost.figures if cost is not None and cost.value is not None else None  # a tie: no cost to weigh
-    choice = choose_kv(shape, n, budget, costs, TIE_MARGIN)
+    choice = choose_kv(shape, n, budget, costs, TIE_MARGIN, pairs)
     s.values.update(type_k=choice.type_k, type_v=choice.type_v)
     s.reasons["kv"] = f"{choice.type_k}/{choice.type_v}: {choice.reason}"
     return choice.type_k, choice.type_v
@@ -134,17 +136,19 @@ def apply(
     need: int | None = None,
     depth: int | None = None,
     budget: int = 0,
+    kv_pairs: KvPairs = KV_AUTO_ORDER,
 ) -> RunSettings:
     """``settings`` with its automatic values settled for ``shape``.
 
     ``need``: the context the run needs (prompt and output; None: the
     --ctx given, else DEFAULT_CTX); ``depth``: the context depth the run will
     mostly decode at (None: unknown), for flash attention; ``budget``: the
-    bytes the run's placement has for the model (0: unknown), for `--kv auto`."""
+    bytes the run's placement has for the model (0: unknown), and
+    ``kv_pairs`` the K/V types it may take in order, for `--kv auto`."""
     s = _Settled(settings)
     if wisdom is not None:
         _measured_counts(s, wisdom)
     if settings.threads is None and "threads" not in s.values:
         s.values["threads"] = default_threads()  # llama.cpp's default, named so that --json shows it
-    _flash_attn(s, wisdom, _kv(s, shape, wisdom, need, budget), depth)
+    _flash_attn(s, wisdom, _kv(s, shape, wisdom, need, budget, kv_pairs), depth)
     return s.result()

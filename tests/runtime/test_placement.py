@@ -1,17 +1,18 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from localrun.errors import UsageError
 from localrun.events import DoneEvent
-from localrun.gguf.info import describe
+from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime.devices import Device
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
-from localrun.runtime.placement import RESERVE, ModelPlacement, place
+from localrun.runtime.placement import GPU_RESERVE, KV_AUTO_ORDER, RESERVE, ModelPlacement, place
 from localrun.runtime.sampling import SamplingParams
 from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
@@ -226,11 +227,17 @@ def test_placement_on_a_cpu_only_machine_and_beside_a_gpu() -> None:
     gpu = Device("CUDA0", "a GPU", "gpu", 70 * 2**30, 80 * 2**30)
     beside = place([cpu, gpu], memory_budget=2**30)
     assert beside.budget == 2**30 and beside.model.describe() == "CPU"  # no GPU placement yet: the CPU's plan
-    assert "CUDA0" in dict(beside.reasons)["model"]
+    assert "shape is unknown" in dict(beside.reasons)["model"]  # nothing to weigh against the GPU's memory
     assert beside.less(2**29).budget == 2**29 and place([]).budget == 0 == place([]).less(5).budget
     shown = beside.to_json()
-    assert shown["devices"][1] == {"name": "CUDA0", "kind": "gpu", "description": "a GPU"}
-    assert shown["budget_bytes"] == {"CPU": 2**30}
+    assert shown["devices"][1] == {
+        "name": "CUDA0",
+        "kind": "gpu",
+        "description": "a GPU",
+        "free": gpu.free,
+        "total": gpu.total,
+    }
+    assert shown["budget_bytes"] == 2**30 and shown["device_budget_bytes"] == {"CPU": 2**30}
 
 
 def test_the_real_probe_finds_the_host_first() -> None:
@@ -240,3 +247,137 @@ def test_the_real_probe_finds_the_host_first() -> None:
     assert found[0].name == "CPU" and found[0].kind == "cpu" and found[0].free > 0
     assert found[0].total >= found[0].free
     assert all(d.kind != "cpu" for d in found[1:])
+
+
+# -- GPUs, on fake devices --
+
+CPU = Device("CPU", "a CPU", "cpu", 8 * 2**30, 16 * 2**30)
+
+
+def gpu(name: str, free: int) -> Device:
+    return Device(name, "a GPU", "gpu", GPU_RESERVE + free, GPU_RESERVE + free + 2**30)
+
+
+@pytest.fixture(scope="module")
+def tiny_shape(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    return describe(read_gguf(write_tiny_model(tmp_path_factory.mktemp("gpu") / "tiny.gguf")))
+
+
+def per_layer(shape: ModelInfo, tokens: int = 512) -> int:
+    return shape.layer_bytes + tokens * shape.kv_bytes_per_token("f16") // shape.layers
+
+
+def whole(shape: ModelInfo, tokens: int = 512) -> int:
+    return shape.layers * per_layer(shape, tokens) + shape.output_bytes + shape.compute_bytes()
+
+
+def test_every_layer_goes_on_a_gpu_that_holds_the_model(tiny_shape: ModelInfo) -> None:
+    plan = place([CPU, gpu("CUDA0", 2**30)], shape=tiny_shape, need=512)
+    assert plan.model.whole and plan.model.devices == ("CUDA0",) and plan.model.n_gpu_layers == tiny_shape.layers + 1
+    assert plan.budget == 2**30 and plan.max_ctx is None and plan.retry  # the context is sized in the GPU
+    assert dict(plan.budgets) == {"CPU": CPU.free - RESERVE, "CUDA0": 2**30}
+    assert "all 2 layers" in dict(plan.reasons)["model"] and "1024 MiB reserve" in dict(plan.reasons)["model"]
+    assert plan.kv_pairs == (("f16", "f16"), ("q8_0", "q8_0"))  # matched pairs only: CUDA's flash attention kernels
+
+
+def test_the_most_layers_that_fit_the_rest_on_the_cpu(tiny_shape: ModelInfo) -> None:
+    room = tiny_shape.compute_bytes() + per_layer(tiny_shape) * 3 // 2  # one layer and a half
+    assert room < whole(tiny_shape)
+    plan = place([CPU, gpu("CUDA0", room)], shape=tiny_shape, need=512)
+    assert plan.model.n_gpu_layers == 1 and not plan.model.whole
+    assert plan.max_ctx == 512 and plan.budget == CPU.free - RESERVE + room
+    assert "1 of 2 layers (the rest on the CPU)" in dict(plan.reasons)["model"]
+
+
+def test_nothing_fits_and_the_reserve_is_kept(tiny_shape: ModelInfo) -> None:
+    plan = place([CPU, gpu("CUDA0", tiny_shape.compute_bytes())], shape=tiny_shape, need=512)
+    assert not plan.model.offloaded and plan.budget == CPU.free - RESERVE and plan.kv_pairs == KV_AUTO_ORDER
+    assert "not one layer fits" in dict(plan.reasons)["model"]
+    # a GPU with less free than the reserve holds nothing, however small the model
+    small = Device("CUDA0", "a GPU", "gpu", GPU_RESERVE // 2, 2 * GPU_RESERVE)
+    assert not place([CPU, small], shape=tiny_shape, need=512).model.offloaded
+
+
+def test_two_gpus_share_the_layers(tiny_shape: ModelInfo) -> None:
+    half = whole(tiny_shape) - per_layer(tiny_shape) // 2  # one alone holds all but a part; two hold it all
+    plan = place([CPU, gpu("CUDA0", half), gpu("CUDA1", half)], shape=tiny_shape, need=512)
+    assert plan.model.whole and plan.model.devices == ("CUDA0", "CUDA1")
+    assert dict(plan.budgets) == {"CPU": CPU.free - RESERVE, "CUDA0": half, "CUDA1": half}
+    one = place([CPU, gpu("CUDA0", half), gpu("CUDA1", half)], shape=tiny_shape, need=512, device="cuda1")
+    assert one.model.devices == ("CUDA1",) and not one.model.whole
+
+
+def test_a_draft_that_tips_the_balance(tiny_shape: ModelInfo) -> None:
+    target = dataclasses.replace(tiny_shape, layers=20, block_bytes=20 * 2**26, output_bytes=2**25)
+    draft_bytes = tiny_shape.memory_needed(512, "f16")
+    room = whole(target) + draft_bytes // 2  # the target fits alone, not beside its draft
+    alone = place([CPU, gpu("CUDA0", room)], shape=target, need=512)
+    beside = place([CPU, gpu("CUDA0", room)], shape=target, need=512, draft=tiny_shape)
+    assert alone.model.whole and not alone.draft.offloaded
+    assert beside.draft.whole and 0 < beside.model.n_gpu_layers < alone.model.n_gpu_layers  # the draft came first
+    assert "with its KV cache" in dict(beside.reasons)["draft"]
+    assert beside.for_draft().model == beside.draft and beside.for_draft().budget == beside.budget
+    crowded = place([CPU, gpu("CUDA0", 3 * draft_bytes)], shape=tiny_shape, need=512, draft=tiny_shape)
+    assert not crowded.draft.offloaded  # a draft takes a small share of a GPU, or stays on the CPU
+
+
+def test_what_the_user_gave_is_kept(tiny_shape: ModelInfo) -> None:
+    nothing_fits = [CPU, gpu("CUDA0", 0)]
+    assert place(nothing_fits, shape=tiny_shape, gpu_layers="2").model.n_gpu_layers == 2  # as asked: no fit
+    assert place(nothing_fits, shape=tiny_shape, gpu_layers="all").model.whole
+    assert not place(nothing_fits, shape=tiny_shape, gpu_layers="2").retry  # a count given is never lowered
+    on_cpu = place([CPU, gpu("CUDA0", 2**30)], shape=tiny_shape, gpu_layers="0")
+    assert not on_cpu.model.offloaded and dict(on_cpu.reasons)["model"] == "CPU: --gpu-layers 0"
+    assert not place([CPU, gpu("CUDA0", 2**30)], shape=tiny_shape, device="CPU").model.offloaded
+    with pytest.raises(UsageError, match="needs a GPU"):
+        place([CPU], shape=tiny_shape, gpu_layers="all")
+    with pytest.raises(UsageError, match="no device 'CUDA7'") as err:
+        place([CPU, gpu("CUDA0", 2**30)], shape=tiny_shape, device="CUDA7")
+    assert err.value.hint is not None and "CUDA0" in err.value.hint
+    with pytest.raises(UsageError, match="not a count"):
+        place([CPU], shape=tiny_shape, gpu_layers="most")
+
+
+def test_a_longer_context_moves_layers_off_the_gpu(tiny_shape: ModelInfo) -> None:
+    room = whole(tiny_shape, 512)
+    assert place([CPU, gpu("CUDA0", room)], shape=tiny_shape, need=512).model.whole
+    assert not place([CPU, gpu("CUDA0", room)], shape=tiny_shape, need=4096).model.whole
+
+
+def test_a_device_out_of_memory_costs_one_retry_with_fewer_layers(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localrun.errors import BadModelError
+    from localrun.runtime import engine as engine_module
+
+    real = engine_module._load_model
+    tried: list[int] = []
+
+    def load(info: GGUFInfo, placed: ModelPlacement) -> object:
+        tried.append(placed.n_gpu_layers)
+        if placed.n_gpu_layers > 2:  # the device holds two layers at most
+            raise BadModelError("out of memory")
+        return real(info, placed)
+
+    monkeypatch.setattr(engine_module, "_load_model", load)
+    shape = describe(read_gguf(tiny_model))
+    plan = place([CPU, gpu("CUDA0", 2**30)], shape=shape, need=512)
+    with Engine(EngineConfig(tiny_model, n_ctx=512, placement=plan)) as engine:
+        assert tried == [shape.layers + 1, (shape.layers) // 2] and engine.placement.model.n_gpu_layers == 1
+        assert len(engine.notices) == 1 and "retried with CUDA0, 1 of 2 layers" in engine.notices[0]
+    tried.clear()
+    given = place([CPU, gpu("CUDA0", 2**30)], shape=shape, gpu_layers="3")
+    with pytest.raises(BadModelError):  # a count the user gave is not lowered behind their back
+        Engine(EngineConfig(tiny_model, n_ctx=512, placement=given))
+    assert tried == [3]
+
+
+def test_assembling_a_run_on_a_gpu(tiny_model: Path) -> None:
+    from localrun.assemble import assemble
+    from localrun.settings import Options, resolve
+
+    run = assemble(tiny_model, resolve(Options()), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False)
+    assert run.placement.model.whole and not run.config.adapt_threads  # nothing decodes on the CPU
+    assert run.settings.type_k == "f16" and run.settings.sources["gpu_layers"] == "default"
+    cpu = assemble(tiny_model, resolve(Options(gpu_layers="0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False)
+    assert not cpu.placement.model.offloaded and cpu.config.adapt_threads
