@@ -250,7 +250,11 @@ def title(resolved: Resolved) -> str:
 
     target = resolved.target
     name = target.path.name if target.path is not None else target.label
-    return f"{name} ({describe(resolved.info).quantization})"
+    title = f"{name} ({describe(resolved.info).quantization})"
+    placement = resolved.config.placement
+    if placement is not None and placement.model.offloaded:  # where it runs, when that is not the CPU
+        title += f" on {placement.model.describe()}"
+    return title
 
 
 def reference(resolved: Resolved) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -14,6 +14,9 @@ from localrun.cli._output import out
 from localrun.cli._resolve import pull_with_progress
 from localrun.errors import ModelNotFoundError, UsageError
 from localrun.units import count, human_bytes, parse_size
+
+if TYPE_CHECKING:
+    from localrun.runtime.placement import DeviceFit
 
 
 def _flash_attn_auto(path: Path) -> tuple[str, str]:
@@ -227,7 +230,7 @@ def show(
     from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
     from localrun.gguf.reader import read_gguf
     from localrun.runtime import devices
-    from localrun.runtime.placement import place
+    from localrun.runtime.placement import device_fits, place
 
     reg = current().registry
     target = store.parse(name, reg)
@@ -235,11 +238,14 @@ def show(
     if path is None:
         raise ModelNotFoundError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
     try:
-        placement = place(devices.probe(), memory_budget=parse_size(budget) if budget else None)
+        budget_given = parse_size(budget) if budget else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    budget_bytes = placement.budget
     info = describe(read_gguf(path))
+    found = devices.probe()
+    placement = place(found, memory_budget=budget_given, shape=info)
+    per_device = device_fits(info, found)
+    budget_bytes = placement.budget
     kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
     fa_mode, fa_why = _flash_attn_auto(path)
     fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
@@ -263,6 +269,10 @@ def show(
         "max_context": fits,
         "flash_attn_auto": fa_mode,
         "placement": placement.to_json(),
+        "gpus": [
+            {"name": f.device.name, "free": f.device.free, "layers": f.layers, "max_context": dict(f.max_context)}
+            for f in per_device
+        ],
     }
     if as_json:
         out().json(record, indent=2)
@@ -288,8 +298,18 @@ def show(
         "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
         f"  context in {human_bytes(budget_bytes)}: " + _fits_text(fits, info.weights_bytes, info.compute_bytes()),
         f"  placement        {dict(placement.reasons)['model']}",
+        *(_gpu_line(f, info.layers) for f in per_device),
     ]
     out().result("\n".join(lines))
+
+
+def _gpu_line(fit: DeviceFit, layers: int) -> str:
+    """What fits one GPU: its layers for a default context, and the longest
+    context per KV type with the whole model there."""
+    line = f"  on {fit.device.name:<13} {human_bytes(fit.device.free)} free: {count(min(fit.layers, layers), 'layer')}"
+    if any(fit.max_context.values()):
+        line += "; the whole model with context " + ", ".join(f"{t} {n}" for t, n in fit.max_context.items())
+    return line
 
 
 def _fits_text(fits: dict[str, int], weights_bytes: int, compute_bytes: int) -> str:

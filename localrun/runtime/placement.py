@@ -170,6 +170,28 @@ def _layer_count(gpu_layers: str, layers: int) -> int | None:
     return min(n, layers + 1)
 
 
+@dataclass(frozen=True)
+class DeviceFit:
+    """What fits one GPU, for `localrun show`: the layers placed there for a
+    context of DEFAULT_CTX tokens, and with every layer there, the longest
+    context per KV type (0: the model does not fit whole)."""
+
+    device: Device
+    layers: int
+    max_context: Mapping[str, int]
+
+
+def device_fits(shape: ModelInfo, found: Sequence[Device]) -> list[DeviceFit]:
+    """Each GPU of ``found`` alone, as `place` would use it."""
+    fits = []
+    for gpu in offload_targets(tuple(found)):
+        room = max(gpu.free - GPU_RESERVE, 0)
+        layers = place((host(tuple(found)), gpu), shape=shape).model.n_gpu_layers
+        context = {t: shape.max_context(room, t) if room else 0 for t in KV_BYTES_PER_ELEMENT}
+        fits.append(DeviceFit(gpu, min(layers, shape.layers + 1), context))
+    return fits
+
+
 def _budget_why(memory_budget: int | None, host_bytes: int, cpu: Device) -> str:
     if memory_budget:
         return "memory_budget as configured"
@@ -246,8 +268,8 @@ def _offload(
 ) -> Placement:
     """The layers on ``targets`` (``count``, or as many as fit when None) for
     a context of ``tokens``, with the draft's share."""
-    names = tuple(d.name for d in targets)
     free = {d.name: max(d.free - GPU_RESERVE, 0) for d in targets}
+    names = tuple(name for name, room in free.items() if room) or tuple(free)  # a full GPU takes no layers
     room = sum(free.values())
     draft_bytes = draft.memory_needed(tokens, "f16") if draft is not None else 0
     draft_fits = draft is not None and draft_bytes <= room // 4  # a draft takes a small share, or stays on the CPU

@@ -71,3 +71,20 @@ def test_sizes_are_said_in_binary_units(tiny_model: Path) -> None:
     shown = cli("show", str(tiny_model), "--budget", "1GiB").stdout
     assert "context in 1.0 GiB" in shown
     assert "4.0 GiB" in cli("cache", "info").stdout  # the default cap, as the README says it
+
+
+def test_show_says_what_fits_each_gpu(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localrun.runtime import devices
+    from localrun.runtime.placement import GPU_RESERVE
+
+    cpu = devices.Device("CPU", "a CPU", "cpu", 8 * 2**30, 16 * 2**30)
+    big = devices.Device("CUDA0", "a big GPU", "gpu", GPU_RESERVE + 2**30, 2 * GPU_RESERVE + 2**30)
+    full = devices.Device("CUDA1", "a full GPU", "gpu", GPU_RESERVE // 2, 2 * GPU_RESERVE)
+    monkeypatch.setattr(devices, "probe", lambda: (cpu, big, full))
+    shown = json.loads(cli("show", str(tiny_model), "--json").stdout)
+    gpus = {g["name"]: g for g in shown["gpus"]}
+    assert gpus["CUDA0"]["layers"] == 3 and gpus["CUDA0"]["max_context"]["f16"] == 512  # all, at the trained context
+    assert gpus["CUDA1"]["layers"] == 0 and gpus["CUDA1"]["max_context"] == {"f16": 0, "q8_0": 0, "q4_0": 0}
+    assert shown["placement"]["n_gpu_layers"] == 3 and shown["placement"]["model"].startswith("CUDA0, all")
+    text = cli("show", str(tiny_model)).stdout
+    assert "on CUDA0" in text and "the whole model with context f16 512" in text and "on CUDA1" in text
