@@ -60,6 +60,7 @@ class Machine:
     flags: str  # a digest of the CPU's flags (two CPUs of one name can differ)
     cpus: int  # CPUs this process may run on
     build: str  # the llama.cpp build
+    device: str = "CPU"  # the GPUs the build can use (name, model, memory), or the CPU alone
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,14 +72,27 @@ class Machine:
         cpu, flags, cpus, build = (raw.get(name) for name in ("cpu", "flags", "cpus", "build"))
         if not (isinstance(cpu, str) and isinstance(flags, str) and isinstance(build, str) and isinstance(cpus, int)):
             raise ValueError("machine lacks cpu, flags, cpus or build")
-        return cls(cpu, flags, cpus, build)
+        device = raw.get("device", "CPU")  # measured before GPUs were known: the CPU's
+        if not isinstance(device, str):
+            raise ValueError("machine's device is not a string")
+        return cls(cpu, flags, cpus, build, device)
 
     def describe(self) -> str:
-        return f"{self.cpu}, {count(self.cpus, 'CPU')}"
+        where = f", {self.device}" if self.device != "CPU" else ""
+        return f"{self.cpu}, {count(self.cpus, 'CPU')}{where}"
 
 
 @cache
 def this_machine() -> Machine:
     model, flags = _cpuinfo()
     digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16]
-    return Machine(cpu=model, flags=digest, cpus=cpu_count(), build=_build())
+    return Machine(cpu=model, flags=digest, cpus=cpu_count(), build=_build(), device=_gpus())
+
+
+def _gpus() -> str:
+    """The GPUs the build can use, as wisdom keys them: a figure measured on
+    one GPU decides nothing on another, nor on the CPU alone."""
+    from localrun.runtime import devices
+
+    gpus = devices.offload_targets(devices.probe())
+    return "; ".join(f"{d.name} {d.description} {round(d.total / 2**30)} GiB" for d in gpus) or "CPU"

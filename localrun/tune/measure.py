@@ -4,9 +4,10 @@ for one model, within a time cap, and return it as `Wisdom`.
 In order, each phase with a share of the time:
 
 1. threads: a decode step with each candidate count (all CPUs, the
-   physical cores, one less);
-2. the verify curve: a batch of r rows of one sequence, r = 1..16, as the
-   speculative verify step runs it;
+   physical cores, one less), unless every layer is on a GPU;
+2. the verify curve: a batch of r rows of one sequence, r = 1..16 (1..64
+   with the model on a GPU, where rows are nearly free: see `Ranges`), as
+   the speculative verify step runs it;
 3. parallel sequences: one token for each of p sequences in one batch;
 4. the prompt batch size: tokens per second evaluating batches of each size
    (the sizes the time allows: a size still getting faster at the largest
@@ -44,6 +45,7 @@ import llama_cpp
 
 from localrun.gguf.info import N_UBATCH as LLAMA_UBATCH
 from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
 from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
@@ -54,9 +56,31 @@ from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, spread
 from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom, kv_label
 
-MAX_ROWS = 16  # verify batches and parallel sequences measured: 1..MAX_ROWS
-PARALLEL_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
-UBATCH_SIZES = (64, 128, 256, 512)
+
+@dataclass(frozen=True)
+class Ranges:
+    """What the phases measure. On a CPU a verify row or a parallel sequence
+    costs nearly a whole step, so the ranges stop at 16; on a GPU they are
+    nearly free up to large batches, so the ranges reach further, and the
+    thread count matters only while layers decode on the CPU."""
+
+    max_rows: int  # verify batches measured: 1..max_rows
+    parallel: tuple[int, ...]
+    ubatch: tuple[int, ...]
+    threads: bool
+
+    @property
+    def sequences(self) -> int:
+        return max(self.max_rows, *self.parallel)
+
+    @property
+    def largest_batch(self) -> int:
+        return max(LLAMA_UBATCH, *self.ubatch)
+
+
+CPU_RANGES = Ranges(16, (1, 2, 3, 4, 6, 8, 12, 16), (64, 128, 256, 512), threads=True)
+GPU_RANGES = Ranges(64, (1, 2, 4, 8, 16, 32, 64, 128), (128, 256, 512, 1024, 2048), threads=False)
+MAX_ROWS = CPU_RANGES.max_rows
 PROMPT = 32  # tokens evaluated before anything is timed
 MAX_SPREAD = 0.25  # samples whose interquartile range is more than this share of their median decide nothing
 SAMPLE_S = 0.25  # aim of one timed sample: enough steps that one slow step does not decide
@@ -82,7 +106,7 @@ class _Context:
     def __init__(self, weights: Weights, config: EngineConfig, tokens: Sequence[int] = ()) -> None:
         self.engine = Engine(config, weights=weights)
         self.tokens = tokens or self.engine.tokenize(TEXT * 8, add_special=False) or [0]
-        self.batch = Batch(max(LLAMA_UBATCH, MAX_ROWS))
+        self.batch = Batch(max(config.n_batch, config.n_seq_max))
         self.depth = 0  # tokens sequence 0 holds
         self.fill(PROMPT)
 
@@ -198,7 +222,9 @@ class Tuner:
         self.seconds = seconds
         self.kv = kv
         self.progress = progress
-        self.placement = place(devices.probe(), memory_budget=memory_budget)  # once, before any phase loads
+        # placed once, before any phase loads; a model on a GPU is measured over a GPU's ranges
+        self.placement = place(devices.probe(), memory_budget=memory_budget, shape=describe(read_gguf(model)))
+        self.ranges = GPU_RANGES if self.placement.model.offloaded else CPU_RANGES
         self.start = time.monotonic()
         self.deadline = self.start
         self.busy = 0.0
@@ -238,12 +264,12 @@ class Tuner:
             n_ctx=n_ctx,
             n_threads=threads,
             placement=self.placement,
-            n_batch=LLAMA_UBATCH,
-            n_ubatch=LLAMA_UBATCH,
+            n_batch=self.ranges.largest_batch,
+            n_ubatch=self.ranges.largest_batch,
             type_k=type_k,
             type_v=type_v,
             flash_attn=flash_attn,
-            n_seq_max=MAX_ROWS,
+            n_seq_max=self.ranges.sequences,
             kv_unified=True,
         )
 
@@ -253,7 +279,7 @@ class Tuner:
             shape = describe(weights.info)
             type_k, type_v = self.kv
             fa_base = "on" if type_v != "f16" else "auto"
-            main = _Context(weights, self._config(2 * LLAMA_UBATCH, type_k, type_v, fa_base, cpu_count()))
+            main = _Context(weights, self._config(2 * self.ranges.largest_batch, type_k, type_v, fa_base, cpu_count()))
             tokens = main.tokens
             try:
                 threads = self._threads(main)
@@ -291,6 +317,8 @@ class Tuner:
         return max(2, min(32, round(SAMPLE_S / max(seconds_per_step, 1e-4))))
 
     def _threads(self, ctx: _Context) -> Decision | None:
+        if not self.ranges.threads:  # every layer on a GPU: the CPU's thread count decides nothing
+            return None
         deadline = self._phase("threads")
         ctx.step_s(2)  # warm up
         steps = self._steps(ctx.step_s(2))
@@ -308,7 +336,7 @@ class Tuner:
 
     def _verify(self, ctx: _Context) -> tuple[float, ...]:
         deadline = self._phase("verify")
-        race = Race(list(range(1, MAX_ROWS + 1)))
+        race = Race(list(range(1, self.ranges.max_rows + 1)))
         race.run(self._watched(ctx.rows_s), min_rounds=2, max_rounds=5, deadline=deadline)
         if self._ran_busy("verify"):
             return ()
@@ -316,8 +344,8 @@ class Tuner:
 
     def _parallel(self, ctx: _Context) -> Decision | None:
         deadline = self._phase("parallel")
-        ctx.share_prompt(MAX_ROWS)
-        race = Race(list(PARALLEL_COUNTS))
+        ctx.share_prompt(self.ranges.sequences)
+        race = Race(list(self.ranges.parallel))
         race.run(self._watched(ctx.parallel_s), min_rounds=2, max_rounds=6, deadline=deadline)
         if self._ran_busy("parallel"):
             return None
@@ -327,10 +355,11 @@ class Tuner:
         """The prompt batch size; and the prompt rate (tokens/s) it measured."""
         deadline = self._phase("ubatch")
         budget = SHARES["ubatch"] * self.seconds
-        first = ctx.prompt_s(UBATCH_SIZES[0])  # a warm-up and an estimate
+        candidates = self.ranges.ubatch
+        first = ctx.prompt_s(candidates[0])  # a warm-up and an estimate
         # sizes one of whose rounds fits half the phase
-        sizes = [u for u in UBATCH_SIZES if u * first * sum(1 for s in UBATCH_SIZES if s <= u) <= budget / 2] or [
-            UBATCH_SIZES[0]
+        sizes = [u for u in candidates if u * first * sum(1 for s in candidates if s <= u) <= budget / 2] or [
+            candidates[0]
         ]
         race = Race(sizes).run(self._watched(ctx.prompt_s), min_rounds=2, max_rounds=5, deadline=deadline)
         rate = 1.0 / race.median(max(sizes))
@@ -358,11 +387,12 @@ class Tuner:
             kinds += [("q8_0", "q8_0", "on"), ("q8_0", "q4_0", "on")]
         fill_budget = 0.7 * SHARES["depth"] * self.seconds
         depth = int(pp_rate * fill_budget / len(kinds)) // 64 * 64
-        limit = (shape.context_length or MAX_DEPTH) - 2 * MAX_ROWS
+        rows = self.ranges.max_rows
+        limit = (shape.context_length or MAX_DEPTH) - 2 * rows
         depth = max(MIN_DEPTH, min(depth, MAX_DEPTH, limit))
         depths = [PROMPT, depth] if depth < 4 * MIN_DEPTH else [PROMPT, depth // 2, depth]
         contexts = {
-            kind: _Context(weights, self._config(depth + 2 * MAX_ROWS, *kind[:2], kind[2], threads), tokens)
+            kind: _Context(weights, self._config(depth + 2 * rows, *kind[:2], kind[2], threads), tokens)
             for kind in kinds
         }
         try:

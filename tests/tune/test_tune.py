@@ -163,3 +163,29 @@ def test_tune_on_a_busy_machine_keeps_every_phase_as_not_measured(wide_model: Pa
     assert wisdom.verify_ms == () and len(reads) >= 10
     quiet = Tuner(wide_model, seconds=3, load=lambda: 0).run()
     assert not quiet.unmeasured and quiet.verify_ms
+
+
+def test_a_model_on_a_gpu_is_tuned_over_a_gpus_ranges(wide_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localrun.runtime import devices
+    from localrun.runtime.placement import GPU_RESERVE
+    from localrun.tune.measure import CPU_RANGES, GPU_RANGES
+
+    cpu = devices.Device("CPU", "a CPU", "cpu", 8 * 2**30, 16 * 2**30)
+    assert Tuner(wide_model).ranges == CPU_RANGES  # this build: the CPU
+    monkeypatch.setattr(
+        devices, "probe", lambda: (cpu, devices.Device("CUDA0", "a GPU", "gpu", 2 * GPU_RESERVE, 2**36))
+    )
+    on_gpu = Tuner(wide_model)
+    assert on_gpu.placement.model.whole and on_gpu.ranges == GPU_RANGES and not on_gpu.ranges.threads
+    assert on_gpu.ranges.max_rows == 64 and max(on_gpu.ranges.parallel) == 128 and max(on_gpu.ranges.ubatch) == 2048
+
+
+def test_wisdom_is_keyed_by_the_gpus_too() -> None:
+    from localrun.tune.machine import Machine
+
+    here = this_machine()
+    raw = here.as_dict()
+    del raw["device"]  # wisdom written before GPUs were known
+    assert Machine.from_dict(raw).device == "CPU"
+    elsewhere = dataclasses.replace(here, device="CUDA0 NVIDIA H200 140 GiB")
+    assert elsewhere != here and "CUDA0 NVIDIA H200" in elsewhere.describe()
