@@ -106,14 +106,9 @@ class Generation:
     def step(self, tokens: Sequence[int]) -> DecodeStatus:
         """Evaluate decided tokens (one, or one and those the grammar forced
         after it) in one batch; a single-token step is timed for the thread governor."""
-        meter = self.meter
-        if not meter.active or len(tokens) != 1:
+        if len(tokens) != 1:
             return self.note(self.decoder.evaluate(tokens))
-        meter.begin()
-        status = self.decoder.evaluate(tokens)
-        if status == DecodeStatus.OK:
-            meter.end()
-        return self.note(status)
+        return self.note(self.meter.timed(lambda: self.decoder.evaluate(tokens)))
 
     @property
     def threads(self) -> int:

@@ -53,9 +53,11 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
 `ThreadMeter` is the thin part: it reads the clock and the CPU time around
 each decode step of one token per sequence (a single-sequence loop's, or a
 batch's without prompt tokens in it) and applies the governor's count to
-the engine. A governor lives as long as its engine, so a chat's turns go on
-from where the last one left off. ``EngineConfig.adapt_threads=False`` (a
-count the user gave) or a single thread: nothing is measured or changed.
+the engine; every decode loop (plain, speculative, the batch scheduler)
+times its steps through `ThreadMeter.timed`. A governor lives as long as
+its engine, so a chat's turns go on from where the last one left off.
+``EngineConfig.adapt_threads=False`` (a count the user gave) or a single
+thread: nothing is measured or changed.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.load import runnable_others
 from localrun.system import cpu_count
 
@@ -275,16 +278,15 @@ def _cpu_seconds() -> float:
 
 
 class ThreadMeter:
-    """A decode loop's single-token steps, timed for the engine's governor:
-    `begin` and `end` around each step, `finish` when the loop ends. Costs a
-    clock read and a getrusage call on each side of a step; nothing when the
-    count is pinned."""
+    """A decode loop's steps of one token per sequence, timed for the
+    engine's governor: each runs through `timed`, and `finish` when the loop
+    ends. Costs a clock read and a getrusage call on each side of a step;
+    nothing when the count is pinned."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.governor = governor(engine)
         self.active = self.governor.active
-        self._wall = self._cpu = 0.0
         self.steps: dict[int, int] = {}  # timed steps run at each thread count
         if self.active:
             others = others_running()
@@ -305,16 +307,17 @@ class ThreadMeter:
         total = sum(self.steps.values())
         return {n: round(k / total, 3) for n, k in sorted(self.steps.items(), reverse=True)} if total else {}
 
-    def begin(self) -> None:
+    def timed(self, decode: Callable[[], DecodeStatus], rows: int = 1) -> DecodeStatus:
+        """Run ``decode``, a step of ``rows`` tokens, one per sequence, timed
+        for the governor when it adapts (a step that fails is not counted)."""
+        if not self.active:
+            return decode()
         self.steps[self.engine.threads] = self.steps.get(self.engine.threads, 0) + 1
-        self._wall = time.perf_counter()
-        self._cpu = _cpu_seconds()
-
-    def end(self, rows: int = 1) -> None:
-        """The step begun ended; it decoded ``rows`` tokens, one per sequence."""
-        n = self.governor.observe(time.perf_counter() - self._wall, _cpu_seconds() - self._cpu, rows)
-        if n != self.engine.threads:
-            self.engine.set_threads(n)
+        wall, cpu = time.perf_counter(), _cpu_seconds()
+        status = decode()
+        if status == DecodeStatus.OK:
+            self._apply(self.governor.observe(time.perf_counter() - wall, _cpu_seconds() - cpu, rows))
+        return status
 
     def finish(self) -> None:
         """Leave the engine at the settled count (a probe may be running)."""

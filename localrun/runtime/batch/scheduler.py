@@ -227,12 +227,11 @@ class ContinuousBatch:
 
     def _decode(self, with_prompt: bool, *, timed: bool = False) -> DecodeStatus:
         """Decode the batch; ``timed``: a step of one token per sequence, which feeds the thread governor."""
-        timed = timed and self.meter.active
-        if timed:
-            self.meter.begin()
-        status = self.batch.decode(self.engine, abortable=with_prompt)  # a prompt is long: Ctrl-C stops it midway
-        if timed and status == DecodeStatus.OK:
-            self.meter.end(rows=self.batch.n)
+
+        def decode() -> DecodeStatus:
+            return self.batch.decode(self.engine, abortable=with_prompt)  # a prompt is long: Ctrl-C stops it midway
+
+        status = self.meter.timed(decode, rows=self.batch.n) if timed else decode()
         if status == DecodeStatus.NO_SLOT:
             raise EngineError(f"llama_decode found no room in the KV cache for a batch of {self.batch.n} tokens")
         return status
