@@ -25,7 +25,6 @@ from localrun.runtime.generate import PLAIN, Decoding
 from localrun.runtime.prompt import render_messages, tokenize_rendered
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import Message
-from localrun.speculative import Speculation
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec
 
@@ -90,7 +89,7 @@ class ChatSession:
     max_tokens: int | None = None
     turns: list[Turn] = field(default_factory=list)
     totals: SessionTotals = field(default_factory=SessionTotals)
-    speculation: Speculation | None = None  # drafters; kept across turns so their measurements carry over
+    speculation: Decoding | None = None  # drafting (a Speculation): kept across turns so its measurements carry over
     use_draft: bool = True
     output: OutputSpec | None = None  # every reply follows this schema or grammar (--schema, /schema)
     model: str | None = None  # what -m takes to load this model again: /save writes it
