@@ -1,8 +1,11 @@
 """Speculative decoding: drafters propose, the target verifies a batch, the
-controller decides each step whether drafting pays (the loop: `loop.py`).
+controller decides each step whether drafting pays (the step: `stepper.py`,
+the single-sequence loop: `loop.py`).
 
 `Speculation` is a `runtime.generate.Decoding`: a caller that has one calls
-its `generate` as it would plain decoding's."""
+its `generate` as it would plain decoding's. It is a
+`runtime.stepper.Speculative` too: the batch scheduler asks it for the
+stepper of a sequence decoding alone."""
 
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions
 from localrun.runtime.sampling import SamplingParams
+from localrun.runtime.stepper import Target
 from localrun.speculative.base import Drafter
 from localrun.speculative.control import AdaptiveController, Controller
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.loop import generate_speculative
+from localrun.speculative.stepper import SpeculativeStepper
 from localrun.speculative.textlookup import TextLookupDrafter
 
 
@@ -54,6 +59,10 @@ class Speculation:
     ) -> Iterator[Event]:
         """Like `runtime.generate.generate`, with speculation."""
         return generate_speculative(engine, prompt_tokens, sampling, speculation=self, **options)
+
+    def stepper(self, target: Target, sampling: SamplingParams) -> SpeculativeStepper:
+        """The stepper of one sequence: its drafts, checked by ``sampling``, and their tally."""
+        return SpeculativeStepper(target, self, sampling)
 
     def close(self) -> None:
         for drafter in self.drafters:

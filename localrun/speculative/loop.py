@@ -1,82 +1,22 @@
-"""Speculative decoding: drafters propose, the target verifies a batch, the
-controller decides each step whether drafting pays.
-
-The loop keeps one decided token pending (not yet in the target's KV cache).
-A step evaluates [pending, d1..dn] in one batch with logits for every row;
-row i decides the token after position i: d(i+1) is kept if it passes, and
-the first row whose draft fails (or the last row) yields a new pending token.
-Rejected drafts are rolled back from the KV cache. A plain step is the same
-with n = 0, through the single-token path plain decoding uses; only those
-steps are timed for the thread governor (localrun.runtime.threads), since a
-verify step's time depends on its rows.
-
-With a grammar (structured output), the tokens it forces next (jump-forward:
-a key, punctuation) join the pending token at the head of the batch, without
-logits of their own, and the draft follows them: drafters draft after the
-forced text, the draft model under the grammar's mask, and any draft is cut
-at the first token the grammar rejects. The controller counts the forced
-tokens as drafts that cannot be rejected.
-
-Lossless: with greedy sampling every kept token is the target's argmax for
-its row, so the text is the one plain decoding produces as long as llama.cpp
-computes a batch's rows bit-identically to single steps. It does on the tiny
-test models; on quantized real models its CPU kernels for several rows round
-differently from the one-row kernel, and a near tie (logits a few hundredths
-apart) can go the other way, from where the texts part (scripts/bench_spec.py
-reports where and by how much). With temperature >
-0 a deterministic draft (prompt lookup; a draft model when sampling greedily)
-is checked by sampling the row with the native chain, and a sampled
-draft-model draft by speculative sampling against the draft's own
-distribution (see spec_sampling): the text is distributed exactly as without
-speculation. A seeded run gives plain decoding's text as long as no sampled
-draft-model drafts are used; those draw their own random numbers, and which
-steps use them depends on timing.
-"""
+"""The single-sequence speculative loop: `runtime.generate.generate` with a
+stepper (`stepper.py`) deciding each step's tokens, on sequence 0 of the
+engine's context (`Generation`)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import suppress
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
-import numpy as np
-
-from localrun.errors import LocalrunError
-from localrun.events import DraftStats, Event
+from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions, Generation
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import SamplingParams
-from localrun.speculative.base import Draft, Offer
-from localrun.speculative.control import Plan
-from localrun.speculative.sampling import check_draft, target_probs
 
 if TYPE_CHECKING:
     from localrun.speculative import Speculation
     from localrun.structured.constraint import Constraint
-
-
-class Tally:
-    """Proposed/accepted counts for the events, named after the drafters that
-    drafted (the most tokens first); "plain" while none has."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self.names = names
-        self.proposed = [0] * len(names)
-        self.accepted = [0] * len(names)
-        self.rounds = 0
-
-    def add(self, drafter: int, proposed: int, accepted: int) -> None:
-        self.proposed[drafter] += proposed
-        self.accepted[drafter] += accepted
-        self.rounds += 1
-
-    def snapshot(self) -> DraftStats:
-        used = sorted((i for i, p in enumerate(self.proposed) if p), key=lambda i: -self.proposed[i])
-        name = "+".join(self.names[i] for i in used) or "plain"
-        return DraftStats(name, sum(self.proposed), sum(self.accepted), self.rounds)
 
 
 def generate_speculative(
@@ -88,18 +28,20 @@ def generate_speculative(
     **options: Unpack[GenerateOptions],
 ) -> Iterator[Event]:
     """`runtime.generate.generate` with speculative decoding: the same events,
-    the same text (see the module's note), and a `DraftStats` on each event."""
+    the same text (see `stepper.py`), and a `DraftStats` on each event."""
     with Generation(engine, prompt_tokens, sampling, **options) as run:
-        step = _Stepper(run, speculation, sampling)
+        target = GenerationTarget(run)
+        step = speculation.stepper(target, sampling)
         decided: list[int] = []
         if run.prefill() == DecodeStatus.OK and run.limit > 0:
-            decided = step.first()
+            step.begin()
+            decided = run.fast_forward() or [run.sample()]  # a text the grammar starts with, else the first sample
         while decided:
             for token in decided:  # stream what the step decided
-                step.context.append(token)
+                target.context.append(token)
                 event = run.out.push(token)
                 if event is not None:
-                    yield replace(event, draft=step.tally.snapshot(), threads=run.threads)
+                    yield replace(event, draft=step.stats(), threads=run.threads)
                 if run.ended():
                     break
             if run.ended():
@@ -108,172 +50,64 @@ def generate_speculative(
                 run.reason = "interrupted"
                 break
             decided = step.next()
-        run.decoder.rollback(min(run.decoder.n_past, len(step.context)))  # the cache holds only decided tokens
-        yield from run.finish(draft=step.tally.snapshot())
+        run.decoder.rollback(min(run.decoder.n_past, len(target.context)))  # the cache holds only decided tokens
+        yield from run.finish(draft=step.stats())
 
 
-class _Stepper:
-    """One speculative step at a time: ask the drafters, let the controller
-    choose, then a plain step or a verify step; the controller observes each."""
+class GenerationTarget:
+    """A `Generation` as a stepper drives it (`runtime.stepper.Target`):
+    sequence 0 of the engine's context, through the generation's decoder."""
 
-    def __init__(self, run: Generation, speculation: Speculation, sampling: SamplingParams) -> None:
+    def __init__(self, run: Generation) -> None:
         self.run = run
-        self.speculation = speculation
-        self.sampling = sampling
-        self.rng = np.random.default_rng(sampling.seed)
-        self.tally = Tally([d.profile.name for d in speculation.drafters])
-        self.context = list(run.prompt_tokens)  # the prompt and every token decided so far
+        self.context = list(run.prompt_tokens)
 
-    def first(self) -> list[int]:
-        """The first tokens: a text the grammar starts with (evaluated by the
-        next step), else the first sample."""
-        for drafter in self.speculation.drafters:
-            drafter.begin(self.context)
-        return self.run.fast_forward() or [self.run.sample()]
+    @property
+    def n_past(self) -> int:
+        return self.run.decoder.n_past
 
-    def next(self) -> list[int]:
-        """The tokens the next step decides (none when decoding must stop):
-        first any the grammar forces (jump-forward), which ride in the step's
-        batch ahead of the draft and need no logits of their own."""
-        run = self.run
-        forced = run.fast_forward()
-        context = [*self.context, *forced] if forced else self.context
-        left = run.limit - run.out.n_gen - len(forced)  # tokens the output may take after the forced ones
-        if left < 1:
-            return forced
-        pending = context[run.decoder.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
-        room = min(left - 1, run.engine.n_ctx - len(context), run.engine.n_batch - len(pending))
-        t0 = time.perf_counter()
-        plan, draft = propose(
-            self.speculation, context, room, len(pending) - 1, self.sampling, self.rng, run.constraint
-        )
-        if draft is None:
-            decided = self._plain(plan, pending, t0)
-        else:
-            decided = self._verify(plan, len(context), pending, draft, t0)
-        return [*forced, *decided] if decided else []
+    @property
+    def left(self) -> int:
+        return int(self.run.limit - self.run.out.n_gen)
 
-    def _plain(self, plan: Plan, pending: list[int], t0: float) -> list[int]:
-        run, control = self.run, self.speculation.controller
-        t1 = time.perf_counter()
-        if run.step(pending) != DecodeStatus.OK:
-            return []
-        decided = [run.sample()]
-        t2 = time.perf_counter()
-        if len(pending) == 1:
-            control.observe_plain(t2 - t1)
-        else:
-            control.observe_verify(len(pending), t2 - t1)
-        control.observe_round(plan, t2 - t0, len(pending) - 1 + len(decided))
-        return decided
+    @property
+    def n_ctx(self) -> int:
+        return int(self.run.engine.n_ctx)
 
-    def _verify(self, plan: Plan, n_context: int, pending: list[int], draft: Draft, t0: float) -> list[int]:
-        run, control = self.run, self.speculation.controller
-        assert plan.offer is not None
-        t1 = time.perf_counter()
-        first = len(pending) - 1  # the row that decides the first drafted token
-        status = run.decoder.evaluate_rows([*pending, *draft.tokens], abortable=False, first=first)  # short
-        if run.note(status) != DecodeStatus.OK:
-            run.decoder.rollback(run.decoder.n_past)
-            return []
-        decided = _verify(run, self.sampling, draft, self.rng, first)
-        accepted = len(decided) - 1
-        run.decoder.rollback(n_context + accepted)  # forget the rejected drafts
-        t2 = time.perf_counter()
-        control.observe_verify(len(pending) + len(draft.tokens), t2 - t1)
-        control.observe_outcome(plan.offer, len(draft.tokens), accepted)
-        control.observe_round(plan, t2 - t0, first + len(decided))
-        self.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
-        return decided
+    @property
+    def n_batch(self) -> int:
+        return int(self.run.engine.n_batch)
 
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.run.constraint
 
-def propose(
-    speculation: Speculation,
-    context: list[int],
-    room: int,
-    forced: int,
-    sampling: SamplingParams,
-    rng: np.random.Generator,
-    constraint: Constraint | None,
-) -> tuple[Plan, Draft | None]:
-    """The controller's way for this step, and the draft it asks for (None:
-    a plain step), cut at the first token the grammar rejects. ``forced``:
-    decided tokens that ride in the batch ahead of the draft."""
-    offers = [
-        offer
-        for i, drafter in enumerate(speculation.drafters)
-        if i not in speculation.disabled and (offer := drafter.offer(context, i)) is not None
-    ]
-    plan = speculation.controller.choose(offers, room, forced=forced)
-    draft = _make_draft(speculation, plan, context, sampling, rng, constraint)
-    if draft is not None and constraint is not None:
-        keep = constraint.allowed_prefix(draft.tokens)
-        draft.tokens = draft.tokens[:keep]
-        draft.probs = draft.probs[:keep] if draft.probs is not None else None
-    return plan, draft if draft is not None and draft.tokens else None
+    @property
+    def generated(self) -> Sequence[int]:
+        return self.run.out.tokens
 
+    def fast_forward(self) -> list[int]:
+        return self.run.fast_forward()
 
-def accept_rows(sample: Callable[[int], int], tokens: Sequence[int], first: int = 0) -> list[int]:
-    """A deterministic draft checked against a batch's rows from ``first`` on
-    (``sample`` decides a row's token, masked and accepted as the output
-    takes it): the drafted tokens kept while the row agrees, then the token
-    of the first row that does not (or of the last row)."""
-    decided: list[int] = []
-    for i, token in enumerate(tokens):
-        chosen = sample(first + i)
-        decided.append(chosen)
-        if chosen != token:
-            return decided
-    decided.append(sample(first + len(tokens)))
-    return decided
+    def evaluate(self, tokens: Sequence[int]) -> DecodeStatus:
+        return self.run.step(tokens)
 
+    def evaluate_rows(self, tokens: Sequence[int], first: int) -> DecodeStatus:
+        return self.run.note(self.run.decoder.evaluate_rows(tokens, abortable=False, first=first))  # short
 
-def _make_draft(
-    speculation: Speculation,
-    plan: Plan,
-    context: list[int],
-    sampling: SamplingParams,
-    rng: np.random.Generator,
-    constraint: Constraint | None,
-) -> Draft | None:
-    offer: Offer | None = plan.offer
-    if offer is None or plan.n < 1:
-        return None
-    mask = constraint.fork() if constraint is not None else None
-    try:
-        draft = speculation.drafters[offer.drafter].draft(context, plan.n, sampling, rng, mask)
-    except LocalrunError:  # a draft model that cannot load here (memory): go on without it
-        speculation.disabled.add(offer.drafter)
-        with suppress(LocalrunError):
-            speculation.drafters[offer.drafter].close()
-        return None
-    speculation.controller.observe_draft(offer.drafter, draft)
-    return draft
+    def sample(self, row: int = -1) -> int:
+        return self.run.sample(row)
 
+    def logits(self, row: int) -> Any:
+        logits = self.run.decoder.logits(row)
+        if self.run.constraint is not None:
+            self.run.constraint.apply(logits)
+        return logits
 
-def _verify(
-    run: Generation, sampling: SamplingParams, draft: Draft, rng: np.random.Generator, first: int = 0
-) -> list[int]:
-    """Check the drafted tokens against the batch's rows from ``first`` on:
-    the tokens kept, then the token the first failing row (or the last row)
-    decides. With a grammar, each row is masked to what it allows after the
-    tokens before it."""
-    if draft.probs is None or sampling.greedy:  # a deterministic draft: kept while the target agrees
-        return accept_rows(run.sample, draft.tokens, first)
-    decoder, sampler, constraint = run.decoder, run.sampler, run.constraint
-    decided: list[int] = []
-    for i, (token, q) in enumerate(zip(draft.tokens, draft.probs, strict=True)):  # speculative sampling
-        logits = decoder.logits(first + i)
-        if constraint is not None:
-            constraint.apply(logits)
-        p = target_probs(logits, sampling, [*run.out.tokens, *decided])
-        replacement = check_draft(p, token, q, rng)
-        chosen = token if replacement is None else replacement
-        sampler.accept(chosen)  # the native chain's penalty window follows every decided token
-        if constraint is not None:
-            constraint.consume(chosen)
-        decided.append(chosen)
-        if replacement is not None:
-            return decided
-    decided.append(run.sample(first + len(draft.tokens)))
-    return decided
+    def accept(self, token: int) -> None:
+        self.run.sampler.accept(token)
+        if self.run.constraint is not None:
+            self.run.constraint.consume(token)
+
+    def rollback(self, pos: int) -> None:
+        self.run.decoder.rollback(pos)

@@ -28,10 +28,9 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
-import numpy as np
 
 from localrun.errors import ContextOverflowError, EngineError
 from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone, SequenceText, TokenEvent
@@ -41,14 +40,13 @@ from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS
 from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.runtime.stepper import Speculative, Stepper
 from localrun.runtime.threads import ThreadMeter
-from localrun.speculative.loop import Tally, accept_rows, propose
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec
 
 if TYPE_CHECKING:
     from localrun.runtime.promptcache import Checkpoint, PromptCache
-    from localrun.speculative import Speculation
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class _Slot:
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
         self.next_token: int | None = None
-        self.tally: Tally | None = None  # its drafts, once it has decoded alone with speculation
+        self.stepper: Stepper | None = None  # its speculative steps, once it has decoded alone with speculation
         self.checkpoint: Checkpoint | None = None  # its shared prefix, stored once the cells hold it
         self.waiting: tuple[int, int, int] | None = None  # (seq_id, request index, n): copy that slot's first n tokens
         self.take = 0  # tokens this sequence puts in the current batch
@@ -121,8 +119,10 @@ class ContinuousBatch:
     ``stream``: `step` reports each
     sequence's text as it comes (`SequenceText`), not only at the end.
     ``speculation`` (prompt lookup, `localrun.speculative`): a sequence that
-    decodes alone (nothing queued, no other slot busy) drafts, and its draft
-    is verified in the step's batch, where the controller finds it pays.
+    decodes alone (nothing queued, no other slot busy) takes its steps through
+    the speculation's stepper (`runtime.stepper`), the one the single-sequence
+    loop uses: it drafts where the controller finds it pays, and the draft is
+    verified in the sequence's own batch.
     ``prompt_cache``: a request's shared prefix (`BatchRequest.shared`, a
     system prompt) of `AUTO_MIN_TOKENS` or more that no slot holds is loaded
     from it, or stored there once evaluated (a server restarted, or the same
@@ -137,7 +137,7 @@ class ContinuousBatch:
         prefix_tokens: Sequence[int] = (),
         reuse_prefix: bool = False,
         stream: bool = False,
-        speculation: Speculation | None = None,
+        speculation: Speculative | None = None,
         prompt_cache: PromptCache | None = None,
     ) -> None:
         self.engine = engine
@@ -146,7 +146,6 @@ class ContinuousBatch:
         self.warnings: list[str] = []  # what the prompt cache had to say (a damaged file, a full disk), to show
         self._writers: list[threading.Thread] = []  # prompt cache entries being written
         self._drafting: _Slot | None = None  # the slot the drafters follow
-        self._rng = np.random.default_rng()
         self.memory = engine.memory
         self.queue: deque[BatchRequest] = deque()
         self.total = 0
@@ -453,52 +452,24 @@ class ContinuousBatch:
         return live[0]
 
     def _speculate(self, seq_id: int, s: _Slot) -> tuple[DecodeStatus, list[SlotEvent]]:
-        """A step of the sequence decoding alone: a verify step of [next
-        token, draft], or a plain step where the controller finds no draft
-        pays, timed for it."""
-        assert self.speculation is not None and s.next_token is not None
-        control = self.speculation.controller
+        """A step of the sequence decoding alone, by its stepper: a verify step
+        of [next token, draft], or a plain step where the controller finds no
+        draft pays."""
+        assert self.speculation is not None
+        if s.stepper is None:
+            s.stepper = self.speculation.stepper(_Alone(self, s), s.request.sampling)
         if self._drafting is not s:
-            for drafter in self.speculation.drafters:
-                drafter.begin(s.context)
+            s.stepper.begin()
             self._drafting = s
-            s.tally = s.tally or Tally([d.profile.name for d in self.speculation.drafters])
-        room = min(s.limit - s.out.n_gen - 1, self.capacity - s.pos - 1, self.engine.n_batch - 1)
-        t0 = time.perf_counter()
-        plan, draft = propose(self.speculation, s.context, room, 0, s.request.sampling, self._rng, s.constraint)
-        if draft is None:
-            t1 = time.perf_counter()
-            status = self._step()
-            if status != DecodeStatus.OK:
-                return status, []
-            events = list(self._sample())
-            t2 = time.perf_counter()
-            control.observe_plain(t2 - t1)
-            control.observe_round(plan, t2 - t0, 1)
-            return status, events
-        self.batch.clear()
-        for k, token in enumerate([s.next_token, *draft.tokens]):
-            self.batch.add(token, s.pos + k, seq_id, True)
-        t1 = time.perf_counter()
-        status = self._decode(with_prompt=False)
-        if status != DecodeStatus.OK:
-            return status, []
-        decided = accept_rows(lambda row: self._choose(s, row), draft.tokens)  # lookup drafts: deterministic
-        accepted = len(decided) - 1
-        s.pos += 1 + accepted  # the next token and the drafts kept; the rest are forgotten
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, s.pos, -1)
-        t2 = time.perf_counter()
-        control.observe_verify(1 + len(draft.tokens), t2 - t1)
-        assert plan.offer is not None and s.tally is not None
-        control.observe_outcome(plan.offer, len(draft.tokens), accepted)
-        control.observe_round(plan, t2 - t0, len(decided))
-        s.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
-        return status, list(self._take(seq_id, s, decided))
+        decided = s.stepper.next()
+        if not decided:
+            return s.stepper.status, []
+        return DecodeStatus.OK, list(self._take(seq_id, s, decided))
 
     def _finish(self, seq_id: int, s: _Slot) -> Iterator[SlotEvent]:
         if self._drafting is s:
             self._drafting = None
-        events = list(s.out.finish("length", **({"draft": s.tally.snapshot()} if s.tally is not None else {})))
+        events = list(s.out.finish("length", **({"draft": s.stepper.stats()} if s.stepper is not None else {})))
         if self.stream:
             yield from (
                 SequenceText(s.request.index, ev.text, s.out.n_gen) for ev in events if isinstance(ev, TokenEvent)
@@ -571,6 +542,80 @@ class ContinuousBatch:
         self.batch.close()
         for writer in self._writers:  # an entry half written would be left as a temporary file
             writer.join()
+
+
+class _Alone:
+    """A sequence decoding alone, as its stepper drives it
+    (`runtime.stepper.Target`): its own batches, in the scheduler's context."""
+
+    def __init__(self, run: ContinuousBatch, slot: _Slot) -> None:
+        self.run = run
+        self.slot = slot
+
+    @property
+    def context(self) -> list[int]:
+        return self.slot.context
+
+    @property
+    def n_past(self) -> int:
+        return self.slot.pos
+
+    @property
+    def left(self) -> int:
+        return self.slot.limit - self.slot.out.n_gen
+
+    @property
+    def n_ctx(self) -> int:
+        return self.run.capacity
+
+    @property
+    def n_batch(self) -> int:
+        return int(self.run.engine.n_batch)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.slot.constraint
+
+    @property
+    def generated(self) -> Sequence[int]:
+        return self.slot.out.tokens
+
+    def fast_forward(self) -> list[int]:
+        return []  # the scheduler samples every token
+
+    def evaluate(self, tokens: Sequence[int]) -> DecodeStatus:
+        return self._evaluate(tokens, len(tokens) - 1, timed=len(tokens) == 1)
+
+    def evaluate_rows(self, tokens: Sequence[int], first: int) -> DecodeStatus:
+        return self._evaluate(tokens, first, timed=False)
+
+    def _evaluate(self, tokens: Sequence[int], first: int, *, timed: bool) -> DecodeStatus:
+        s, batch = self.slot, self.run.batch
+        batch.clear()
+        for k, token in enumerate(tokens):
+            batch.add(token, s.pos + k, s.seq_id, k >= first)
+        status = self.run._decode(with_prompt=False, timed=timed)
+        if status == DecodeStatus.OK:
+            s.pos += len(tokens)
+        return status
+
+    def sample(self, row: int = -1) -> int:
+        return self.run._choose(self.slot, row)
+
+    def logits(self, row: int) -> Any:
+        row_logits = logits(self.run.engine, row)
+        if self.slot.constraint is not None:
+            self.slot.constraint.apply(row_logits)
+        return row_logits
+
+    def accept(self, token: int) -> None:
+        self.slot.sampler.accept(token)
+        if self.slot.constraint is not None:
+            self.slot.constraint.consume(token)
+
+    def rollback(self, pos: int) -> None:
+        self.slot.pos = pos
+        llama_cpp.llama_memory_seq_rm(self.run.memory, self.slot.seq_id, pos, -1)
 
 
 def run_batch(engine: Engine, requests: Sequence[BatchRequest], *, share_prefix: bool = True) -> Iterator[BatchEvent]:
