@@ -4,7 +4,8 @@ it would have had without drafting."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters
-from localrun.speculative.control import FixedController
+from localrun.speculative.base import Draft, Offer
+from localrun.speculative.control import FixedController, Plan
+from localrun.speculative.lookup import PromptLookupDrafter
 from tests.helpers import collect
 from tests.tinymodel import write_tiny_model
 
@@ -45,6 +48,60 @@ def test_a_request_alone_drafts_and_keeps_its_text(engine: Engine, sampling: Sam
     assert done.text == plain  # deterministic drafts: a seeded sample per row, as plain decoding draws them
     draft = done.stats.draft
     assert draft is not None and draft.proposed > 20 and draft.accepted > 10
+
+
+@dataclass
+class Recording(FixedController):
+    """Prompt lookup's fixed way, and every call the loop makes to the
+    controller, without the seconds (which differ from run to run)."""
+
+    calls: list[tuple[object, ...]] = field(default_factory=list)
+
+    def choose(self, offers: Sequence[Offer], room: int, forced: int = 0) -> Plan:
+        plan = super().choose(offers, room, forced)
+        self.calls.append(("choose", tuple(offers), room, forced, plan))
+        return plan
+
+    def observe_plain(self, seconds: float) -> None:
+        self.calls.append(("plain",))
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        self.calls.append(("verify", rows))
+
+    def observe_draft(self, drafter: int, draft: Draft) -> None:
+        self.calls.append(("draft", drafter, tuple(draft.tokens)))
+
+    def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
+        self.calls.append(("outcome", offer, proposed, accepted))
+
+    def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        self.calls.append(("round", plan, tokens))
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=5)])
+def test_alone_in_a_batch_the_controller_sees_what_the_single_loop_shows_it(
+    engine: Engine, sampling: SamplingParams
+) -> None:
+    """One stepper for both loops: a request decoding alone in the batch
+    gives the controller the same calls, in the same order, with the same
+    figures, and the same tally as the single-sequence loop on its prompt."""
+    prompt = engine.tokenize("one two three four one two three four one two")
+    single = Recording(0, 4)
+    text, stats = collect(
+        Speculation([PromptLookupDrafter()], single).generate(engine, prompt, sampling, max_tokens=120)
+    )
+    batched = Recording(0, 4)
+    run = ContinuousBatch(engine, 2, SEQ_CTX, speculation=Speculation([PromptLookupDrafter()], batched))
+    run.submit(BatchRequest(0, prompt, sampling, max_tokens=120))
+    done = next(ev for ev in run.events() if isinstance(ev, SequenceDone))
+    assert done.text == text
+    assert batched.calls == single.calls
+    assert done.stats.draft == stats.draft
+    kinds = [call[0] for call in single.calls]
+    assert {"plain", "verify", "outcome"} <= set(kinds) and kinds.count("round") == kinds.count("choose") > 10
+    outcomes = [call for call in single.calls if call[0] == "outcome"]
+    rejected = any(proposed > accepted for _, _, proposed, accepted in outcomes)  # and rolled back
+    assert rejected != sampling.greedy  # greedy, this model keeps every draft; sampled, it rejects some
 
 
 def test_requests_decoding_together_do_not_draft(engine: Engine) -> None:
