@@ -13,9 +13,9 @@ from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions, Generation
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import SamplingParams
+from localrun.runtime.stepper import Speculative
 
 if TYPE_CHECKING:
-    from localrun.speculative import Speculation
     from localrun.structured.constraint import Constraint
 
 
@@ -24,7 +24,7 @@ def generate_speculative(
     prompt_tokens: Sequence[int],
     sampling: SamplingParams,
     *,
-    speculation: Speculation,
+    speculation: Speculative,
     **options: Unpack[GenerateOptions],
 ) -> Iterator[Event]:
     """`runtime.generate.generate` with speculative decoding: the same events,

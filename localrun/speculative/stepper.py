@@ -41,7 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -50,13 +50,21 @@ from localrun.events import DraftStats
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.stepper import Target
-from localrun.speculative.base import Draft, Offer
-from localrun.speculative.control import Plan
+from localrun.speculative.base import Draft, Drafter, Offer
+from localrun.speculative.control import Controller, Plan
 from localrun.speculative.sampling import check_draft, target_probs
 
 if TYPE_CHECKING:
-    from localrun.speculative import Speculation
     from localrun.structured.constraint import Constraint
+
+
+class Drafting(Protocol):
+    """What a stepper needs of `localrun.speculative.Speculation`: the
+    drafters, those that failed to load, and the controller."""
+
+    drafters: list[Drafter]
+    disabled: set[int]
+    controller: Controller
 
 
 class Tally:
@@ -85,7 +93,7 @@ class SpeculativeStepper:
     the controller choose, then a plain step or a verify step; the controller
     observes each, and the tally counts the drafts."""
 
-    def __init__(self, target: Target, speculation: Speculation, sampling: SamplingParams) -> None:
+    def __init__(self, target: Target, speculation: Drafting, sampling: SamplingParams) -> None:
         self.target = target
         self.speculation = speculation
         self.sampling = sampling
@@ -178,7 +186,7 @@ class SpeculativeStepper:
 
 
 def propose(
-    speculation: Speculation,
+    speculation: Drafting,
     context: list[int],
     room: int,
     forced: int,
@@ -219,7 +227,7 @@ def accept_rows(sample: Callable[[int], int], tokens: Sequence[int], first: int 
 
 
 def _make_draft(
-    speculation: Speculation,
+    speculation: Drafting,
     plan: Plan,
     context: list[int],
     sampling: SamplingParams,
