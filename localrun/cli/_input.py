@@ -1,8 +1,12 @@
 """Text the user gives a command (stdin, a prompt argument) checked as UTF-8:
 a byte that is not names the input and its offset, instead of failing later
-in the tokenizer with a position in the templated prompt."""
+in the tokenizer with a position in the templated prompt. And chat turns read
+from piped lines, for local and remote chats alike."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterator
 
 from localrun.cli._env import current
 from localrun.errors import UsageError
@@ -40,3 +44,31 @@ def read_stdin() -> str:
     if buffer is not None:  # the bytes as they came, whatever the locale's decoding
         return _decoded(buffer.read(), "stdin")
     return checked(stdin.read(), "stdin")
+
+
+def read_turns(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
+    """(line number, user message) from plain lines or JSONL. A line that
+    starts with `{` is a JSON user message; once the first non-blank line was
+    one, every line must be. A line that breaks this raises a UsageError
+    naming it, after the turns before it were taken."""
+    jsonl: bool | None = None
+    for number, line in enumerate(lines, 1):
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        if jsonl is None:
+            jsonl = text.lstrip().startswith("{")
+        if jsonl or text.lstrip().startswith("{"):
+            text = _user_message(number, text)
+        yield number, text
+
+
+def _user_message(number: int, text: str) -> str:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"stdin line {number} is not valid JSON: {exc.msg}", hint="the input is JSONL") from None
+    content = record.get("content") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("role", "user") != "user" or not isinstance(content, str):
+        raise UsageError(f'stdin line {number} is not a user message: expected {{"role": "user", "content": "..."}}')
+    return content

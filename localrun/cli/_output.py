@@ -11,6 +11,8 @@ from localrun.cli._env import Environment, current
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from localrun.ui.stream import Renderer
+
 PIPE_WIDTH = 200  # tables into a pipe are not squeezed to 80 columns
 
 
@@ -48,3 +50,17 @@ class Output:
 
 def out() -> Output:
     return Output(current())
+
+
+def pick_renderer(as_json: bool, show_stats: bool, title: str, settings: dict[str, object] | None = None) -> Renderer:
+    """How generated text is shown, for local and remote runs alike: JSON, a live view on a terminal, or plain text."""
+    from rich.console import Console
+
+    from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
+
+    env = current()
+    if as_json:
+        return JsonRenderer(env.stdout, settings=settings)
+    if env.stdout_isatty:
+        return LiveRenderer(Console(file=env.stdout), title=title)
+    return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)

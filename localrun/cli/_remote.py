@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from localrun.cli import _history
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode, as_user_error, describe
-from localrun.cli._output import out
+from localrun.cli._input import read_turns
+from localrun.cli._output import out, pick_renderer
 from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import UsageError
 from localrun.events import Stats
@@ -102,7 +103,6 @@ def generate(
     show_stats: bool,
     no_log: bool = False,
 ) -> ExitCode:
-    from localrun.cli.generate import pick_renderer
     from localrun.remote.backend import Request
 
     messages = [{"role": "system", "content": system}] if system else []
@@ -150,7 +150,6 @@ def chat(
 
 
 def _piped(session: RemoteChat, remote: Remote, as_json: bool, show_stats: bool, recorder: Recorder) -> ExitCode:
-    from localrun.cli.chat import read_turns
     from localrun.ui.stream import JsonRenderer, PlainRenderer, Renderer
 
     env = current()

@@ -12,8 +12,6 @@ with `--json`.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,6 +22,7 @@ from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
+from localrun.cli._input import read_turns
 from localrun.cli._output import out
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
@@ -187,34 +186,6 @@ def _resolve(
 
 
 # ------------------------------------------------------------------- pipe --
-
-
-def read_turns(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
-    """(line number, user message) from plain lines or JSONL. A line that
-    starts with `{` is a JSON user message; once the first non-blank line was
-    one, every line must be. A line that breaks this raises a UsageError
-    naming it, after the turns before it were taken."""
-    jsonl: bool | None = None
-    for number, line in enumerate(lines, 1):
-        text = line.rstrip("\n")
-        if not text.strip():
-            continue
-        if jsonl is None:
-            jsonl = text.lstrip().startswith("{")
-        if jsonl or text.lstrip().startswith("{"):
-            text = _user_message(number, text)
-        yield number, text
-
-
-def _user_message(number: int, text: str) -> str:
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"stdin line {number} is not valid JSON: {exc.msg}", hint="the input is JSONL") from None
-    content = record.get("content") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or record.get("role", "user") != "user" or not isinstance(content, str):
-        raise UsageError(f'stdin line {number} is not a user message: expected {{"role": "user", "content": "..."}}')
-    return content
 
 
 def run_piped(

@@ -12,7 +12,7 @@ from localrun.cli import _options as opt
 from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
-from localrun.cli._output import out
+from localrun.cli._output import out, pick_renderer
 from localrun.errors import UsageError
 from localrun.settings import Options
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from localrun.remote.config import Remote
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
-    from localrun.ui.stream import Renderer
 
 
 def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
@@ -39,19 +38,6 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     material = None if env.stdin is None or env.stdin_isatty else read_stdin()
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
-
-
-def pick_renderer(as_json: bool, show_stats: bool, title: str, settings: dict[str, object] | None = None) -> Renderer:
-    from rich.console import Console
-
-    from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
-
-    env = current()
-    if as_json:
-        return JsonRenderer(env.stdout, settings=settings)
-    if env.stdout_isatty:
-        return LiveRenderer(Console(file=env.stdout), title=title)
-    return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
 
 
 def _refuse_with_batch(speculation: str | None, prompt_cache: bool | None, as_json: bool) -> None:
