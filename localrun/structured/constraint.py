@@ -11,19 +11,34 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from localrun.structured.spec import OutputSpec, json_problem
 
-if TYPE_CHECKING:
-    from localrun.runtime.engine import Engine
+
+class Vocabulary(Protocol):
+    """What a grammar needs of a loaded model (a runtime `Engine` is one): its
+    llama.cpp vocabulary handle and size. Kept as the key of its tokenizer."""
+
+    @property
+    def vocab(self) -> Any: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+
+class Tokenizer(Vocabulary, Protocol):
+    """A vocabulary that also turns text into token ids (what tool grammars need)."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
 
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def tokenizer_for(engine: Engine) -> Any:
+def tokenizer_for(engine: Vocabulary) -> Any:
     """llguidance's tokenizer for the engine's vocabulary (about a second to build; kept per engine)."""
     tok = _tokenizers.get(engine)
     if tok is None:
@@ -46,7 +61,7 @@ class Constraint:
     """One generation's grammar state. `apply` before each sample, `consume`
     each token the output keeps; `stopped` once the grammar allows nothing more."""
 
-    def __init__(self, engine: Engine, spec: OutputSpec) -> None:
+    def __init__(self, engine: Vocabulary, spec: OutputSpec) -> None:
         import llguidance
         import llguidance.numpy as llnp
 

@@ -24,7 +24,7 @@ from localrun.errors import InvalidRequestError
 from localrun.structured.spec import OutputSpec, json_problem
 
 if TYPE_CHECKING:
-    from localrun.runtime.engine import Engine
+    from localrun.structured.constraint import Tokenizer
 
 Choice = Literal["auto", "required"]
 
@@ -123,7 +123,7 @@ def _declared(f: Function) -> dict[str, Any]:
 _MARKER = re.compile(r"(</?\|?[A-Za-z_][\w|.-]*\|?>|\[[A-Z_]+\])")
 
 
-def _specials(engine: Engine) -> set[str]:
+def _specials(engine: Tokenizer) -> set[str]:
     """The markers this vocabulary holds as one special token each."""
     from localrun.structured.constraint import tokenizer_for
 
@@ -196,7 +196,7 @@ def _call_rules(fmt: CallFormat, functions: list[Function], specials: set[str], 
 
 
 def tool_grammar(
-    engine: Engine,
+    engine: Tokenizer,
     functions: list[Function],
     fmt: CallFormat,
     choice: Choice,
