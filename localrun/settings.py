@@ -1,10 +1,11 @@
-"""The one precedence rule for a run's settings.
+"""The precedence rule for a run's settings, before wisdom.
 
 A command-line option wins; then the model's `defaults` in models.toml; then
-the user's config.toml; then what `localrun tune` measured on this machine
-(`localrun.tune.apply`, "wisdom"); then the built-in default, which is
-llama.cpp's own where speed depends on it. Every command resolves its
-settings here, and each value remembers where it came from.
+the user's config.toml; then the built-in default, which is llama.cpp's own
+where speed depends on it. Every command resolves its settings here, and each
+value remembers where it came from. `resolve` never reads the wisdom: what
+`localrun tune` measured on this machine is applied afterwards, by
+`localrun.tune.apply`, to each setting still at its default (source "wisdom").
 """
 
 from __future__ import annotations
