@@ -40,10 +40,36 @@ class Device:
         return self.kind in ("gpu", "igpu")
 
 
-def _library(name: str) -> ctypes.CDLL:
+_DYNAMIC = ("libggml-cuda", "libggml-hip", "libggml-vulkan", "libggml-metal")  # GGML_BACKEND_DL builds
+
+
+def _lib_dir() -> Path:
     import llama_cpp  # its lib/ folder holds the ggml libraries libllama is linked with
 
-    return ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / name))
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def _library(name: str) -> ctypes.CDLL:
+    return ctypes.CDLL(str(_lib_dir() / name))
+
+
+@functools.cache
+def load_dynamic_backends() -> None:
+    """Register the GPU backends of a build made with GGML_BACKEND_DL, which
+    are separate libraries that nothing links: once per process, before
+    llama.cpp's backend starts. A build that links its backends (the default)
+    has nothing to load."""
+    folder = _lib_dir()
+    if not any(p.name.startswith(_DYNAMIC) for p in folder.glob("libggml-*")):
+        return
+    try:
+        registry = _library("libggml.so")
+        registry.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        registry.ggml_backend_load_all_from_path.restype = None
+    except (OSError, AttributeError):
+        return
+    if registry.ggml_backend_dev_count() <= 1:  # the CPU alone: the GPU backends are not linked in
+        registry.ggml_backend_load_all_from_path(str(folder).encode())
 
 
 @dataclass(frozen=True)
@@ -55,6 +81,7 @@ class _Api:
 @functools.cache
 def _api() -> _Api | None:
     """ggml's device calls with their C types; None when the libraries lack them."""
+    load_dynamic_backends()
     try:
         registry, base = _library("libggml.so"), _library("libggml-base.so")
         registry.ggml_backend_dev_count.restype = ctypes.c_size_t

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import llama_cpp
 
+from localrun.runtime import devices
 from localrun.runtime.llama import native_call
 
 LEVEL_WARN = 3  # GGML_LOG_LEVEL_WARN in ggml.h
@@ -60,6 +61,7 @@ def init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
         set_verbose(_verbose)
+        devices.load_dynamic_backends()  # a GGML_BACKEND_DL build's GPU backends, before llama.cpp starts
         with native_call():
             llama_cpp.llama_backend_init()
         _backend_ready = True
