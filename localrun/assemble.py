@@ -135,4 +135,11 @@ def assemble(
         verbose=verbose,
     )
     gpu_hint = devices_module.unused_gpu(found_devices) if settings.gpu_layers != "0" else None
-    return Assembled(config, info, settings, found.wisdom, tuple(found.warnings), found.hint, gpu_hint)
+    warnings = list(found.warnings)
+    kv = (settings.type_k, settings.type_v)
+    if placement.model.offloaded and kv not in placement.kv_pairs:
+        warnings.append(
+            f"KV {kv[0]}/{kv[1]} on a GPU: llama.cpp's CUDA flash attention has kernels for matching K and V "
+            "types only, and falls back to a slower path for this pair; --kv q8_0 (or f16) keeps them matched"
+        )
+    return Assembled(config, info, settings, found.wisdom, tuple(warnings), found.hint, gpu_hint)

@@ -381,3 +381,25 @@ def test_assembling_a_run_on_a_gpu(tiny_model: Path) -> None:
     assert run.settings.type_k == "f16" and run.settings.sources["gpu_layers"] == "default"
     cpu = assemble(tiny_model, resolve(Options(gpu_layers="0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False)
     assert not cpu.placement.model.offloaded and cpu.config.adapt_threads
+
+
+def test_a_gpu_the_build_cannot_use_gets_a_hint(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localrun.assemble import assemble
+    from localrun.runtime import devices
+    from localrun.settings import Options, resolve
+
+    node = tmp_path / "nvidia0"
+    monkeypatch.setattr(devices, "_GPU_NODES", ((str(node), "an NVIDIA GPU", "cuda"),))
+    assert assemble(tiny_model, resolve(Options()), devices=[CPU], use_wisdom=False).gpu_hint is None
+    node.touch()  # a driver's device node, and a CPU-only build
+    hint = assemble(tiny_model, resolve(Options()), devices=[CPU], use_wisdom=False).gpu_hint
+    assert hint is not None and "LOCALRUN_BACKEND=cuda scripts/setup" in hint
+    assert (
+        assemble(tiny_model, resolve(Options()), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False).gpu_hint is None
+    )
+    unmatched = assemble(
+        tiny_model, resolve(Options(kv_k="q8_0", kv_v="q4_0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False
+    )
+    assert any("matching K and V" in w for w in unmatched.warnings)
