@@ -3,6 +3,10 @@ model's registry entry says otherwise.
 
     # ~/.config/localrun/config.toml (or $LOCALRUN_HOME/config/config.toml)
     [defaults]
+    model = "qwen2.5-coder:0.5b"  # the model when -m is not given
+    temperature = 0.2        # sampling temperature, 0 for greedy decoding
+    max_tokens = 512         # stop a reply after this many tokens
+    system = "Be brief."     # the system prompt
     kv_k = "q8_0"            # KV cache type for K: auto, f16, q8_0, q4_0
     kv_v = "q8_0"            # and for V
     flash_attn = "auto"      # auto, on, off
@@ -12,8 +16,9 @@ model's registry entry says otherwise.
     memory_budget = "6GiB"   # weights + KV cache + compute (bytes or a size)
     markdown = false         # chat: replies as written, not rendered as Markdown
 
-Precedence everywhere: a command-line option, then the model's registry
-defaults, then this file, then localrun's built-in default. The file is
+Precedence everywhere: a command-line option (for the model, then
+LOCALRUN_MODEL), then the model's registry defaults, then this file, then
+localrun's built-in default. The file is
 validated on load (the file, the key and the reason on error) and written
 atomically (`localrun bench --save-defaults` writes it).
 """
@@ -39,6 +44,10 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 class UserConfig:
     """[defaults] of config.toml; None where the file says nothing."""
 
+    model: str | None = None  # the model when -m is not given
+    temperature: float | None = None
+    max_tokens: int | None = None
+    system: str | None = None  # the system prompt
     kv_k: str | None = None
     kv_v: str | None = None
     flash_attn: str | None = None
@@ -70,6 +79,12 @@ def _positive_int(path: Path, key: str, value: Any) -> int:
     return value
 
 
+def _temperature(path: Path, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise _fail(path, key, f"{value!r} must be a number, 0 (greedy) or more")
+    return float(value)
+
+
 def _size(path: Path, key: str, value: Any) -> int:
     if isinstance(value, str):
         try:
@@ -93,6 +108,10 @@ def _text(path: Path, key: str, value: Any) -> str:
 
 KV_TYPES = tuple(KV_BYTES_PER_ELEMENT)
 _PARSERS: dict[str, Callable[[Path, str, Any], Any]] = {
+    "model": _text,
+    "temperature": _temperature,
+    "max_tokens": _positive_int,
+    "system": _text,
     "kv_k": lambda p, k, v: _choice(p, k, v, ("auto", *KV_TYPES)),
     "kv_v": lambda p, k, v: _choice(p, k, v, ("auto", *KV_TYPES)),
     "flash_attn": lambda p, k, v: _choice(p, k, v, FLASH_ATTN_MODES),

@@ -19,6 +19,7 @@ from localrun.errors import UsageError
 
 Source = Literal["option", "model", "config", "wisdom", "default"]
 AUTO = "auto"
+DEFAULT_TEMPERATURE = 0.8
 AUTO_CTX = AUTO
 MIN_CTX = 16  # a context smaller than this is refused
 
@@ -115,6 +116,17 @@ def _first(*candidates: tuple[Source, Any]) -> tuple[Any, Source]:
     return None, "default"
 
 
+def sampling_defaults(
+    temperature: float | None, max_tokens: int | None, user: UserConfig | None = None
+) -> tuple[float, int | None]:
+    """`--temperature` and `--max-tokens`: the option, then config.toml, then
+    the built-in default (0.8, and no limit)."""
+    user = user or UserConfig()
+    picked_temperature, _ = _first(("option", temperature), ("config", user.temperature))
+    picked_max, _ = _first(("option", max_tokens), ("config", user.max_tokens))
+    return (DEFAULT_TEMPERATURE if picked_temperature is None else picked_temperature), picked_max
+
+
 def resolve(
     options: Options, model_defaults: Mapping[str, Any] | None = None, user: UserConfig | None = None
 ) -> RunSettings:
@@ -140,7 +152,7 @@ def resolve(
         "flash_attn": _first(("option", options.flash_attn), ("config", user.flash_attn), ("default", "auto")),
         "threads": _first(("option", options.threads), ("config", user.threads)),
         "memory_budget": _first(("option", options.memory_budget), ("config", user.memory_budget)),
-        "system": _first(("option", options.system), ("model", model.get("system"))),
+        "system": _first(("option", options.system), ("model", model.get("system")), ("config", user.system)),
         "draft": _first(("option", options.draft), ("config", user.draft), ("default", "auto")),
         "parallel": _first(("option", options.parallel), ("config", user.parallel)),
         "gpu_layers": _first(("option", options.gpu_layers), ("default", "auto")),

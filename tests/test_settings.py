@@ -4,7 +4,7 @@ import pytest
 
 from localrun.config import UserConfig
 from localrun.errors import UsageError
-from localrun.settings import Options, parse_ctx, resolve
+from localrun.settings import DEFAULT_TEMPERATURE, Options, parse_ctx, resolve, sampling_defaults
 
 
 def test_each_setting_takes_the_first_source_that_has_it() -> None:
@@ -58,3 +58,18 @@ def test_option_values_are_checked_and_named() -> None:
         resolve(Options(kv_v="f32"))
     with pytest.raises(UsageError, match="unknown --flash-attn value 'maybe'"):
         resolve(Options(flash_attn="maybe"))
+
+
+def test_the_system_prompt_falls_back_to_the_config() -> None:
+    user = UserConfig(system="from the config")
+    assert resolve(Options(), None, user).system == "from the config"
+    assert resolve(Options(), None, user).sources["system"] == "config"
+    assert resolve(Options(), {"system": "from the registry"}, user).system == "from the registry"
+    assert resolve(Options(system="given"), {"system": "from the registry"}, user).system == "given"
+
+
+def test_temperature_and_max_tokens_take_the_option_then_the_config() -> None:
+    assert sampling_defaults(None, None) == (DEFAULT_TEMPERATURE, None)
+    user = UserConfig(temperature=0.2, max_tokens=64)
+    assert sampling_defaults(None, None, user) == (0.2, 64)
+    assert sampling_defaults(0.0, 5, user) == (0.0, 5)  # 0 is a value given, not "not given"

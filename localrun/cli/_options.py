@@ -12,7 +12,7 @@ import typer
 from localrun import store
 from localrun.cli._env import current
 from localrun.cli._output import out
-from localrun.cli._resolve import resolve_model
+from localrun.cli._resolve import model_name, resolve_model
 from localrun.errors import UsageError
 from localrun.settings import Options, RunSettings, resolve
 from localrun.store import Target
@@ -31,7 +31,7 @@ Model = Annotated[
         "--model",
         envvar="LOCALRUN_MODEL",
         help="Alias (family:tag), owner/repo:QUANT, hf://... or a GGUF path; a remote's name (remote:NAME) or "
-        "URL runs on that server. Default: the registry's default.",
+        "URL runs on that server. Default: config.toml's model, else the registry's default.",
         show_default=False,
     ),
 ]
@@ -45,14 +45,33 @@ RemoteUrl = Annotated[
     ),
 ]
 Offline = Annotated[bool, typer.Option("--offline", help="Never download: use only models already here.")]
-MaxTokens = Annotated[int | None, typer.Option("--max-tokens", "-n", help="Stop after this many tokens.")]
-Temperature = Annotated[float, typer.Option("--temperature", "-t", help="0 for greedy decoding.")]
+MaxTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tokens",
+        "-n",
+        help="Stop after this many tokens. Default: no limit but the context (config.toml: max_tokens).",
+        show_default=False,
+    ),
+]
+Temperature = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature",
+        "-t",
+        help="0 for greedy decoding. Default: 0.8 (config.toml: temperature).",
+        show_default=False,
+    ),
+]
 TopP = Annotated[float, typer.Option("--top-p")]
 TopK = Annotated[int, typer.Option("--top-k")]
 MinP = Annotated[float, typer.Option("--min-p")]
 RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty")]
 Seed = Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed.")]
-System = Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")]
+System = Annotated[
+    str | None,
+    typer.Option("-s", "--system", help="System prompt (config.toml: system).", show_default=False),
+]
 Ctx = Annotated[
     str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
 ]
@@ -209,7 +228,7 @@ def resolve_engine(
 
     check_positive(threads=options.threads)
     env = current()
-    entry = store.parse(model or env.registry.default, env.registry).entry
+    entry = store.parse(model_name(model) or env.registry.default, env.registry).entry
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
     # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all

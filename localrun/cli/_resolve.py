@@ -24,6 +24,15 @@ def _pull_missing(target: store.Target) -> Path:
     return pull_with_progress(target).path
 
 
+def model_name(name: str | None) -> str | None:
+    """The model named (`-m`, else LOCALRUN_MODEL), else config.toml's `model`;
+    None: the registry's default."""
+    return name if name is not None else current().config.model
+
+
 def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> store.Resolved:
-    """`store.resolve` on the current registry, pulling on first use with a progress bar."""
-    return store.resolve(name, current().registry, offline=offline, with_draft=with_draft, pull_missing=_pull_missing)
+    """`store.resolve` on the current registry (no name: config.toml's `model`,
+    else the registry's default), pulling on first use with a progress bar."""
+    return store.resolve(
+        model_name(name), current().registry, offline=offline, with_draft=with_draft, pull_missing=_pull_missing
+    )

@@ -24,9 +24,10 @@ from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._input import read_turns
 from localrun.cli._output import out
+from localrun.cli._resolve import model_name
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
-from localrun.settings import Options
+from localrun.settings import Options, sampling_defaults
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
@@ -54,7 +55,7 @@ def chat(
         ),
     ] = None,
     max_tokens: opt.MaxTokens = None,
-    temperature: opt.Temperature = 0.8,
+    temperature: opt.Temperature = None,
     top_p: opt.TopP = 0.95,
     top_k: opt.TopK = 40,
     min_p: opt.MinP = 0.05,
@@ -95,6 +96,7 @@ def chat(
     from localrun.runtime.prompt import chat_template
 
     opt.check_positive(max_tokens=max_tokens)
+    temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     drafting = draft_choice(spec, draft, draft_model)
     output = opt.structured_output(schema, grammar)
@@ -112,12 +114,13 @@ def chat(
     )
     from localrun.cli import _remote
 
-    remote = _remote.find(model, remote_url)
+    continuing = load is not None or continue_last  # on the conversation's model unless -m is given
+    remote = _remote.find(model if remote_url or continuing else model_name(model), remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         _remote.refuse_local_options(options, offline=offline, load=load, template=template, grammar=grammar)
         return _remote.chat(
             remote,
-            system=system,
+            system=system if system is not None else current().config.system,
             sampling=sampling,
             max_tokens=max_tokens,
             output=output,

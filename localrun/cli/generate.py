@@ -13,8 +13,9 @@ from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draf
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out, pick_renderer
+from localrun.cli._resolve import model_name
 from localrun.errors import UsageError
-from localrun.settings import Options
+from localrun.settings import Options, sampling_defaults
 
 if TYPE_CHECKING:
     from localrun.events import Stats
@@ -121,7 +122,7 @@ def generate(
     remote_url: opt.RemoteUrl = None,
     offline: opt.Offline = False,
     max_tokens: opt.MaxTokens = None,
-    temperature: opt.Temperature = 0.8,
+    temperature: opt.Temperature = None,
     top_p: opt.TopP = 0.95,
     top_k: opt.TopK = 40,
     min_p: opt.MinP = 0.05,
@@ -177,6 +178,7 @@ def generate(
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
     opt.check_positive(max_tokens=max_tokens, parallel=parallel)
+    temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
@@ -196,14 +198,14 @@ def generate(
     )
     from localrun.cli import _remote
 
-    remote = _remote.find(model, remote_url)
+    remote = _remote.find(model if remote_url else model_name(model), remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         _remote.refuse_local_options(options, offline=offline, prompt_cache=prompt_cache, grammar=grammar)
         return _on_remote(
             remote,
             prompt,
             batch,
-            system,
+            system if system is not None else current().config.system,
             raw,
             sampling,
             max_tokens,

@@ -11,7 +11,7 @@ import typer
 from localrun import store
 from localrun.cli._env import current
 from localrun.cli._output import out
-from localrun.cli._resolve import pull_with_progress
+from localrun.cli._resolve import model_name, pull_with_progress
 from localrun.errors import ModelNotFoundError, UsageError
 from localrun.units import count, human_bytes, parse_size
 
@@ -93,11 +93,23 @@ class ListRow:
     path: str | None
 
 
+def _default_alias() -> str | None:
+    """The alias a command without -m runs (config.toml's `model`, else the
+    registry's default); None when that is not a registry alias."""
+    reg = current().registry
+    try:
+        entry = store.parse(model_name(None) or reg.default, reg).entry
+    except (ModelNotFoundError, UsageError):
+        return None
+    return entry.alias if entry is not None else None
+
+
 def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
 ) -> None:
     """The registry's models: present or not, size on disk, quantization, draft, source."""
     reg = current().registry
+    default = _default_alias()
     rows = []
     for entry in reg.entries.values():
         path = store.locate(store.Target.from_entry(entry))
@@ -110,7 +122,7 @@ def list_models(
                 draft=entry.draft,
                 source=f"hf://{entry.repo}/{entry.file}",
                 mirrors=len(entry.mirrors),
-                default=entry.alias == reg.default,
+                default=entry.alias == default,
                 path=str(path) if path else None,
             )
         )

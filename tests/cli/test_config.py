@@ -4,13 +4,14 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from localrun import config, paths
 from localrun.errors import ConfigError
 from localrun.store import registry
-from tests.helpers import cli
+from tests.helpers import Result, cli
 from tests.tinymodel import write_tiny_model
 
 
@@ -44,6 +45,10 @@ def test_values_are_typed() -> None:
     assert config.load().memory_budget == 1_000_000
     write_config("[defaults]\nmarkdown = false\n")
     assert config.load().markdown is False
+    write_config('[defaults]\nmodel = "qwen2.5-coder:0.5b"\ntemperature = 0\nmax_tokens = 64\nsystem = "Be brief."\n')
+    assert config.load() == config.UserConfig(
+        model="qwen2.5-coder:0.5b", temperature=0.0, max_tokens=64, system="Be brief."
+    )
 
 
 @pytest.mark.parametrize(
@@ -61,6 +66,13 @@ def test_values_are_typed() -> None:
         ("[defaults]\nmemory_budget = 'lots'\n", "[defaults] memory_budget", "not a size"),
         ("[defaults]\ndraft = ''\n", "[defaults] draft", "non-empty"),
         ("[defaults]\nmarkdown = 'off'\n", "[defaults] markdown", "true or false"),
+        ("[defaults]\nmodel = ''\n", "[defaults] model", "non-empty"),
+        ("[defaults]\ntemperature = -0.5\n", "[defaults] temperature", "0 (greedy) or more"),
+        ("[defaults]\ntemperature = 'hot'\n", "[defaults] temperature", "0 (greedy) or more"),
+        ("[defaults]\ntemperature = nan\n", "[defaults] temperature", "0 (greedy) or more"),
+        ("[defaults]\nmax_tokens = 0\n", "[defaults] max_tokens", "whole number"),
+        ("[defaults]\nmax_tokens = 1.5\n", "[defaults] max_tokens", "whole number"),
+        ("[defaults]\nsystem = 3\n", "[defaults] system", "non-empty"),
     ],
 )
 def test_bad_content_names_the_file_and_key(text: str, where: str, reason: str) -> None:
@@ -76,6 +88,59 @@ def test_a_broken_config_stops_generate_with_exit_6(tiny_model: Path) -> None:
     res = cli("generate", "-m", str(tiny_model), "-n", "2", "hi")
     assert res.returncode == 6
     assert str(path) in res.stderr and "threads" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_bad_temperature_in_the_config_stops_chat_with_exit_6(tiny_model: Path) -> None:
+    path = write_config("[defaults]\ntemperature = -1\n")
+    res = cli("chat", "-m", str(tiny_model), input="hi\n")
+    assert res.returncode == 6
+    assert res.stderr.startswith(f"error: {path}: [defaults] temperature: -1 must be a number"), res.stderr
+
+
+def done(res: Result) -> dict[str, Any]:
+    assert res.returncode == 0, res.stderr[-2000:]
+    record: dict[str, Any] = json.loads(res.stdout.splitlines()[-1])
+    assert record["type"] == "done"
+    return record
+
+
+def test_the_config_names_the_default_model_and_max_tokens(tiny_model: Path, eos_model: Path) -> None:
+    write_config(f"[defaults]\nmodel = {json.dumps(str(tiny_model))}\nmax_tokens = 2\n")
+    assert done(cli("generate", "--json", "hi"))["generated_tokens"] == 2
+    assert done(cli("generate", "--json", "-n", "3", "hi"))["generated_tokens"] == 3  # the option wins
+    assert json.loads(cli("logs", "--json", "-n", "1").stdout)[0]["model"] == "tiny.gguf"
+    cli("generate", "--json", "hi", env={"LOCALRUN_MODEL": str(eos_model)})  # the environment wins over it
+    assert json.loads(cli("logs", "--json", "-n", "1").stdout)[0]["model"] == "tiny-eos.gguf"
+    cli("generate", "--json", "-m", str(eos_model), "hi")
+    assert json.loads(cli("logs", "--json", "-n", "1").stdout)[0]["model"] == "tiny-eos.gguf"
+
+
+def test_list_marks_the_config_default() -> None:
+    def defaults() -> list[str]:
+        return [m["alias"] for m in json.loads(cli("list", "--json").stdout)["models"] if m["default"]]
+
+    assert defaults() == ["qwen2.5-coder:1.5b"]
+    write_config('[defaults]\nmodel = "smollm2"\n')
+    assert defaults() == ["smollm2:135m"]
+    write_config('[defaults]\nmodel = "some/file.gguf"\n')
+    assert defaults() == []
+
+
+def text_of(res: Result) -> str:
+    return "".join(json.loads(line).get("text", "") for line in res.stdout.splitlines())
+
+
+def test_the_config_sets_the_temperature_and_system_prompt(tiny_model: Path) -> None:
+    args = ("generate", "-m", str(tiny_model), "--json", "-n", "8", "--seed", "7", "hi")
+    plain, greedy = cli(*args), cli(*args, "-t", "0")
+    assert text_of(plain) != text_of(greedy)  # this seed samples away from the greedy choice
+    write_config("[defaults]\ntemperature = 0\n")
+    assert text_of(cli(*args)) == text_of(greedy)
+    assert text_of(cli(*args, "-t", "0.8")) == text_of(plain)  # the option wins
+    write_config('[defaults]\nsystem = "You review code and answer in one short line."\n')
+    with_system = done(cli(*args))["prompt_tokens"]
+    assert with_system > done(plain)["prompt_tokens"]  # the system prompt is in the prompt
+    assert done(cli(*args, "-s", "x"))["prompt_tokens"] < with_system  # the option wins
 
 
 def test_save_defaults_merges_and_writes_atomically() -> None:
