@@ -61,6 +61,13 @@ class RunSettings:
     sources: Mapping[str, Source] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)  # why an automatic value is what it is
 
+    @property
+    def kv_news(self) -> bool:
+        """Whether the automatic KV cache type is worth a note at a terminal:
+        it is not f16 (the default, when the context fits at f16). `--json`
+        and `--verbose` give the reason every time."""
+        return "kv" in self.reasons and (self.type_k, self.type_v) != ("f16", "f16")
+
     def as_dict(self) -> dict[str, Any]:
         """Each setting with its value and source (and reason, where there is one): `--json`."""
         values = {

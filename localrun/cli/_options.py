@@ -223,7 +223,8 @@ def resolve_engine(
     put the run together (`localrun.assemble`: placement, and what is
     automatic from this machine's wisdom; ``need``: the context the run
     needs, ``depth``: the depth it mostly decodes at, when known); the model
-    is not loaded. Says on a terminal which KV cache type auto chose and why."""
+    is not loaded. Says on a terminal which KV cache type auto chose and why
+    when it is not f16 (always with ``verbose``)."""
     from localrun.assemble import assemble
 
     check_positive(threads=options.threads)
@@ -242,7 +243,7 @@ def resolve_engine(
         out().note(run.hint)
     if run.gpu_hint and notes:
         out().note(run.gpu_hint)
-    if "kv" in run.settings.reasons and env.stderr_isatty:
+    if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
 

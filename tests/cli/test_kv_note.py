@@ -1,0 +1,61 @@
+"""The note on which KV cache type auto chose: at a terminal only when it is
+not f16; with --verbose always; in --json always."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from localrun import config
+from localrun.cli import main
+from localrun.cli._env import Environment
+from localrun.settings import Options, resolve
+from tests.tinymodel import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Head size 32: what quantized KV cache blocks need."""
+    return write_tiny_model(tmp_path_factory.mktemp("kv") / "wide.gguf", n_embd=128, n_head=4, n_head_kv=2)
+
+
+def at_terminal(*args: str) -> tuple[int, str, str]:
+    """`localrun ARGS` with stderr a terminal (stdout a pipe): (code, stdout, stderr)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = main(list(args), Environment(io.StringIO(), stdout, stderr, stdin_isatty=False, stderr_isatty=True))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def test_nothing_is_said_when_the_default_fits(wide_model: Path) -> None:
+    code, _, err = at_terminal("generate", "-m", str(wide_model), "-n", "2", "hi")
+    assert code == 0 and "kv cache" not in err, err
+
+
+def test_verbose_and_json_give_the_reason(wide_model: Path) -> None:
+    code, _, err = at_terminal("generate", "--verbose", "-m", str(wide_model), "-n", "2", "hi")
+    assert code == 0 and "kv cache f16/f16: " in err
+    code, out, err = at_terminal("generate", "--json", "-m", str(wide_model), "-n", "2", "hi")
+    assert code == 0 and "kv cache" not in err
+    done = json.loads(out.splitlines()[-1])
+    assert done["settings"]["type_k"]["why"].startswith("f16/f16: ")
+
+
+def test_a_quantized_choice_is_said(wide_model: Path) -> None:
+    path = config.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[defaults]\nmemory_budget = 1000000\n")  # too little for an f16 cache
+    _, _, err = at_terminal("generate", "-m", str(wide_model), "-n", "2", "hi")
+    assert "kv cache q8_0/q4_0: " in err, err
+
+
+def test_only_a_chosen_type_other_than_f16_is_news() -> None:
+    settled = resolve(Options(), None, config.UserConfig())
+    assert not settled.kv_news  # nothing chosen yet
+    chosen = replace(settled, type_k="f16", type_v="f16", reasons={"kv": "f16/f16: fits"})
+    assert not chosen.kv_news
+    assert replace(chosen, type_v="q8_0").kv_news
+    assert not replace(settled, type_k="q8_0", type_v="q8_0").kv_news  # given, not chosen: no reason to give
