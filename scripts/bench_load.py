@@ -89,7 +89,7 @@ class Runner:
         if threads is None:
             self.ended.append(done["threads"])
         record = self._last_record()
-        p50, p95 = record.get("token_p50_ms"), record.get("token_p95_ms")
+        p50, p95 = record.get("p50_token_ms"), record.get("p95_token_ms")
         return done["decode_tokens_per_s"], float(p50 or 0), float(p95 or 0)  # type: ignore[arg-type]
 
     def batch(self, threads: int | None) -> tuple[float, float, float]:

@@ -114,7 +114,7 @@ def logs(
     with _history() as conn:
         rows = query.list_runs(conn, filters, limit or None) if conn is not None else []
     if as_json:
-        out().json(rows, indent=2)
+        out().json([query.as_json(r) for r in rows], indent=2)
         return
     if not rows:
         from localrun.history.record import logging_enabled
@@ -142,7 +142,7 @@ def show(
     if found is None:
         raise UsageError(f"no run {run_id} in the history", hint="localrun logs lists them")
     if as_json:
-        out().json(found, indent=2)
+        out().json(query.as_json(found), indent=2)
         return
     from localrun.ui.history import run_text
 

@@ -7,12 +7,13 @@ select (percentiles need the values, which SQLite does not aggregate).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +169,43 @@ LIST_COLUMNS = (
 )
 
 
+# the history's columns whose JSON name differs: one name per quantity across
+# every JSON contract (docs/json.md), as the `--json` done event and bench say it
+JSON_NAMES = {
+    "decode_tps": "decode_tokens_per_s",
+    "prompt_tps": "prompt_tokens_per_s",
+    "token_p50_ms": "p50_token_ms",
+    "token_p95_ms": "p95_token_ms",
+    "drafted": "proposed",
+}
+_FLAGS = ("retry", "valid")
+
+
+def iso_time(timestamp: float | None) -> str | None:
+    """A history time (epoch seconds) as ISO 8601, in UTC, to the millisecond."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
+
+
+def _json_value(name: str, value: Any) -> Any:
+    if name == "time":
+        return iso_time(value)
+    if name == "settings" and isinstance(value, str):
+        return json.loads(value)
+    if name == "thread_shares" and isinstance(value, str):  # "2:0.125,1:0.875", as the done event's object
+        return {n: float(share) for n, _, share in (part.partition(":") for part in value.split(",") if part)}
+    if name in _FLAGS and value is not None:
+        return bool(value)
+    return value
+
+
+def as_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A run as `logs --json` and `logs show --json` write it: the names of
+    docs/json.md, the time in ISO 8601, settings as objects, flags as booleans."""
+    return {JSON_NAMES.get(name, name): _json_value(name, value) for name, value in row.items()}
+
+
 def list_runs(conn: sqlite3.Connection, filters: Filters, limit: int | None = 20) -> list[dict[str, Any]]:
     """The runs ``filters`` select, newest first."""
     where, params = filters.where()
@@ -257,13 +295,13 @@ class GroupStats:
         return {
             "runs": self.runs,
             "generated_tokens": self.generated_tokens,
-            "tokens_per_s_p50": percentile(self.rates, 0.5),
-            "token_ms_p95": percentile(self.token_p95s, 0.95),
+            "decode_tokens_per_s_p50": percentile(self.rates, 0.5),
+            "p95_token_ms_p95": percentile(self.token_p95s, 0.95),
             "ttft_s_p50": percentile(self.ttfts, 0.5),
             "ttft_s_p95": percentile(self.ttfts, 0.95),
             "acceptance": self.accepted / self.drafted if self.drafted else None,
-            "first": self.first,
-            "last": self.last,
+            "first": iso_time(self.first),
+            "last": iso_time(self.last),
         }
 
 

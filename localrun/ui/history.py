@@ -150,8 +150,8 @@ def stats_table(by: Sequence[str], groups: Sequence[GroupStats]) -> FitTable:
         table.add_row(
             *g.key,
             str(s["runs"]),
-            _num(s["tokens_per_s_p50"]),
-            _num(s["token_ms_p95"], ".0f"),
+            _num(s["decode_tokens_per_s_p50"]),
+            _num(s["p95_token_ms_p95"], ".0f"),
             _num(s["ttft_s_p50"], ".2f", "s"),
             _num(s["ttft_s_p95"], ".2f", "s"),
             _num(s["acceptance"], ".0%"),
@@ -161,8 +161,8 @@ def stats_table(by: Sequence[str], groups: Sequence[GroupStats]) -> FitTable:
 
 COMPARED = (
     ("runs", "runs", "d", ""),
-    ("tokens_per_s_p50", "tok/s p50", ".1f", ""),
-    ("token_ms_p95", "ms/tok p95", ".1f", ""),
+    ("decode_tokens_per_s_p50", "tok/s p50", ".1f", ""),
+    ("p95_token_ms_p95", "ms/tok p95", ".1f", ""),
     ("ttft_s_p50", "ttft p50", ".2f", "s"),
     ("ttft_s_p95", "ttft p95", ".2f", "s"),
     ("acceptance", "acceptance", ".0%", ""),

@@ -116,8 +116,8 @@ def test_stats_group_runs_and_give_medians_and_acceptance(speeds: None) -> None:
         groups = {g.key: g.summary() for g in query.group_stats(conn, ["kv"], query.Filters())}
         (everything,) = query.group_stats(conn, [], query.Filters())
     assert set(groups) == {("f16",), ("q8_0",)}
-    assert (groups[("f16",)]["runs"], groups[("f16",)]["tokens_per_s_p50"]) == (3, 20.0)
-    assert (groups[("q8_0",)]["runs"], groups[("q8_0",)]["tokens_per_s_p50"]) == (2, 10.0)
+    assert (groups[("f16",)]["runs"], groups[("f16",)]["decode_tokens_per_s_p50"]) == (3, 20.0)
+    assert (groups[("q8_0",)]["runs"], groups[("q8_0",)]["decode_tokens_per_s_p50"]) == (2, 10.0)
     assert groups[("f16",)]["acceptance"] is None and groups[("q8_0",)]["acceptance"] == 0.5
     assert everything.summary()["runs"] == 5
 
@@ -126,7 +126,7 @@ def test_compare_two_groups_and_two_date_ranges(speeds: None) -> None:
     with db.connect() as conn:
         a, b = query.compare(conn, query.selector("kv=f16"), query.selector("kv=q8_0"), query.Filters())
         assert (a.summary()["runs"], b.summary()["runs"]) == (3, 2)
-        assert query.change(a.summary()["tokens_per_s_p50"], b.summary()["tokens_per_s_p50"]) == -0.5
+        assert query.change(a.summary()["decode_tokens_per_s_p50"], b.summary()["decode_tokens_per_s_p50"]) == -0.5
         early = query.Filters(until=1_500_000.0)
         late = query.Filters(since=1_500_000.0)
         a, b = query.compare(conn, early, late, query.Filters())
@@ -134,7 +134,7 @@ def test_compare_two_groups_and_two_date_ranges(speeds: None) -> None:
     res = cli("logs", "stats", "--compare", "kv=f16", "kv=q8_0", "--json")
     assert res.returncode == 0, res.stderr
     compared = json.loads(res.stdout)
-    assert compared["change"]["tokens_per_s_p50"] == -0.5 and compared["b"]["acceptance"] == 0.5
+    assert compared["change"]["decode_tokens_per_s_p50"] == -0.5 and compared["b"]["acceptance"] == 0.5
     by = cli("logs", "stats", "--by", "kv,draft")
     assert by.returncode == 0 and "q8_0" in by.stdout and "f16" in by.stdout
 
@@ -159,6 +159,30 @@ def test_the_chart_draws_a_line_per_group(speeds: None, tmp_path: Path) -> None:
     svg = chart.read_text()
     assert svg.startswith("<svg") and ">f16<" in svg and ">q8_0<" in svg
     assert svg.count("<polyline") == 1  # f16 has runs at three times; q8_0 at one (a dot)
+
+
+def test_logs_json_names_each_quantity_as_the_done_event_does(speeds: None) -> None:
+    (newest,) = json.loads(cli("logs", "-n", "1", "--json").stdout)
+    assert newest["time"] == "1970-01-24T03:33:20.000+00:00"  # ISO 8601, UTC
+    assert newest["decode_tokens_per_s"] == 15.0 and (newest["proposed"], newest["accepted"]) == (4, 2)
+    assert "p50_token_ms" in newest and "p95_token_ms" in newest
+    assert not {"decode_tps", "token_p50_ms", "token_p95_ms", "drafted"} & set(newest)
+    shown = json.loads(cli("logs", "show", str(newest["id"]), "--json").stdout)
+    assert shown["time"] == newest["time"] and shown["decode_tokens_per_s"] == 15.0
+    assert shown["retry"] is False and "prompt_tokens_per_s" in shown
+    (group,) = json.loads(cli("logs", "stats", "--json").stdout)
+    assert (group["first"], group["last"]) == ("1970-01-13T17:33:20.000+00:00", newest["time"])
+    assert group["decode_tokens_per_s_p50"] == 15.0 and "p95_token_ms_p95" in group
+
+
+def test_a_run_as_json_decodes_what_the_history_keeps_as_text() -> None:
+    row = {"time": 0.5, "settings": '{"ctx": {"value": 256}}', "thread_shares": "2:0.25,1:0.75", "valid": 1}
+    assert query.as_json(row) == {
+        "time": "1970-01-01T00:00:00.500+00:00",
+        "settings": {"ctx": {"value": 256}},
+        "thread_shares": {"2": 0.25, "1": 0.75},
+        "valid": True,
+    }
 
 
 def test_logs_lists_shows_and_removes(speeds: None) -> None:
