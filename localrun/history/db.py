@@ -125,22 +125,18 @@ def _open(path: Path) -> sqlite3.Connection:
 
 
 def _no_sync_on_close(conn: sqlite3.Connection) -> None:
-    """Keep a run's write off the disk's sync path. A short-lived connection
-    is the last one to close, so SQLite checkpoints the WAL into the database
-    and deletes it, with an fsync or two that alone cost more than a run's
-    whole logging budget on some disks. Where Python can tell SQLite not to
-    checkpoint on close (3.12+), commits stay unsynced under NORMAL and only
-    the occasional automatic checkpoint syncs; elsewhere synchronous=OFF.
-    Either way a crash of the process loses nothing committed; with OFF a
-    power loss at the wrong moment can damage the file, which the next run
-    moves aside (`connect`)."""
+    """WAL with synchronous=NORMAL: a commit appends to the WAL without an
+    fsync; a checkpoint syncs the WAL, then the database. A crash of the
+    process loses nothing committed, and a power loss at worst the last runs,
+    never the file. A short-lived connection is the last to close, so SQLite
+    would checkpoint on every close, an fsync or two that alone cost more
+    than a run's whole logging budget on some disks; where Python can tell
+    SQLite not to (3.12+), only the occasional automatic checkpoint syncs."""
+    conn.execute("PRAGMA synchronous=NORMAL")
     setconfig = getattr(conn, "setconfig", None)
     option = getattr(sqlite3, "SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE", None)
     if setconfig is not None and option is not None:
         setconfig(option, True)
-        conn.execute("PRAGMA synchronous=NORMAL")
-    else:
-        conn.execute("PRAGMA synchronous=OFF")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

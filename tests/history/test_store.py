@@ -87,6 +87,15 @@ def test_time_per_token_shares_a_gap_among_the_tokens_of_one_event() -> None:
     assert token_times_ms(tokens[:1]) == (None, None)
 
 
+def test_the_history_is_a_wal_database_synced_at_checkpoints() -> None:
+    record("hello")
+    with sqlite3.connect(paths.history_db()) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # stored in the file
+    with db.connect() as conn:
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: never OFF
+        assert [r["prompt"] for r in conn.execute("SELECT prompt FROM runs")] == ["hello"]
+
+
 def test_full_text_search_finds_words_in_prompts_and_responses() -> None:
     record("rename the variable foo")
     record("sort a list: foo")
