@@ -1,10 +1,11 @@
 """models.toml: aliases, their sources, mirrors, draft pairing and defaults,
 and remotes (OpenAI-compatible servers the commands can run on by name).
 
-The package ships a `models.toml`; a `models.toml` in localrun's config
-directory adds entries or replaces whole entries of the same alias, and may
-set `default`. Every file is validated on load; a problem is reported with the
-file, the entry and the reason.
+localrun ships a `models.toml` (the top of the source tree; package data in
+the wheel); a `models.toml` in localrun's config directory adds entries or
+replaces whole entries of the same alias, and may set `default`. Every file
+is validated on load; a problem is reported with the file, the entry and the
+reason.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ from localrun.errors import ModelNotFoundError, RegistryError
 
 
 def shipped_file() -> Path:
-    """The models.toml this package ships (package data)."""
-    return Path(str(resources.files(__package__ or "localrun.store").joinpath("models.toml")))
+    """The registry localrun ships. Its source is `models.toml` at the top of
+    the source tree; the wheel carries it as package data, `localrun/store/
+    models.toml` (pyproject.toml's force-include), which an installed copy reads."""
+    packaged = Path(str(resources.files(__package__ or "localrun.store").joinpath("models.toml")))
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "models.toml"  # a source tree, or an editable install of one
 
 
 _ENTRY_KEYS = {"repo", "file", "quant", "draft", "default_tag", "mirrors", "defaults", "description"}

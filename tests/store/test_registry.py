@@ -34,6 +34,27 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_registry_source_is_the_top_level_file_and_the_wheel_carries_it() -> None:
+    import tomllib
+
+    assert registry.shipped_file() == ROOT / "models.toml"  # a source tree reads its own
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    included = project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert included == {"models.toml": "localrun/store/models.toml"}  # where an installed copy reads it
+
+
+def test_an_installed_copy_reads_its_package_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "store"
+    package.mkdir()
+    (package / "models.toml").write_text(GOOD)
+    monkeypatch.setattr("importlib.resources.files", lambda _name: package)
+    assert registry.shipped_file() == package / "models.toml"
+    assert registry.load().default == "mine:small"
+
+
 def test_shipped_registry_is_valid() -> None:
     reg = registry.load()
     for alias in ("smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b", "qwen2.5-coder:1.5b"):
