@@ -79,7 +79,7 @@ def open_draft(
     if choice == "auto":
         path = _matched(target, offline=offline, pull=pull_matched)
     elif choice not in ("none", "lookup"):
-        path = resolve_model(choice, offline=offline).path
+        path = resolve_model(choice, offline=offline, tune_hint=False).path
     try:
         speculation = open_speculation(engine, choice, path, verify_curve=verify_curve)
     except LocalrunError as exc:
@@ -103,4 +103,4 @@ def _matched(target: store.Target, *, offline: bool, pull: bool) -> Path | None:
     if draft is None:
         out().warn(f"{target.label} has no matched draft model in the registry; prompt lookup only")
         return None
-    return resolve_model(draft.label, offline=offline).path
+    return resolve_model(draft.label, offline=offline, tune_hint=False).path

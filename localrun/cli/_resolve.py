@@ -1,5 +1,6 @@
 """Model names to files for the commands: the store's resolver, with a
-progress bar and a notice when a model is pulled on first use."""
+progress bar and a notice when a model is pulled on first use, and, once,
+how to tune a model so pulled."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from localrun import store
 from localrun.cli._env import current
+from localrun.cli._output import out
 
 
 def pull_with_progress(target: store.Target, source: store.Source = "auto") -> store.Pulled:
@@ -30,9 +32,33 @@ def model_name(name: str | None) -> str | None:
     return name if name is not None else current().config.model
 
 
-def resolve_model(name: str | None, *, offline: bool = False, with_draft: bool = False) -> store.Resolved:
+def resolve_model(
+    name: str | None, *, offline: bool = False, with_draft: bool = False, tune_hint: bool = True
+) -> store.Resolved:
     """`store.resolve` on the current registry (no name: config.toml's `model`,
-    else the registry's default), pulling on first use with a progress bar."""
-    return store.resolve(
-        model_name(name), current().registry, offline=offline, with_draft=with_draft, pull_missing=_pull_missing
+    else the registry's default), pulling on first use with a progress bar.
+    A model so pulled that this machine has not measured gets, once, the
+    command that tunes it (``tune_hint``: not for a draft, nor for `tune` itself)."""
+    pulled: list[Path] = []
+
+    def pull_missing(target: store.Target) -> Path:
+        pulled.append(_pull_missing(target))
+        return pulled[-1]
+
+    found = store.resolve(
+        model_name(name), current().registry, offline=offline, with_draft=with_draft, pull_missing=pull_missing
     )
+    if tune_hint and found.path in pulled:
+        _say_how_to_tune(found)
+    return found
+
+
+def _say_how_to_tune(found: store.Resolved) -> None:
+    from localrun.tune.apply import find
+
+    label = found.target.label
+    if find(found.path, hint_once=True).hint is not None:  # the model is now marked told: no second note
+        out().note(
+            f"note: {label} runs on llama.cpp's defaults until `localrun tune {label}` measures what is "
+            "fastest on this machine (about a minute)"
+        )

@@ -37,8 +37,13 @@ def _flash_attn_auto(path: Path) -> tuple[str, str]:
 
 def pull(
     name: Annotated[
-        str, typer.Argument(help="Alias (family:tag), hf://owner/repo/file.gguf, owner/repo:QUANT or a path.")
-    ],
+        str | None,
+        typer.Argument(
+            help="Alias (family:tag), hf://owner/repo/file.gguf, owner/repo:QUANT or a path. Default: "
+            "config.toml's model, else the registry's default.",
+            show_default=False,
+        ),
+    ] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Do not pull the matched draft model.")] = False,
     source: Annotated[str, typer.Option("--source", help="auto, hub or mirror.")] = "auto",
     no_tune: Annotated[
@@ -51,7 +56,7 @@ def pull(
         raise UsageError(f"unknown source {source!r}", hint="use --source auto, hub or mirror")
     chosen = cast(store.Source, source)
     reg = current().registry
-    target = store.parse(name, reg)
+    target = store.parse(model_name(name) or reg.default, reg)
     targets = [target]
     if not no_draft and target.entry is not None and target.entry.draft:
         targets.append(store.parse(target.entry.draft, reg))

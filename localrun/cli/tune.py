@@ -47,7 +47,7 @@ def tune_command(
         _show(model, as_json=as_json)
         return
     types = _kv_types(kv)
-    found = resolve_model(model, offline=offline)
+    found = resolve_model(model, offline=offline, tune_hint=False)
     wisdom = run_tune(found.path, seconds=seconds, kv=types)
     if as_json:
         out().json(wisdom.as_dict())

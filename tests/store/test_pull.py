@@ -219,8 +219,10 @@ def test_generate_pulls_on_first_use(hub: HubState) -> None:
     assert res.returncode == 0, res.stderr
     assert "not downloaded yet: pulling it" in res.stderr and res.stdout.strip()
     assert "tiny:draft" in res.stderr  # auto speculation: the matched draft comes too
+    assert res.stderr.count("localrun tune") == 1 and "`localrun tune tiny:q4` measures" in res.stderr  # once
+    assert "localrun tune tiny:draft" not in res.stderr  # a draft is tuned with its model
     again = cli_process("generate", "-n", "5", "--offline", "hello")
-    assert again.returncode == 0 and "pulling" not in again.stderr
+    assert again.returncode == 0 and "pulling" not in again.stderr and "localrun tune" not in again.stderr
 
 
 def test_first_use_without_speculation_pulls_no_draft(hub: HubState) -> None:
@@ -232,6 +234,12 @@ def test_first_use_without_speculation_pulls_no_draft(hub: HubState) -> None:
     drafted = cli_process("generate", "-n", "5", "--draft", "hello")  # --draft pulls the matched draft first
     assert drafted.returncode == 0, drafted.stderr
     assert "tiny:draft is not downloaded yet: pulling it" in drafted.stderr and drafted.stdout.strip()
+
+
+def test_pull_without_a_name_pulls_the_default(hub: HubState) -> None:
+    res = cli_process("pull", "--no-draft", "--no-tune")  # the user registry's default is tiny:q4
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("tiny:q4\t")
 
 
 def test_local_path_is_used_in_place(tiny_model: Path) -> None:
