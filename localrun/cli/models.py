@@ -26,12 +26,12 @@ def _flash_attn_auto(path: Path) -> tuple[str, str]:
     wisdom = find(path, hint_once=False).wisdom
     curve = wisdom.flash_attn if wisdom is not None else None
     if curve is None:
-        return "auto", "llama.cpp's auto (on, for the CPU); `localrun tune` measures which is faster here"
+        return "auto", "llama.cpp decides as it loads the model; `localrun tune` measures which is faster here"
     mode = curve.choice()
     cross = curve.crossover
     where = f", crossing near depth {cross}" if cross is not None else ""
     if mode is None:
-        return "auto", f"llama.cpp's auto: on and off measured alike here{where}"
+        return "auto", f"llama.cpp decides as it loads the model: on and off measured alike here{where}"
     return mode, f"{mode}: measured faster here over depths {', '.join(map(str, curve.depths))}{where}"
 
 
@@ -277,6 +277,7 @@ def show(
         "attention_heads": info.heads,
         "kv_heads": info.kv_heads,
         "grouped_query_attention": info.grouped_query_attention,
+        "attention": info.attention,
         "context_length": info.context_length,
         "vocab_size": info.vocab_size,
         "chat_template": info.has_chat_template,
@@ -294,11 +295,11 @@ def show(
     if as_json:
         out().json(record, indent=2)
         return
-    gqa = (
-        f" (grouped-query attention, {info.heads // info.kv_heads} query heads per KV head)"
-        if info.grouped_query_attention
-        else ""
-    )
+    shared = {
+        "multi-query": f" (multi-query attention: the {info.heads} query heads share it)",
+        "grouped-query": f" (grouped-query attention, {info.heads // max(info.kv_heads, 1)} query heads per KV head)",
+    }
+    gqa = shared.get(info.attention, "")
     lines = [
         f"{info.name}  {info.path}",
         f"  architecture     {info.architecture}",

@@ -51,7 +51,15 @@ class ModelInfo:
 
     @property
     def grouped_query_attention(self) -> bool:
+        """Fewer KV heads than query heads (one KV head, multi-query attention, included)."""
         return 0 < self.kv_heads < self.heads
+
+    @property
+    def attention(self) -> str:
+        """multi-head (a KV head per query head), multi-query (one KV head) or grouped-query."""
+        if not self.grouped_query_attention:
+            return "multi-head"
+        return "multi-query" if self.kv_heads == 1 else "grouped-query"
 
     def kv_bytes_per_token(self, type_k: str, type_v: str | None = None) -> int:
         k, v = KV_BYTES_PER_ELEMENT[type_k], KV_BYTES_PER_ELEMENT[type_v or type_k]

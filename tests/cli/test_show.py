@@ -18,6 +18,7 @@ def test_show_json_from_gguf_metadata(tiny_model: Path) -> None:
     # the fixture: 2 layers, 4 heads, 2 KV heads of 16 dims, trained on 512 tokens
     assert (info["architecture"], info["layers"], info["attention_heads"], info["kv_heads"]) == ("llama", 2, 4, 2)
     assert info["grouped_query_attention"] is True and info["chat_template"] is True
+    assert info["attention"] == "grouped-query"
     assert info["context_length"] == 512 and info["vocab_size"] == 269
     f16 = 2 * 2 * (16 + 16) * 2
     assert info["kv_bytes_per_token"] == {
@@ -88,3 +89,15 @@ def test_show_says_what_fits_each_gpu(tiny_model: Path, monkeypatch: pytest.Monk
     assert shown["placement"]["n_gpu_layers"] == 3 and shown["placement"]["model"].startswith("CUDA0, all")
     text = cli("show", str(tiny_model)).stdout
     assert "on CUDA0" in text and "the whole model with context f16 512" in text and "on CUDA1" in text
+
+
+def test_one_kv_head_is_multi_query_attention(tmp_path: Path) -> None:
+    from tests.tinymodel import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "mqa.gguf", n_head=4, n_head_kv=1)
+    res = cli("show", str(model))
+    assert res.returncode == 0, res.stderr
+    assert "1 KV head (multi-query attention: the 4 query heads share it)" in res.stdout
+    assert "grouped" not in res.stdout
+    assert json.loads(cli("show", str(model), "--json").stdout)["attention"] == "multi-query"
+    assert "flash attention  auto: llama.cpp decides" in res.stdout  # as --json's "auto" says, nothing more
