@@ -13,8 +13,18 @@ from localrun.errors import UsageError
 from localrun.units import count, human_bytes
 
 app = typer.Typer(
-    help="The prompt cache (KV state of long prompt prefixes, on disk).", no_args_is_help=True, rich_markup_mode=None
+    help="The prompt cache (KV state of long prompt prefixes, on disk).",
+    invoke_without_command=True,
+    rich_markup_mode=None,
 )
+
+
+@app.callback()
+@bounded
+def cache(ctx: typer.Context) -> None:
+    """The prompt cache (subcommands: info, clear); alone, what `cache info` says."""
+    if ctx.invoked_subcommand is None:
+        info()
 
 
 @app.command("info")

@@ -25,6 +25,7 @@ from localrun.cli._errors import ExitCode
 from localrun.cli._input import read_turns
 from localrun.cli._output import out
 from localrun.cli._resolve import model_name
+from localrun.cli.generate import refuse_stats_with_json
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options, sampling_defaults
@@ -96,6 +97,7 @@ def chat(
     from localrun.runtime.prompt import chat_template
 
     opt.check_positive(max_tokens=max_tokens)
+    refuse_stats_with_json(stats, as_json)
     temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     drafting = draft_choice(spec, draft, draft_model)

@@ -33,12 +33,20 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
 
     env = current()
     if argument == "-":
+        if env.stdin_isatty:  # not a pipe: the user types the prompt
+            out().note("reading the prompt from the terminal: end it with Ctrl-D on a line of its own")
         return None, read_stdin()
     if argument is not None:
         argument = checked(argument, "the prompt argument")
     material = None if env.stdin is None or env.stdin_isatty else read_stdin()
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
+
+
+def refuse_stats_with_json(stats: bool, as_json: bool) -> None:
+    """`--stats` with `--json`: an error, never silently ignored."""
+    if stats and as_json:
+        raise UsageError("--stats and --json both report the figures", hint="drop --stats: the done event has them")
 
 
 def _refuse_with_batch(speculation: str | None, prompt_cache: bool | None, as_json: bool) -> None:
@@ -178,6 +186,7 @@ def generate(
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
     opt.check_positive(max_tokens=max_tokens, parallel=parallel)
+    refuse_stats_with_json(stats, as_json)
     temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     stops = opt.check_stops(stop)

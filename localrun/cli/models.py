@@ -220,13 +220,14 @@ def rm(
     users = [e.alias for e in reg.drafted_by(target.label)]
     if users:
         out().warn(f"{target.label} is the draft model of {', '.join(users)}")
-    if store.locate(target) is None:
+    found = store.locate(target)
+    if found is None:
         out().note(f"{target.label} is not downloaded")
         return
     if not yes:
         if not current().stdin_isatty:
             raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
-        if not typer.confirm(f"delete {target.label}?", err=True):
+        if not typer.confirm(f"delete {target.label} ({human_bytes(found.stat().st_size)})?", err=True):
             out().note(f"kept {target.label}")
             return
     freed = store.remove(target)

@@ -11,6 +11,7 @@ import pytest
 from localrun import config, paths
 from localrun.errors import ConfigError
 from localrun.store import registry
+from localrun.units import human_bytes
 from tests.helpers import Result, cli
 from tests.tinymodel import write_tiny_model
 
@@ -244,6 +245,7 @@ def test_declining_a_confirmation_keeps_the_files_and_exits_0(wide_model: Path) 
     alias = registered(wide_model, "")
     kept = cli("rm", alias, input="n\n", stdin_tty=True)
     assert kept.returncode == 0 and f"kept {alias}" in kept.stderr
+    assert f"delete {alias} ({human_bytes(wide_model.stat().st_size)})?" in kept.stderr  # the size it would free
     assert json.loads(cli("list", "--json").stdout)["models"][-1]["present"] is True
     entry = paths.cache_dir() / "prompts" / f"entry{SUFFIX}"
     entry.parent.mkdir(parents=True)

@@ -4,6 +4,8 @@ code of the README's table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import cli
@@ -48,6 +50,27 @@ def test_a_registry_model_not_downloaded_exits_3() -> None:
     assert offline.returncode == 3 and "hint: localrun pull qwen2.5-coder:0.5b" in offline.stderr
 
 
-def test_a_group_alone_still_shows_its_help() -> None:
+def test_localrun_alone_still_shows_its_help() -> None:
+    res = cli()
+    assert "Usage: localrun" in res.stdout + res.stderr and "error:" not in res.stderr
+
+
+def test_cache_alone_says_what_cache_info_says_as_logs_alone_lists() -> None:
     res = cli("cache")
-    assert "Usage: localrun cache" in res.stdout + res.stderr and "error:" not in res.stderr
+    assert res.returncode == 0 and "error:" not in res.stderr
+    assert res.stdout == cli("cache", "info").stdout and "0 entries" in res.stdout
+
+
+def test_stats_with_json_is_refused_not_ignored(tiny_model: Path) -> None:
+    for command in (("generate", "hi"), ("chat",)):
+        res = cli(*command, "-m", str(tiny_model), "--json", "--stats", input="hi\n")
+        assert res.returncode == 2
+        assert res.stderr.startswith("error: --stats and --json both report the figures"), res.stderr
+
+
+def test_generate_dash_on_a_terminal_says_it_reads_the_prompt(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "-n", "2", "-", input="hi", stdin_tty=True)
+    assert res.returncode == 0, res.stderr
+    assert "reading the prompt from the terminal: end it with Ctrl-D" in res.stderr
+    piped = cli("generate", "-m", str(tiny_model), "-n", "2", "-", input="hi")
+    assert "reading the prompt" not in piped.stderr
