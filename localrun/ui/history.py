@@ -106,12 +106,21 @@ _SHOW_ORDER = (
 )
 
 
+def _setting_text(value: Any) -> str:
+    """A setting's value as the options write it: null is automatic, a flag on or off."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
 def _settings_lines(settings: dict[str, Any]) -> list[str]:
     lines = []
     for name, setting in settings.items():
         if isinstance(setting, dict):
             why = f" ({setting['why']})" if setting.get("why") else ""
-            lines.append(f"    {name}: {setting.get('value')} [{setting.get('source')}]{why}")
+            lines.append(f"    {name}: {_setting_text(setting.get('value'))} [{setting.get('source')}]{why}")
     return lines
 
 
@@ -124,6 +133,8 @@ def run_text(r: dict[str, Any]) -> str:
             continue
         if name == "time":
             value = when(value)
+        elif name == "valid":  # kept as 0 or 1
+            value = "yes" if value else "no"
         elif isinstance(value, float):
             value = f"{value:.4g}"
         lines.append(f"  {name}: {value}")

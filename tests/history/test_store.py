@@ -194,6 +194,16 @@ def test_a_run_as_json_decodes_what_the_history_keeps_as_text() -> None:
     }
 
 
+def test_logs_show_writes_values_as_the_options_do() -> None:
+    from localrun.ui.history import run_text
+
+    settings = {"ctx": {"value": None, "source": "default"}, "threads": {"value": 2, "source": "wisdom"}}
+    text = run_text({"id": 7, "time": 0.0, "valid": 1, "settings": json.dumps(settings)})
+    assert "  valid: yes" in text and "    ctx: auto [default]" in text and "    threads: 2 [wisdom]" in text
+    assert "None" not in text and ": 1\n" not in text
+    assert "  valid: no" in run_text({"id": 8, "valid": 0})
+
+
 def test_logs_lists_shows_and_removes(speeds: None) -> None:
     listed = cli("logs", "-n", "2", "--json")
     ids = [r["id"] for r in json.loads(listed.stdout)]
