@@ -67,7 +67,16 @@ def _jobs(source: str, settings: BatchSettings, resume: Path | None) -> list[Job
     if resume is not None:
         opt.check_output_file("--resume", resume)
     done_ids = finished_ids(resume) if resume is not None else set()
-    return jobs_for([line for line in _read_source(source) if line.id not in done_ids])
+    lines = _read_source(source)
+    todo = [line for line in lines if line.id not in done_ids]
+    if not todo:  # said, not a silent exit
+        where = "stdin" if source == "-" else source
+        out().note(
+            f"nothing to run: every line of {where} has a record in {resume} already"
+            if lines
+            else f"nothing to run: {where} holds no prompts"
+        )
+    return jobs_for(todo)
 
 
 def _writer(out: IO[str]) -> Callable[[str], None]:

@@ -229,6 +229,7 @@ def generate(
         )
     if batch is not None:  # many prompts: localrun/cli/batch.py
         from localrun.cli import batch as batch_cli
+        from localrun.cli.serve import model_id
         from localrun.runtime.batch.plan import BatchSettings
 
         _refuse_with_batch(speculation, prompt_cache, as_json)
@@ -256,7 +257,7 @@ def generate(
             unordered=unordered,
             resume=resume,
             show_stats=stats,
-            model_name=resolved.target.label,
+            model_name=model_id(resolved.target),  # the name a server would answer with, never a path
             recorder=_history.recorder(_history.context("batch", resolved, output=output), no_log=no_log),
         )
     if parallel is not None or unordered or resume is not None:

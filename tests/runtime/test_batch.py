@@ -515,6 +515,21 @@ def test_cli_resume_skips_what_is_done(tiny_model: Path, tmp_path: Path) -> None
     assert [json.loads(x)["id"] for x in lines[2:]] == [1, 3, 4]
     again = run_cli(tiny_model, str(src), "-n", "3", "--resume", str(out))
     assert again.returncode == 0 and out.read_text().splitlines() == lines  # nothing left to do
+    assert f"nothing to run: every line of {src} has a record in {out} already" in again.stderr
+
+
+def test_cli_an_empty_batch_says_so(tiny_model: Path) -> None:
+    res = run_cli(tiny_model, "-", "-n", "3", input="\n\n")
+    assert res.returncode == 0 and res.stdout == ""
+    assert "nothing to run: stdin holds no prompts" in res.stderr
+
+
+def test_cli_openai_batch_records_name_the_model_not_its_path(tiny_model: Path) -> None:
+    line = {"custom_id": "a", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}}
+    res = run_cli(tiny_model, "-", "-n", "2", input=json.dumps(line) + "\n")
+    assert res.returncode == 0, res.stderr
+    (record,) = records(res.stdout)
+    assert record["response"]["body"]["model"] == "tiny" and str(tiny_model) not in res.stdout
 
 
 def test_cli_instruction_from_the_argument_is_a_shared_prefix(tiny_model: Path) -> None:
