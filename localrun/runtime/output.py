@@ -96,9 +96,12 @@ class TokenOutput:
         return (self.n_gen - 1) / span if self.n_gen > 1 and span > 0 else 0.0
 
     def finish(self, reason: StopReason, **extra: Any) -> Iterator[Event]:
-        """The held-back tail (unless a stop string cut it) and the DoneEvent.
+        """The held-back tail (unless a stop string cut it; without the first
+        bytes of a character the limit or Ctrl-C cut) and the DoneEvent.
         ``reason`` applies unless `push` already ended the sequence."""
         final: StopReason = self.reason or reason
+        if final in ("length", "interrupted"):  # a character cut in two: its first bytes go, not a U+FFFD
+            self.utf8.reset()
         if final != "stop":
             tail = self.matcher.flush() + self.utf8.decode(b"", final=True)
             if tail:
