@@ -25,7 +25,7 @@ from localrun.cli._errors import ExitCode
 from localrun.cli._input import read_turns
 from localrun.cli._output import out
 from localrun.cli._resolve import model_name
-from localrun.cli.generate import refuse_stats_with_json
+from localrun.cli.generate import refuse_stats_with_json, warn_past_training
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options, sampling_defaults
@@ -138,6 +138,7 @@ def chat(
     if resumed is not None:
         saved = resumed[1]
     resolved = _resolve(model, saved, options, offline=offline, verbose=verbose)
+    warn_past_training(resolved)
     env = current()
     with (
         opt.load(resolved) as engine,

@@ -43,6 +43,16 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     return argument, material
 
 
+def warn_past_training(resolved: opt.Resolved) -> None:
+    """`--ctx` beyond the context the model was trained on: allowed, said."""
+    trained, asked = resolved.info.context_length, resolved.settings.n_ctx
+    if resolved.settings.sources.get("ctx") == "option" and asked and trained and asked > trained:
+        out().warn(
+            f"--ctx {asked} is beyond the {trained} tokens {opt.title(resolved)} was trained on: "
+            "text past them may lose its way"
+        )
+
+
 def refuse_stats_with_json(stats: bool, as_json: bool) -> None:
     """`--stats` with `--json`: an error, never silently ignored."""
     if stats and as_json:
@@ -274,6 +284,7 @@ def generate(
     chars = sum(len(text) for text in (instruction, material, system) if text)
     need, depth = run_extent(chars, max_tokens)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
+    warn_past_training(resolved)
     with opt.load(resolved) as engine:
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
         checkpoint = checkpoint_for(built, engine, prompt_cache)

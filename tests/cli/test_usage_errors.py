@@ -74,3 +74,13 @@ def test_generate_dash_on_a_terminal_says_it_reads_the_prompt(tiny_model: Path) 
     assert "reading the prompt from the terminal: end it with Ctrl-D" in res.stderr
     piped = cli("generate", "-m", str(tiny_model), "-n", "2", "-", input="hi")
     assert "reading the prompt" not in piped.stderr
+
+
+def test_a_context_beyond_the_trained_one_is_said(tiny_model: Path) -> None:
+    res = cli("generate", "-m", str(tiny_model), "-n", "2", "--ctx", "1024", "hi")
+    assert res.returncode == 0, res.stderr
+    assert "warning: --ctx 1024 is beyond the 512 tokens tiny.gguf" in res.stderr  # the fixture's trained context
+    for fits in (("--ctx", "512"), ()):
+        assert "beyond" not in cli("generate", "-m", str(tiny_model), "-n", "2", *fits, "hi").stderr
+    chatted = cli("chat", "-m", str(tiny_model), "-n", "2", "--ctx", "1024", input="hi\n")
+    assert chatted.returncode == 0 and "is beyond the 512 tokens" in chatted.stderr
