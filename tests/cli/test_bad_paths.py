@@ -470,7 +470,7 @@ def _prompt_cache_case(command: str, kind: str) -> Case:
     return case
 
 
-for _command in ("generate", "cache info", "cache clear"):
+for _command in ("generate", "cache", "cache info", "cache clear"):  # `cache` alone says what `cache info` says
     for _kind in ("entry_is_folder", "entry_truncated", "folder_is_file"):
         CASES.add(_command, f"prompt-cache-{_kind}", _prompt_cache_case(_command, _kind))
 
