@@ -14,6 +14,7 @@ import typer
 from localrun import __version__
 from localrun.cli import _completion, _env, bench, cache, chat, generate, logs, models, quantize, serve, tune
 from localrun.cli._errors import ExitCode, bounded, parsing_error, report, set_debug
+from localrun.cli._help import plain_help
 
 app = typer.Typer(
     name="localrun",
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None, env: _env.Environment | None = None) -> 
     _completion.init()
     args = _completion.with_shell_named(sys.argv[1:] if argv is None else list(argv))
     try:
-        code = typer.main.get_command(app).main(args=args, prog_name="localrun", standalone_mode=False)
+        command = plain_help(typer.main.get_command(app))
+        code = command.main(args=args, prog_name="localrun", standalone_mode=False)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except typer.Abort:  # a confirmation ended by Ctrl-D

@@ -25,7 +25,9 @@ BUSY_WARNING = 0.15  # warn when other processes took this share of the CPUs dur
 def tune_command(
     model: Annotated[
         str | None,
-        typer.Argument(help="The model to tune (default: the registry's default).", show_default=False),
+        typer.Argument(
+            help="The model to tune (default: config.toml's model, else the registry's default).", show_default=False
+        ),
     ] = None,
     show: Annotated[
         bool, typer.Option("--show", help="Print what was measured on this machine; measure nothing.")
