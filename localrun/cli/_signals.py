@@ -1,12 +1,14 @@
-"""Ctrl-C while a model generates: the first stops the loop, the second raises."""
+"""Ctrl-C while a model generates: the first stops the loop, the second
+raises; and a terminal that does not echo keys over the live panel."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Protocol
+from typing import Protocol, TextIO
 
 
 class Abortable(Protocol):
@@ -30,3 +32,27 @@ def ctrl_c_stops(engine: Abortable) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def no_echo(stream: TextIO | None) -> Iterator[None]:
+    """While the live panel is drawn: the terminal behind ``stream`` does not
+    echo what is typed, ^C included, which would move the cursor under the
+    panel and leave its top border drawn twice. Keys typed meanwhile stay
+    queued for the next prompt. Nothing changes when ``stream`` is not a terminal."""
+    try:
+        import termios
+
+        fd = stream.fileno() if stream is not None else -1
+        saved = termios.tcgetattr(fd)
+    except (ImportError, OSError, ValueError, AttributeError):  # no terminal (a pipe, a StringIO, Windows)
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)  # lflags
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keys already typed stay queued
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            termios.tcsetattr(fd, termios.TCSANOW, saved)

@@ -16,7 +16,7 @@ from localrun import paths
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode, as_user_error, describe
 from localrun.cli._history import exit_status
-from localrun.cli._signals import ctrl_c_stops
+from localrun.cli._signals import ctrl_c_stops, no_echo
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
 from localrun.history.record import Recorder
@@ -191,7 +191,11 @@ class Repl:
                 style="yellow",
             )
         renderer = LiveRenderer(self.console, title=self.title, markdown=self.markdown)
-        with ctrl_c_stops(self.session.engine), finished(self.session.reply(plan)) as replies:
+        with (
+            ctrl_c_stops(self.session.engine),
+            no_echo(current().stdin),
+            finished(self.session.reply(plan)) as replies,
+        ):
             final = renderer.render(self.recorder.watch_turn(self.session.turns, replies) if self.recorder else replies)
         if self.recorder is not None:
             self.recorder.flush(exit_status(final))
