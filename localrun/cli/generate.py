@@ -59,6 +59,53 @@ def refuse_stats_with_json(stats: bool, as_json: bool) -> None:
         raise UsageError("--stats and --json both report the figures", hint="drop --stats: the done event has them")
 
 
+def _local_batch(
+    batch: str,
+    resolved: opt.Resolved,
+    instruction: str | None,
+    raw: bool,
+    sampling: SamplingParams,
+    max_tokens: int | None,
+    stops: tuple[str, ...],
+    output: OutputSpec | None,
+    unordered: bool,
+    resume: Path | None,
+    stats: bool,
+    no_log: bool,
+) -> ExitCode:
+    """`--batch` on this machine: the batch's settings from the resolved run."""
+    from localrun.cli import batch as batch_cli
+    from localrun.cli.serve import model_id
+    from localrun.runtime.batch.plan import BatchSettings
+
+    tuned = resolved.settings.sources["parallel"] == "wisdom"
+    settings = BatchSettings(
+        instruction=instruction,
+        system=resolved.settings.system,
+        raw=raw,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stop=stops,
+        # --ctx sets each sequence's context; the model's default context caps it
+        seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
+        ctx_limit=resolved.settings.n_ctx,
+        # a count the user asked for must fit; a tuned one is capped by what fits
+        parallel=None if tuned else resolved.settings.parallel,
+        tuned_parallel=resolved.settings.parallel if tuned else None,
+        output=output,
+    )
+    return batch_cli.run(
+        batch,
+        settings,
+        resolved.config,
+        unordered=unordered,
+        resume=resume,
+        show_stats=stats,
+        model_name=model_id(resolved.target),  # the name a server would answer with, never a path
+        recorder=_history.recorder(_history.context("batch", resolved, output=output), no_log=no_log),
+    )
+
+
 def _refuse_with_batch(speculation: str | None, prompt_cache: bool | None, as_json: bool) -> None:
     """Flags `--batch` cannot honour: an error, never silently ignored."""
     if speculation is not None and speculation != "none":
@@ -238,37 +285,10 @@ def generate(
             no_log,
         )
     if batch is not None:  # many prompts: localrun/cli/batch.py
-        from localrun.cli import batch as batch_cli
-        from localrun.cli.serve import model_id
-        from localrun.runtime.batch.plan import BatchSettings
-
         _refuse_with_batch(speculation, prompt_cache, as_json)
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
-        tuned = resolved.settings.sources["parallel"] == "wisdom"
-        settings = BatchSettings(
-            instruction=prompt,
-            system=resolved.settings.system,
-            raw=raw,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            stop=stops,
-            # --ctx sets each sequence's context; the model's default context caps it
-            seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
-            ctx_limit=resolved.settings.n_ctx,
-            # a count the user asked for must fit; a tuned one is capped by what fits
-            parallel=None if tuned else resolved.settings.parallel,
-            tuned_parallel=resolved.settings.parallel if tuned else None,
-            output=output,
-        )
-        return batch_cli.run(
-            batch,
-            settings,
-            resolved.config,
-            unordered=unordered,
-            resume=resume,
-            show_stats=stats,
-            model_name=model_id(resolved.target),  # the name a server would answer with, never a path
-            recorder=_history.recorder(_history.context("batch", resolved, output=output), no_log=no_log),
+        return _local_batch(
+            batch, resolved, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log
         )
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
