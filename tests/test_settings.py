@@ -23,6 +23,8 @@ def test_each_setting_takes_the_first_source_that_has_it() -> None:
         "system": "model",
         "draft": "config",
         "parallel": "config",
+        "gpu_layers": "default",
+        "device": "default",
     }
 
 
