@@ -1,6 +1,13 @@
 """llama.cpp's log: one callback for the process. It keeps the last errors
-(for messages) and the buffer sizes of the last context creation, passes
-lines to listeners (`listening`), and copies everything to stderr when verbose.
+(for messages) and the buffer sizes of the last model load and context
+creation, passes lines to listeners (`listening`), and copies everything to
+stderr when verbose.
+
+llama.cpp names each buffer by its buffer type: `CPU`, `CPU_Mapped` and
+`CPU_REPACK` on the host, `CUDA0` (`ROCm0`, `MUSA0`) and the pinned host
+memory `CUDA_Host`, `MTL0` (`Metal` in older builds, `MTL0_Mapped`,
+`MTL0_Private`), `Vulkan0` and `Vulkan_Host`. `device_buffers` sums them per
+device: host memory, pinned or mapped, counts for `CPU`.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import llama_cpp
 
@@ -26,6 +34,8 @@ Listener = Callable[[int, bytes], None]
 _lock = threading.Lock()
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _recent_log: collections.deque[str] = collections.deque(maxlen=64)  # buffer sizes, read after a load
+_load_log: list[str] = []  # buffer lines of the last model load and the contexts made on it
+_load_has_context = False  # whether a context's lines follow the model's in _load_log
 _listeners: list[Listener] = []
 _verbose = False
 _backend_ready = False
@@ -36,6 +46,7 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     with _lock:
         if "MiB" in message:  # buffer sizes; the debug chatter would flush them out
             _recent_log.append(message)
+            _keep_buffer_line(message)
         if level == LEVEL_ERROR:
             _recent_errors.append(message.strip())
         listeners = list(_listeners)
@@ -80,21 +91,91 @@ def listening(listener: Listener) -> Iterator[None]:
 
 
 _KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
-_COMPUTE = re.compile(r"CPU compute buffer size =\s*([\d.]+) MiB")
+# "<function>: <buffer type> <what> buffer size = <n> MiB", as llama-model.cpp,
+# llama-kv-cache.cpp, llama-memory-recurrent.cpp and llama-context.cpp log them
+_BUFFER = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s*([\d.]+) MiB", re.MULTILINE)
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DeviceBuffers:
+    """What llama.cpp allocated on one device, in bytes: the weights, the KV
+    cache (a recurrent model's state included), the compute buffers and the
+    logits' output buffer."""
+
+    device: str  # "CPU" for host memory (mapped, repacked or pinned), else the device's name: "CUDA0", "MTL0"
+    model: int = 0
+    kv: int = 0
+    compute: int = 0
+    output: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.model + self.kv + self.compute + self.output
+
+
+def buffer_device(name: str) -> str:
+    """The device a buffer type of llama.cpp's allocates on: `CUDA0` and
+    `CUDA0_Split` on CUDA0, `MTL0_Private` on MTL0, `CUDA_Host`, `Vulkan_Host`,
+    `CPU_Mapped` and `CPU_REPACK` on the host (`CPU`)."""
+    base, _, suffix = name.partition("_")
+    if suffix == "Host" or base == "CPU":
+        return "CPU"
+    return base
+
+
+def _buffer_lines(text: str) -> list[tuple[str, str, int]]:
+    """(buffer type, what, bytes) of each buffer line in ``text``."""
+    return [(name, what, round(float(mib) * _MIB)) for name, what, mib in _BUFFER.findall(text)]
+
+
+def parse_device_buffers(text: str) -> tuple[DeviceBuffers, ...]:
+    """Every device's buffers in ``text`` (llama.cpp's log), summed, in the
+    order the devices first appear."""
+    fields = {"model": "model", "KV": "kv", "RS": "kv", "compute": "compute", "output": "output"}
+    sums: dict[str, dict[str, int]] = {}
+    for name, what, size in _buffer_lines(text):
+        row = sums.setdefault(buffer_device(name), {})
+        row[fields[what]] = row.get(fields[what], 0) + size
+    return tuple(DeviceBuffers(device, **row) for device, row in sums.items())
+
+
+def _keep_buffer_line(message: str) -> None:
+    """Keep ``message`` for `device_buffers` when it is a buffer line; a
+    model's line after a context's starts the record of a new load."""
+    global _load_has_context
+    found = _buffer_lines(message)
+    if not found:
+        return
+    is_model = found[0][1] == "model"
+    if is_model and _load_has_context:
+        _load_log.clear()
+        _load_has_context = False
+    _load_has_context = _load_has_context or not is_model
+    _load_log.append(message)
+
+
+def device_buffers() -> tuple[DeviceBuffers, ...]:
+    """What the last model load and the contexts created on it allocated,
+    per device (see `parse_device_buffers`): empty before any load. Unlike
+    `logged_buffers`, reading it forgets nothing."""
+    with _lock:
+        text = "".join(_load_log)
+    return parse_device_buffers(text)
 
 
 def logged_buffers() -> tuple[int | None, int | None, int | None]:
-    """(KV cache bytes, KV cells, compute buffer bytes) from the log of the last context creation."""
+    """(KV cache bytes, KV cells, compute buffer bytes) from the log of the
+    last context creation; the compute buffer is the host's (``CPU``)."""
     with _lock:
         text = "".join(_recent_log)
         _recent_log.clear()
     kv = _KV_SIZE.findall(text)
-    compute = _COMPUTE.findall(text)
-    mib = 1024 * 1024
+    compute = [size for name, what, size in _buffer_lines(text) if name == "CPU" and what == "compute"]
     return (
-        round(float(kv[-1][0]) * mib) if kv else None,
+        round(float(kv[-1][0]) * _MIB) if kv else None,
         int(kv[-1][1]) if kv else None,
-        round(float(compute[0]) * mib) if compute else None,
+        compute[0] if compute else None,
     )
 
 
