@@ -181,6 +181,7 @@ _CONFIG_USERS: dict[str, Callable[[World], tuple[list[str], str | None]]] = {
     "chat": lambda w: ([*model_args(w), "-n", "2"], "hi\n"),
     "serve": lambda w: ([*model_args(w), "--port", "0"], None),
     "bench": lambda w: ([*model_args(w), "--quick", "-n", "2", "--rounds", "1"], None),
+    "doctor": lambda w: ([], None),
 }
 
 
@@ -210,6 +211,7 @@ _REGISTRY_USERS: dict[str, Callable[[World], list[str]]] = {
     "show": lambda w: ["qwen2.5-coder:0.5b"],
     "bench": lambda w: ["-m", "qwen2.5-coder:0.5b", "--offline"],
     "tune": lambda w: ["qwen2.5-coder:0.5b", "--offline"],
+    "doctor": lambda w: [],
 }
 
 

@@ -1,0 +1,209 @@
+"""What this machine and this build offer localrun, for `localrun doctor`:
+the llama.cpp build (its version, backends and their flags), the devices
+with their memory, where the registry's default model would go, and how
+fast `localrun tune` measured it here. Nothing here prints, loads a model or
+downloads one; `examine` returns a `Report` the command renders.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localrun import store
+from localrun.config import UserConfig
+from localrun.errors import LocalrunError
+from localrun.runtime import devices as devices_module
+from localrun.runtime.devices import Device, offload_targets
+from localrun.runtime.placement import Placement
+from localrun.settings import Options, resolve
+from localrun.store.registry import Registry
+from localrun.tune.wisdom import Decision, Wisdom
+
+SETUP = "scripts/setup"
+_SMI_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One of the build's ggml backends, with the flags it was built with."""
+
+    name: str  # "CPU", "CUDA", "Metal", "Vulkan"
+    flags: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Speed:
+    """What `localrun tune` measured for a model on this machine, in tokens/s."""
+
+    decode: float | None  # one sequence, at the fastest thread count measured
+    prompt: float | None  # prompt evaluation, at the fastest batch size measured
+    batch: float | None  # sequences decoded together, all of them, at the fastest parallel count
+    kv: str
+    measured_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decode_tokens_per_s": self.decode,
+            "prompt_tokens_per_s": self.prompt,
+            "batch_tokens_per_s": self.batch,
+            "kv": self.kv,
+            "measured_at": self.measured_at,
+        }
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """The registry's default model: where it would run, and how fast it ran here."""
+
+    name: str
+    path: Path | None  # None: not downloaded
+    placement: Placement | None = None
+    speed: Speed | None = None
+    note: str = ""  # why a part is missing, and the command that fills it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.path) if self.path else None,
+            "placement": self.placement.to_json() if self.placement else None,
+            "speed": self.speed.to_json() if self.speed else None,
+            "note": self.note or None,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    version: str  # llama-cpp-python's
+    backends: tuple[Backend, ...]
+    devices: tuple[Device, ...]
+    model: DefaultModel
+    hint: str | None = None  # a GPU this build cannot use, and the command that builds for it
+
+    @property
+    def gpu_build(self) -> bool:
+        """Whether the build reaches a GPU: a device layers can be placed on."""
+        return bool(offload_targets(self.devices))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "llama_cpp_python": self.version,
+            "backends": [{"name": b.name, "flags": dict(b.flags)} for b in self.backends],
+            "gpu_build": self.gpu_build,
+            "devices": [
+                {"name": d.name, "description": d.description, "kind": d.kind}
+                | {"free_bytes": d.free, "total_bytes": d.total}
+                for d in self.devices
+            ],
+            "default_model": self.model.to_json(),
+            "hint": self.hint,
+        }
+
+
+def parse_system_info(text: str) -> tuple[Backend, ...]:
+    """The backends in `llama_print_system_info`'s text: `NAME : KEY = VALUE | ...`
+    for each backend registered, e.g. `CUDA : ARCHS = 900 | USE_GRAPHS = 1 | CPU : AVX2 = 1 |`."""
+    found: list[tuple[str, list[tuple[str, str]]]] = []
+    for part in text.split("|"):
+        head, colon, rest = part.partition(" : ")
+        if colon:  # a backend's first flag follows its name
+            found.append((head.strip(), []))
+        key, equals, value = (rest if colon else part).partition("=")
+        if equals and found:
+            found[-1][1].append((key.strip(), value.strip()))
+    return tuple(Backend(name, tuple(flags)) for name, flags in found)
+
+
+def gpu_vendor(*, root: Path = Path("/"), run_smi: Callable[[], bool] | None = None) -> str | None:
+    """A GPU the machine has, whatever the build: "nvidia" (a device node, or
+    `nvidia-smi -L` listing one), "amd" (ROCm's /dev/kfd) or "apple" (Apple
+    Silicon); None when none is seen."""
+    if (root / "dev" / "nvidia0").exists() or (run_smi or _smi_lists_a_gpu)():
+        return "nvidia"
+    if (root / "dev" / "kfd").exists():
+        return "amd"
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "apple"
+    return None
+
+
+def _smi_lists_a_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and "GPU" in done.stdout
+
+
+_BACKEND_OF = {"nvidia": ("cuda", "an NVIDIA GPU"), "amd": ("rocm", "an AMD GPU"), "apple": ("metal", "Apple Silicon")}
+
+
+def setup_hint(vendor: str | None, gpus: Sequence[Device]) -> str | None:
+    """One line for a machine with a GPU and a build that places nothing on
+    one: the setup command that builds for it."""
+    if vendor is None or gpus:
+        return None
+    backend, what = _BACKEND_OF[vendor]
+    return (
+        f"this machine has {what} but this build of llama.cpp has no backend for it: "
+        f"`LOCALRUN_BACKEND={backend} {SETUP}` builds one"
+    )
+
+
+def speed_of(wisdom: Wisdom) -> Speed:
+    """The best rates `localrun tune` measured (its figures are ms per token)."""
+
+    def best(decision: Decision | None) -> float | None:
+        times = [v for v in (decision.figures.values() if decision else ()) if v > 0]
+        return 1000 / min(times) if times else None
+
+    decode = best(wisdom.threads)
+    if decode is None and wisdom.verify_ms and wisdom.verify_ms[0] > 0:
+        decode = 1000 / wisdom.verify_ms[0]
+    return Speed(decode, best(wisdom.n_ubatch), best(wisdom.parallel), wisdom.kv, wisdom.measured_at)
+
+
+def default_model(registry: Registry, user: UserConfig, found: Sequence[Device]) -> DefaultModel:
+    """Where the registry's default would run on ``found``, if it is downloaded
+    (never pulled), and its speed here from the wisdom."""
+    from localrun.assemble import assemble  # loads llama.cpp's bindings
+
+    target = store.parse(registry.default, registry)
+    path = store.locate(target)
+    if path is None:
+        return DefaultModel(target.label, None, note=f"not downloaded: `localrun pull {target.label}`")
+    try:
+        settings = resolve(Options(), target.entry.defaults if target.entry else None, user)
+        run = assemble(path, settings, devices=found, hint_once=False)
+    except LocalrunError as exc:  # a damaged file: the rest of the report stands
+        return DefaultModel(target.label, path, note=str(exc))
+    if run.wisdom is None:
+        unmeasured = f"not measured here: `localrun tune {target.label}`"
+        return DefaultModel(target.label, path, run.placement, note=unmeasured)
+    return DefaultModel(target.label, path, run.placement, speed_of(run.wisdom))
+
+
+def examine(registry: Registry, user: UserConfig | None = None) -> Report:
+    """This machine and build, as `localrun doctor` shows them."""
+    import llama_cpp
+
+    from localrun.runtime.llama_log import init_backend
+
+    init_backend()  # the backends register their devices (quietly)
+    found = devices_module.probe()
+    info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    return Report(
+        version=llama_cpp.__version__,
+        backends=parse_system_info(info),
+        devices=found,
+        model=default_model(registry, user or UserConfig(), found),
+        hint=setup_hint(gpu_vendor(), offload_targets(found)),
+    )
