@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -241,10 +242,11 @@ def run_core_random(engine: Engine, n: int, pp: int, tg: int, seed: int) -> Figu
 _ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|(.*)$", re.MULTILINE)
 
 
-def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int) -> Figures:
+def run_native(binary: str, model: Path, n: int, pp: int, tg: int, threads: int, extra: Sequence[str] = ()) -> Figures:
+    """llama-batched-bench's figures for ``n`` sequences (``extra``: more of its options, e.g. -ngl)."""
     ctx = n * (pp + tg)
     cmd = [binary, "-m", str(model), "-t", str(threads), "-c", str(ctx), "-b", "2048", "-ub", "512"]
-    cmd += ["-npp", str(pp), "-ntg", str(tg), "-npl", str(n)]
+    cmd += ["-npp", str(pp), "-ntg", str(tg), "-npl", str(n), *extra]
     out = subprocess.run(
         cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, env=others_environ()
     )
