@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -58,6 +59,8 @@ from scripts.bench_batch import bench_prompts, run_cli_batch, run_native
 from scripts.bench_serve import concurrent, llama_server, localrun_server, long_answer_prompts
 
 HERE = Path(__file__).resolve().parent.parent
+THREADS = default_threads()  # llama-batched-bench's -t (the GPU does the work when layers are offloaded)
+T = TypeVar("T")
 GPU_OPTION = "--gpu-layers"
 SHORT_PROMPT = "Once upon a time"
 # words of one token each in Qwen2.5's vocabulary: ~1 token per word
@@ -73,6 +76,8 @@ class Row:
     goal: float = 0.0
     against: str = "llama.cpp"
     note: str = ""
+    where: str = ""  # where localrun ran, as its --json says
+    failed: bool = False
 
     def say(self, note: str) -> None:
         self.note = f"{self.note}; {note}" if self.note else note
@@ -87,7 +92,8 @@ class Row:
             verdict = [f"{ratio:.3f}x", f">= {self.goal:g}x {met}"]
         else:
             verdict = ["-", f">= {self.goal:g}x not measured"]
-        return [self.model, self.what, ours, self.against, theirs, *verdict, self.note]
+        note = "; ".join(n for n in (f"localrun on {self.where}" if self.where else "", self.note) if n)
+        return [self.model, self.what, ours, self.against, theirs, *verdict, note]
 
 
 HEADER = ["model", "measure", "localrun tok/s", "against", "tok/s", "ratio", "goal", "note"]
@@ -152,7 +158,8 @@ def has_gpu_option() -> bool:
 def llama_bench(setup: Setup, model: Path, reps: int) -> tuple[float, float]:
     """(pp512, tg128) tokens/s of llama-bench, the median of ``reps`` runs."""
     tool = setup.tool("llama-bench")
-    assert tool is not None
+    if tool is None:
+        raise RuntimeError(f"no llama-bench in {setup.bin}")
     cmd = [str(tool), "-m", str(model), "-ngl", setup.ngl, "-fa", setup.flash_attn, "-p", "512", "-n", "128"]
     cmd += ["-r", str(reps), "-o", "json"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=others_environ())
@@ -181,22 +188,38 @@ def long_prompt(words: int = 511) -> str:
     return " ".join(PROMPT_WORDS[i % len(PROMPT_WORDS)] for i in range(words))
 
 
+Failure = (RuntimeError, OSError, subprocess.SubprocessError, ValueError, KeyError)
+
+
+def attempt(row: Row, side: str, run: Callable[[], T]) -> T | None:
+    """``run()``, or None when it fails: said on the row and printed, and the other side still runs."""
+    try:
+        return run()
+    except Failure as exc:
+        row.failed = True
+        row.say(f"{side} FAILED")
+        print(f"  {row.model} {row.what}: {side} failed: {exc}", flush=True)
+        return None
+
+
 def section_decode(setup: Setup, model: Path, rows: list[Row], reps: int) -> float | None:
     """decode and prompt rows; localrun's one-stream decode rate (for the batch row)."""
     decode, prompt = Row(model.stem, "decode tg128", goal=0.95), Row(model.stem, "prompt pp512", goal=0.95)
     decode.against = prompt.against = "llama-bench"
     rows += [decode, prompt]
     for _ in range(reps):
-        if setup.tool("llama-bench") is not None:
-            pp, tg = llama_bench(setup, model, reps=1)
-            decode.theirs.append(tg)
-            prompt.theirs.append(pp)
+        theirs = attempt(decode, "llama-bench", lambda: llama_bench(setup, model, reps=1))
+        ours = ours_pp = None
         if setup.ours_runs:
-            _, ours_tg, where = localrun_generate(setup, model, SHORT_PROMPT, 128)
-            ours_pp, _, _ = localrun_generate(setup, model, long_prompt(), 1)
-            decode.ours.append(ours_tg)
-            prompt.ours.append(ours_pp)
-            decode.note = prompt.note = f"localrun on {where}"  # the same each round
+            ours = attempt(decode, "localrun", lambda: localrun_generate(setup, model, SHORT_PROMPT, 128))
+            ours_pp = attempt(prompt, "localrun", lambda: localrun_generate(setup, model, long_prompt(), 1))
+        if theirs is not None:
+            prompt.theirs.append(theirs[0])
+            decode.theirs.append(theirs[1])
+        if ours is not None and ours_pp is not None:
+            decode.ours.append(ours[1])
+            prompt.ours.append(ours_pp[0])
+            decode.where = prompt.where = ours[2]
         print(f"  {model.stem}: {decode.cells()[2:6]} {prompt.cells()[2:6]}", flush=True)
     return statistics.median(decode.ours) if decode.ours else None
 
@@ -208,18 +231,18 @@ def section_batch(
     row = Row(model.stem, f"--batch {n}x{tokens}", goal=0.9, against=f"batched-bench -npl {n}")
     alone = Row(model.stem, f"--batch {n}x{tokens} vs one stream", goal=10.0, against="localrun decode")
     rows += [row, alone]
-    tool = setup.tool("llama-batched-bench")
-    if tool is not None:
-        total, _ = run_native(
-            str(tool), model, n, args.pp, tokens, default_threads(), extra=("-ngl", setup.ngl, "-fa", setup.flash_attn)
-        )
-        row.theirs.append(total * tokens / (args.pp + tokens))  # generated tokens over the whole time
-    else:
-        row.say("llama-batched-bench was not built")
+    tool = str(setup.bin / "llama-batched-bench")
+    extra = ("-ngl", setup.ngl, "-fa", setup.flash_attn)
+    theirs = attempt(row, "llama-batched-bench", lambda: run_native(tool, model, n, args.pp, tokens, THREADS, extra))
+    if theirs is not None:
+        row.theirs.append(theirs[0] * tokens / (args.pp + tokens))  # generated tokens over the whole time
+    options = argparse.Namespace(threads=None, tokens=tokens)
+    ours_extra = ("--flash-attn", setup.flash_attn, "--no-log", *setup.localrun_options())
+    ours = None
     if setup.ours_runs:
-        options = argparse.Namespace(threads=None, tokens=tokens)
-        extra = ("--flash-attn", setup.flash_attn, "--no-log", *setup.localrun_options())
-        rate, generated, _, parallel = run_cli_batch(model, bench_prompts(n), options, fixed=n, extra=extra)
+        ours = attempt(row, "localrun", lambda: run_cli_batch(model, bench_prompts(n), options, n, ours_extra))
+    if ours is not None:
+        rate, generated, _, parallel = ours
         row.ours.append(rate)
         row.say(f"localrun: {generated} tokens, {parallel} at a time")
         if one_stream:
@@ -234,20 +257,23 @@ def section_serve(setup: Setup, model: Path, rows: list[Row], args: argparse.Nam
     rows.append(row)
     options = argparse.Namespace(ctx=args.serve_ctx, load=4 * n, threads=None)
     prompts = long_answer_prompts(n)
-    tool = setup.tool("llama-server")
-    if tool is not None:
-        with llama_server(tool, model, n, options, setup.flash_attn, "-ngl", setup.ngl) as server:
-            rate, generated, full = concurrent(server, prompts, args.tokens)
-        row.theirs.append(rate)
-        row.say(f"llama-server: {generated} tokens, {full}/{n} to the end")
-    else:
-        row.say("llama-server was not built")
-    if setup.ours_runs:
+
+    def theirs() -> tuple[float, int, int]:
+        with llama_server(setup.bin / "llama-server", model, n, options, setup.flash_attn, "-ngl", setup.ngl) as s:
+            return concurrent(s, prompts, args.tokens)
+
+    def ours() -> tuple[float, int, int]:
         extra = ("--flash-attn", setup.flash_attn, "--no-log", *setup.localrun_options())
-        with localrun_server(model, n, options, *extra) as server:
-            rate, generated, full = concurrent(server, prompts, args.tokens)
-        row.ours.append(rate)
-        row.say(f"localrun: {generated} tokens, {full}/{n} to the end")
+        with localrun_server(model, n, options, *extra) as s:
+            return concurrent(s, prompts, args.tokens)
+
+    for side, run, rates in (("llama-server", theirs, row.theirs), ("localrun", ours, row.ours)):
+        if side == "localrun" and not setup.ours_runs:
+            continue
+        got = attempt(row, side, run)
+        if got is not None:
+            rates.append(got[0])
+            row.say(f"{side}: {got[1]} tokens, {got[2]}/{n} to the end")
     print(f"  {model.stem}: {row.cells()[2:6]}", flush=True)
 
 
@@ -278,12 +304,12 @@ def main() -> int:
     missing = [t for t in ("llama-bench", "llama-batched-bench", "llama-server") if setup.tool(t) is None]
     if missing:
         print(f"not in {args.bin} (not built): {', '.join(missing)}; their columns stay empty", flush=True)
+    absent = (
+        f"localrun here has no {GPU_OPTION} option (its GPU path is not in this checkout): "
+        "localrun's rows are not measured; llama.cpp's are"
+    )
     if not setup.ours_runs:
-        print(
-            f"localrun here has no {GPU_OPTION} option (its GPU path is not in this checkout): "
-            "localrun's rows are not measured; llama.cpp's are",
-            flush=True,
-        )
+        print(absent, flush=True)
     gib = 2**30
     found = ", ".join(f"{d.name} ({d.description}, {d.free / gib:.1f}/{d.total / gib:.1f} GiB free)" for d in probe())
     print(f"devices as localrun finds them: {found}", flush=True)
@@ -295,7 +321,6 @@ def main() -> int:
         ("batch", 20.0, lambda m: section_batch(setup, m, rows, one_stream.get(m), args)),
         ("serve", 25.0, lambda m: section_serve(setup, m, rows, args)),
     ]
-    failed = False
     for name, need, run in sections:
         for model in args.models:
             weight = 1 + model.stat().st_size / 2**32  # a larger model takes longer: 7B about twice 0.5B
@@ -303,16 +328,12 @@ def main() -> int:
                 print(f"{name} on {model.stem}: left out, {budget.left():.0f}s of the budget left", flush=True)
                 continue
             print(f"{name} on {model.stem} ({budget.left():.0f}s left)", flush=True)
-            try:
-                run(model)
-            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-                failed = True
-                print(f"{name} on {model.stem} failed: {exc}", flush=True)
-    text = table(rows)
+            run(model)
+    text = table(rows) + ("" if setup.ours_runs else f"\n\n{absent}")
     print(text)
     if args.table:
         args.table.write_text(text + "\n")
-    return 1 if failed else (0 if setup.ours_runs else 3)
+    return 1 if any(r.failed for r in rows) else (0 if setup.ours_runs else 3)
 
 
 if __name__ == "__main__":
