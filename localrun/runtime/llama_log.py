@@ -34,8 +34,8 @@ Listener = Callable[[int, bytes], None]
 _lock = threading.Lock()
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _recent_log: collections.deque[str] = collections.deque(maxlen=64)  # buffer sizes, read after a load
-_load_log: list[str] = []  # buffer lines of the last model load and the contexts made on it
-_load_has_context = False  # whether a context's lines follow the model's in _load_log
+_model_lines: list[str] = []  # buffer lines of the last model load
+_context_lines: list[str] = []  # and of the last context created on it
 _listeners: list[Listener] = []
 _verbose = False
 _backend_ready = False
@@ -141,26 +141,30 @@ def parse_device_buffers(text: str) -> tuple[DeviceBuffers, ...]:
 
 
 def _keep_buffer_line(message: str) -> None:
-    """Keep ``message`` for `device_buffers` when it is a buffer line; a
-    model's line after a context's starts the record of a new load."""
-    global _load_has_context
+    """Keep ``message`` for `device_buffers` when it is a buffer line: a
+    model's line after a context's starts the record of a new load, a
+    context's output buffer (its first line) the record of a new context."""
     found = _buffer_lines(message)
     if not found:
         return
-    is_model = found[0][1] == "model"
-    if is_model and _load_has_context:
-        _load_log.clear()
-        _load_has_context = False
-    _load_has_context = _load_has_context or not is_model
-    _load_log.append(message)
+    what = found[0][1]
+    if what == "model":
+        if _context_lines:
+            _model_lines.clear()
+            _context_lines.clear()
+        _model_lines.append(message)
+        return
+    if what == "output":
+        _context_lines.clear()
+    _context_lines.append(message)
 
 
 def device_buffers() -> tuple[DeviceBuffers, ...]:
-    """What the last model load and the contexts created on it allocated,
-    per device (see `parse_device_buffers`): empty before any load. Unlike
-    `logged_buffers`, reading it forgets nothing."""
+    """What the last model load and the last context created on it
+    allocated, per device (see `parse_device_buffers`): empty before any
+    load. Unlike `logged_buffers`, reading it forgets nothing."""
     with _lock:
-        text = "".join(_load_log)
+        text = "".join(_model_lines + _context_lines)
     return parse_device_buffers(text)
 
 

@@ -156,6 +156,9 @@ def test_device_buffers_follow_the_last_load() -> None:
     feed("llama_context:" + context)
     assert [d.device for d in llama_log.device_buffers()] == ["CUDA0", "CPU"]
     assert llama_log.device_buffers()[0].kv == mib(112)  # reading forgets nothing
+    feed("llama_context:" + context.replace("112.00 MiB", "224.00 MiB"))  # a second context on the same weights
+    gpu, _ = llama_log.device_buffers()
+    assert gpu.model == mib(934.85) and gpu.kv == mib(224)  # the model's, and the last context's
     feed(VULKAN_LOG)  # the next model's lines start a new record
     assert [d.device for d in llama_log.device_buffers()] == ["Vulkan0", "CPU"]
     assert llama_log.device_buffers()[0].model == mib(640.5)
