@@ -146,10 +146,13 @@ def _smi_lists_a_gpu() -> bool:
 _BACKEND_OF = {"nvidia": ("cuda", "an NVIDIA GPU"), "amd": ("rocm", "an AMD GPU"), "apple": ("metal", "Apple Silicon")}
 
 
-def setup_hint(vendor: str | None, gpus: Sequence[Device]) -> str | None:
-    """One line for a machine with a GPU and a build that places nothing on
-    one: the setup command that builds for it."""
-    if vendor is None or gpus:
+GPU_BACKENDS = frozenset({"CUDA", "ROCm", "MUSA", "MTL", "Metal", "Vulkan", "SYCL", "OpenCL"})  # ggml's names
+
+
+def setup_hint(vendor: str | None, gpus: Sequence[Device], backends: Sequence[Backend] = ()) -> str | None:
+    """One line for a machine with a GPU and a build that has no backend for
+    one (no GPU device, no GPU backend): the setup command that builds for it."""
+    if vendor is None or gpus or any(b.name in GPU_BACKENDS for b in backends):
         return None
     backend, what = _BACKEND_OF[vendor]
     return (
@@ -199,11 +202,11 @@ def examine(registry: Registry, user: UserConfig | None = None) -> Report:
 
     init_backend()  # the backends register their devices (quietly)
     found = devices_module.probe()
-    info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    backends = parse_system_info(llama_cpp.llama_print_system_info().decode("utf-8", errors="replace"))
     return Report(
         version=llama_cpp.__version__,
-        backends=parse_system_info(info),
+        backends=backends,
         devices=found,
         model=default_model(registry, user or UserConfig(), found),
-        hint=setup_hint(gpu_vendor(), offload_targets(found)),
+        hint=setup_hint(gpu_vendor(), offload_targets(found), backends),
     )

@@ -111,3 +111,10 @@ def test_system_info_names_each_backend_with_its_flags() -> None:
     cuda, cpu = doctor.parse_system_info(text)
     assert cuda == doctor.Backend("CUDA", (("ARCHS", "900"), ("USE_GRAPHS", "1"), ("PEER_MAX_BATCH_SIZE", "128")))
     assert cpu == doctor.Backend("CPU", (("SSE3", "1"), ("AVX2", "1")))
+
+
+def test_no_hint_when_the_build_has_a_gpu_backend_that_found_no_device() -> None:
+    cuda = doctor.Backend("CUDA", (("ARCHS", "900"),))
+    assert doctor.setup_hint("nvidia", (), (cuda, doctor.Backend("CPU"))) is None  # a driver problem, not the build
+    assert doctor.setup_hint("nvidia", (), (doctor.Backend("CPU"),)) is not None
+    assert doctor.setup_hint(None, (), ()) is None
