@@ -7,10 +7,7 @@ downloads one; `examine` returns a `Report` the command renders.
 
 from __future__ import annotations
 
-import platform
-import shutil
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +16,11 @@ from localrun import store
 from localrun.config import UserConfig
 from localrun.errors import LocalrunError
 from localrun.runtime import devices as devices_module
-from localrun.runtime.devices import Device, offload_targets
+from localrun.runtime.devices import Device, gpu_vendor, offload_targets
 from localrun.runtime.placement import Placement
 from localrun.settings import Options, resolve
 from localrun.store.registry import Registry
 from localrun.tune.wisdom import Decision, Wisdom
-
-SETUP = "scripts/setup"
-_SMI_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -119,33 +113,6 @@ def parse_system_info(text: str) -> tuple[Backend, ...]:
     return tuple(Backend(name, tuple(flags)) for name, flags in found)
 
 
-def gpu_vendor(*, root: Path = Path("/"), run_smi: Callable[[], bool] | None = None) -> str | None:
-    """A GPU the machine has, whatever the build: "nvidia" (a device node, or
-    `nvidia-smi -L` listing one), "amd" (ROCm's /dev/kfd) or "apple" (Apple
-    Silicon); None when none is seen."""
-    if (root / "dev" / "nvidia0").exists() or (run_smi or _smi_lists_a_gpu)():
-        return "nvidia"
-    if (root / "dev" / "kfd").exists():
-        return "amd"
-    if platform.system() == "Darwin" and platform.machine() == "arm64":
-        return "apple"
-    return None
-
-
-def _smi_lists_a_gpu() -> bool:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0 and "GPU" in done.stdout
-
-
-_BACKEND_OF = {"nvidia": ("cuda", "an NVIDIA GPU"), "amd": ("rocm", "an AMD GPU"), "apple": ("metal", "Apple Silicon")}
-
-
 GPU_BACKENDS = frozenset({"CUDA", "ROCm", "MUSA", "MTL", "Metal", "Vulkan", "SYCL", "OpenCL"})  # ggml's names
 
 
@@ -154,11 +121,7 @@ def setup_hint(vendor: str | None, gpus: Sequence[Device], backends: Sequence[Ba
     one (no GPU device, no GPU backend): the setup command that builds for it."""
     if vendor is None or gpus or any(b.name in GPU_BACKENDS for b in backends):
         return None
-    backend, what = _BACKEND_OF[vendor]
-    return (
-        f"this machine has {what} but this build of llama.cpp has no backend for it: "
-        f"`LOCALRUN_BACKEND={backend} {SETUP}` builds one"
-    )
+    return devices_module.setup_hint(vendor, gpus)
 
 
 def speed_of(wisdom: Wisdom) -> Speed:

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import platform
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -151,21 +155,50 @@ def probe() -> tuple[Device, ...]:
     return (host, *(d for d in reported if d.kind != "cpu"))
 
 
-_GPU_NODES = (("/dev/nvidia0", "an NVIDIA GPU", "cuda"), ("/dev/kfd", "an AMD GPU", "rocm"))
+_SMI_TIMEOUT_S = 5.0
+_VENDORS = {"nvidia": ("cuda", "an NVIDIA GPU"), "amd": ("rocm", "an AMD GPU"), "apple": ("metal", "Apple Silicon")}
+
+
+def gpu_vendor(*, root: Path = Path("/"), run_smi: Callable[[], bool] | None = None) -> str | None:
+    """A GPU the machine has, whatever the build: "nvidia" (a device node, or
+    `nvidia-smi -L` listing one), "amd" (ROCm's /dev/kfd) or "apple" (Apple
+    Silicon); None when none is seen."""
+    if (root / "dev" / "nvidia0").exists() or (run_smi or _smi_lists_a_gpu)():
+        return "nvidia"
+    if (root / "dev" / "kfd").exists():
+        return "amd"
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "apple"
+    return None
+
+
+def _smi_lists_a_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and "GPU" in done.stdout
+
+
+def setup_hint(vendor: str | None, gpus: Sequence[Device]) -> str | None:
+    """One line for a machine with a GPU (``vendor``) and a build that found
+    no GPU device: the setup command that builds for it."""
+    if vendor is None or gpus:
+        return None
+    backend, what = _VENDORS[vendor]
+    return (
+        f"this machine has {what} but this build of llama.cpp has no backend for it: "
+        f"`LOCALRUN_BACKEND={backend} scripts/setup` builds one"
+    )
 
 
 def unused_gpu(found: tuple[Device, ...]) -> str | None:
-    """A hint when the machine has a GPU the build cannot use (a CPU-only
-    build on a machine with an NVIDIA or AMD driver): the setup command that
-    builds for it. None when the build uses a GPU or none is seen."""
-    if offload_targets(found):
-        return None
-    for node, what, backend in _GPU_NODES:
-        if Path(node).exists():
-            return (
-                f"this machine has {what}, but this build is for the CPU only: LOCALRUN_BACKEND={backend} scripts/setup"
-            )
-    return None
+    """`setup_hint` for a run: the GPU seen from device nodes only (no
+    `nvidia-smi` call on every run)."""
+    return setup_hint(gpu_vendor(run_smi=lambda: False), offload_targets(found))
 
 
 def host(devices: tuple[Device, ...]) -> Device:

@@ -98,12 +98,12 @@ def test_a_gpu_with_a_cpu_build_gets_one_hint(monkeypatch: pytest.MonkeyPatch, v
 
 def test_gpu_vendor_from_device_nodes_and_nvidia_smi(tmp_path: Path) -> None:
     (tmp_path / "dev").mkdir()
-    assert doctor.gpu_vendor(root=tmp_path, run_smi=lambda: False) in (None, "apple")
-    assert doctor.gpu_vendor(root=tmp_path, run_smi=lambda: True) == "nvidia"
+    assert devices.gpu_vendor(root=tmp_path, run_smi=lambda: False) in (None, "apple")
+    assert devices.gpu_vendor(root=tmp_path, run_smi=lambda: True) == "nvidia"
     (tmp_path / "dev" / "kfd").touch()
-    assert doctor.gpu_vendor(root=tmp_path, run_smi=lambda: False) == "amd"
+    assert devices.gpu_vendor(root=tmp_path, run_smi=lambda: False) == "amd"
     (tmp_path / "dev" / "nvidia0").touch()
-    assert doctor.gpu_vendor(root=tmp_path, run_smi=lambda: False) == "nvidia"
+    assert devices.gpu_vendor(root=tmp_path, run_smi=lambda: False) == "nvidia"
 
 
 def test_system_info_names_each_backend_with_its_flags() -> None:

@@ -390,10 +390,11 @@ def test_a_gpu_the_build_cannot_use_gets_a_hint(
     from localrun.runtime import devices
     from localrun.settings import Options, resolve
 
-    node = tmp_path / "nvidia0"
-    monkeypatch.setattr(devices, "_GPU_NODES", ((str(node), "an NVIDIA GPU", "cuda"),))
+    real = devices.gpu_vendor
+    monkeypatch.setattr(devices, "gpu_vendor", lambda **kw: real(root=tmp_path, **kw))
     assert assemble(tiny_model, resolve(Options()), devices=[CPU], use_wisdom=False).gpu_hint is None
-    node.touch()  # a driver's device node, and a CPU-only build
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()  # a driver's device node, and a CPU-only build
     hint = assemble(tiny_model, resolve(Options()), devices=[CPU], use_wisdom=False).gpu_hint
     assert hint is not None and "LOCALRUN_BACKEND=cuda scripts/setup" in hint
     assert (
