@@ -84,6 +84,12 @@ UNTRIED_SIZE = 0.8  # without a curve, a verify batch size not measured yet: thi
 MIN_GAP = 16  # steps before a way that is not the best is probed again (doubles per probe)
 MAX_GAP = 128
 PROBE_MAX = 2  # the longest draft of a probe
+# an extra verify row that costs at most this share of a one-row step is nearly free: a GPU, where reading
+# the weights dominates a step (0.03-0.1 of a step on the cards published); on a CPU an extra row costs
+# 0.2-0.9 of a step (0.5B to 1.5B models on two cores). Only on such a curve (`flat`) are verify batches
+# padded, and may sequences decoding together in one batch draft
+FREE_ROW = 0.1
+PAD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)  # the row counts a verify batch is padded up to (`padded_rows`)
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,10 @@ class Controller(Protocol):
     def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None: ...
 
     def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None: ...
+
+    def observe_batch(self, rows: int, seconds: float) -> None:
+        """A batch of several sequences' rows (each its next token, some with
+        a draft) took ``seconds``."""
 
 
 class _Average:
@@ -177,12 +187,53 @@ class _Ratio:
         return (self.sum + CURVE_WEIGHT) / (self.w + CURVE_WEIGHT)
 
 
-def _checked_curve(curve: Sequence[float]) -> tuple[float, ...]:
+def checked_curve(curve: Sequence[float]) -> tuple[float, ...]:
     """The curve relative to its first point (one row costs 1)."""
     points = tuple(float(x) for x in curve)
     if len(points) < 2 or not all(math.isfinite(x) and x > 0 for x in points):
         raise ValueError(f"a verify curve needs two or more positive costs, not {list(curve)!r}")
     return tuple(x / points[0] for x in points)
+
+
+def curve_point(curve: Sequence[float], rows: int) -> float:
+    """The cost of ``rows`` rows on ``curve`` (relative to one row, see
+    `checked_curve`); past its last point it grows at the curve's mean cost
+    per extra row, so it never turns cheaper past what was measured."""
+    if rows <= len(curve):
+        return curve[max(rows, 1) - 1]
+    per_row = max((curve[-1] - 1.0) / (len(curve) - 1), 0.0)
+    return curve[-1] + per_row * (rows - len(curve))
+
+
+def flat(curve: Sequence[float] | None) -> bool:
+    """Whether ``curve`` says extra rows are nearly free: its mean cost per
+    extra row is at most `FREE_ROW` of a one-row step."""
+    return curve is not None and (curve[-1] / curve[0] - 1.0) / (len(curve) - 1) <= FREE_ROW
+
+
+def padded_rows(curve: Sequence[float] | None, rows: int, limit: int) -> int:
+    """The rows a verify batch of ``rows`` rows is padded to, at most ``limit``:
+    the next of `PAD_SIZES` where ``curve`` measured it and says it costs
+    about as much (within `TIE`), so that steps repeat their shape and the
+    backend reuses its compute graph (and a GPU replays it); else ``rows``.
+    A curve that is not `flat` (a CPU), or none, never pads."""
+    if curve is None or rows < 2 or not flat(curve):
+        return rows
+    size = next((s for s in PAD_SIZES if s >= rows), rows)
+    if size == rows or size > min(limit, len(curve)):
+        return rows
+    return size if curve_point(curve, size) <= curve_point(curve, rows) * (1.0 + TIE) else rows
+
+
+def drafts_in_batch(curve: Sequence[float] | None, rows: int) -> bool:
+    """Whether sequences decoding together in a batch of ``rows`` rows (one
+    each) may draft: ``curve`` measured that a batch of twice as many rows
+    costs at most `FREE_ROW` of a one-row step per extra row. Without a
+    curve, or on one that is not `flat` (a CPU), only a sequence decoding
+    alone drafts."""
+    if curve is None or rows < 1 or 2 * rows > len(curve) or not flat(curve):
+        return False
+    return curve_point(curve, 2 * rows) - curve_point(curve, rows) <= FREE_ROW * rows
 
 
 def expected_tokens(a: float, n: int) -> float:
@@ -207,7 +258,7 @@ class AdaptiveController:
     verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
 
     def __post_init__(self) -> None:
-        self.curve = None if self.verify_curve is None else _checked_curve(self.verify_curve)
+        self.curve = None if self.verify_curve is None else checked_curve(self.verify_curve)
         self.curve_level = _Ratio()  # measured verify batches over what the curve says
         n = len(self.profiles)
         self.step = [_Average() for _ in range(n)]  # seconds per drafted token
@@ -237,6 +288,8 @@ class AdaptiveController:
         c1 = self.plain_cost()
         if rows <= 1:
             return c1
+        if self.curve is not None:  # a batch is padded where the curve says so: it costs what its padded size does
+            rows = padded_rows(self.curve, rows, len(self.curve))
         measured = self.sizes.get(rows)
         if measured is not None and measured.value is not None:
             return measured.value
@@ -247,12 +300,8 @@ class AdaptiveController:
     def curve_point(self, rows: int) -> float:
         """The curve's cost of ``rows`` rows, in plain steps; past its last
         point it grows at the curve's mean cost per extra row."""
-        curve = self.curve
-        assert curve is not None
-        if rows <= len(curve):
-            return curve[max(rows, 1) - 1]
-        per_row = max((curve[-1] - 1.0) / (len(curve) - 1), 0.0)
-        return curve[-1] + per_row * (rows - len(curve))
+        assert self.curve is not None
+        return curve_point(self.curve, rows)
 
     def _curve_cost(self, rows: int) -> float:
         c1 = self.plain_cost()
@@ -374,6 +423,19 @@ class AdaptiveController:
         else:
             self.step[drafter].add((draft.sync_s + draft.steps_s) / n)
 
+    def observe_batch(self, rows: int, seconds: float) -> None:
+        """Costs as a verify batch of as many rows does. Until a plain step is
+        measured, the batch's time over the curve's point for its rows stands
+        for one (sequences decoding together take no step alone)."""
+        if rows <= 1:
+            self.observe_plain(seconds)
+            return
+        if self.plain.value is None:
+            if self.curve is None:
+                return
+            self.observe_plain(seconds / self.curve_point(rows))
+        self.observe_verify(rows, seconds)
+
     def observe_outcome(self, offer: Offer, proposed: int, accepted: int) -> None:
         key = (offer.drafter, offer.bucket)
         acc, tested, last = self.counts.get(key, (0.0, 0.0, self.rounds))
@@ -403,6 +465,9 @@ class Unobserving:
         pass
 
     def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
+        pass
+
+    def observe_batch(self, rows: int, seconds: float) -> None:
         pass
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from localrun.speculative.base import Offer, Profile
-from localrun.speculative.control import AdaptiveController
+from localrun.speculative.control import PLAIN, AdaptiveController, drafts_in_batch, padded_rows
 from localrun.speculative.lookup import PromptLookupDrafter
 
 PLAIN_S = 0.1  # a plain step, seconds
@@ -127,3 +127,75 @@ def test_forced_tokens_count_as_drafts_that_cannot_be_rejected() -> None:
     assert control.choose([LOOKUP], 5, forced=8).n <= 5  # never past the room left
     steep = _lookup(STEEP, 4)  # where no draft pays, forced tokens do not make one pay
     assert steep.choose([LOOKUP], 32, forced=8).n == 0
+
+
+# a GPU-like curve: reading the weights dominates a step, so 64 rows cost 1.3 of one row
+FLAT = tuple(1.0 + 0.3 * (r - 1) / 63 for r in range(1, 65))
+# what `localrun tune` measured for the 0.5B on two CPU cores (docs/benchmarks.md), filled in between
+CPU_05B = (1.0, 1.3, 1.5, 1.7, 2.05, 2.4, 2.75, 3.1, 3.275, 3.45, 3.625, 3.8, 4.025, 4.25, 4.475, 4.7)
+
+
+def test_a_flat_curve_drafts_longer_and_at_lower_acceptance() -> None:
+    for accepted in (1, 4, 9, 19):  # 50% .. 95%
+        flat, steep = _lookup(FLAT, accepted).choose([LOOKUP], 32).n, _lookup(STEEP, accepted).choose([LOOKUP], 32).n
+        assert flat > max(steep, 2), (accepted, flat, steep)
+    assert _lookup(STEEP, 1).choose([LOOKUP], 32).n == 0  # 50% accepted: no row pays on a CPU ...
+    assert _lookup(FLAT, 1).choose([LOOKUP], 32).n >= 3  # ... and a short draft does on a GPU
+
+
+def test_draft_length_follows_the_curves_length_not_a_cpus() -> None:
+    """Rows 1..64 measured: a draft that is nearly always kept fills them."""
+    long_offer = Offer(0, 0, 64)
+    control = _lookup(FLAT, 49)  # 98%
+    assert control.choose([long_offer], 63).n == 63
+    assert control.choose([long_offer], 40).n == 40
+    assert 16 < control.choose([long_offer], 63).n
+    assert _lookup(STEEP, 49).choose([long_offer], 63).n <= 4
+
+
+def test_padding_only_where_the_curve_is_flat() -> None:
+    assert [padded_rows(FLAT, r, 64) for r in (1, 2, 3, 4, 5, 7, 8)] == [1, 2, 4, 4, 8, 8, 8]
+    assert padded_rows(FLAT, 5, 6) == 5  # never past the room there is
+    assert padded_rows(FLAT[:6], 5, 64) == 5  # nor past the sizes the curve measured
+    for rows in range(1, 40):  # a size dearer than TIE is left as it is
+        size = padded_rows(FLAT, rows, 64)
+        assert size == rows or FLAT[size - 1] <= FLAT[rows - 1] * 1.03
+    for curve in (STEEP, BUMPY, CPU_05B, None):  # a CPU: never (BUMPY's plateau included)
+        assert all(padded_rows(curve, r, 64) == r for r in range(1, 20))
+
+
+def test_drafting_in_a_batch_only_where_extra_rows_are_nearly_free() -> None:
+    assert all(drafts_in_batch(FLAT, rows) for rows in range(1, 33))
+    assert not drafts_in_batch(FLAT, 33)  # twice the rows is past what was measured
+    gpu = (1.0, 1.1, 1.2, 1.3, 1.35, 1.4, 1.45, 1.5)  # 2 rows 1.1x, 4 rows 1.3x: a consumer card's figures
+    assert drafts_in_batch(gpu, 2) and drafts_in_batch(gpu, 4)
+    for curve in (STEEP, BUMPY, CPU_05B, None):
+        assert not any(drafts_in_batch(curve, rows) for rows in range(1, 9))
+
+
+def test_in_a_batch_the_other_rows_count_as_forced() -> None:
+    """Seven other sequences' rows in the batch: on a flat curve a draft of
+    even half-kept tokens adds tokens for nearly no time; on a steep one it
+    does not pay."""
+    assert _lookup(FLAT, 1).choose([LOOKUP], 32, forced=7).n >= 2
+    assert _lookup(STEEP, 1).choose([LOOKUP], 32, forced=7).n == 0
+
+
+def test_a_padded_size_costs_what_its_padding_does() -> None:
+    control = _lookup(FLAT)
+    control.observe_verify(8, 2 * FLAT[7] * PLAIN_S)  # 8 rows measured dearer than the curve
+    assert control.verify_cost(5) == control.verify_cost(8) == pytest.approx(2 * FLAT[7] * PLAIN_S)
+    assert _lookup(STEEP).verify_cost(5) == pytest.approx(STEEP[4] * PLAIN_S)
+
+
+def test_a_batch_teaches_the_plain_cost_through_the_curve() -> None:
+    """Sequences decoding together take no step alone: a batch's time over
+    the curve's point for its rows stands for a plain step until one is measured."""
+    control = AdaptiveController([PromptLookupDrafter().profile], verify_curve=FLAT)
+    assert control.choose([LOOKUP], 32, forced=3) == PLAIN  # nothing measured
+    control.observe_batch(4, FLAT[3] * PLAIN_S)
+    assert control.plain_cost() == pytest.approx(PLAIN_S)
+    assert control.verify_cost(4) == pytest.approx(FLAT[3] * PLAIN_S)
+    blind = AdaptiveController([PromptLookupDrafter().profile])  # no curve: nothing to go on
+    blind.observe_batch(4, 0.2)
+    assert blind.plain.value is None
