@@ -5,9 +5,12 @@ as a `Target`, streams what each step decides and appends it to the
 target's context.
 
 The single-sequence loop (`localrun.speculative.loop`) and the batch
-scheduler (a sequence decoding alone) each have a `Target`; the stepper,
-and with it the controller's bookkeeping, is one for both. Runtime depends
-only on these protocols, never on `localrun.speculative`.
+scheduler (a sequence decoding alone, or several together where extra rows
+are nearly free) each have a `Target`; the stepper, and with it the
+controller's bookkeeping, is one for both. Decoding together, the scheduler
+packs each sequence's `Stepper.prepare` rows into one batch, and the target
+reads its rows of it. Runtime depends only on these protocols, never on
+`localrun.speculative`.
 """
 
 from __future__ import annotations
@@ -94,11 +97,27 @@ class Stepper(Protocol):
     def next(self) -> list[int]:
         """The tokens the next step decides; none when decoding must stop."""
 
+    def prepare(self, company: int) -> tuple[list[int], int]:
+        """The next step in a batch shared with ``company`` rows of other
+        sequences: (the rows it puts there after the target's KV cache, the
+        first of them that needs logits). `settle` follows once it is decoded."""
+
+    def settle(self, status: DecodeStatus, seconds: float) -> list[int]:
+        """The tokens the prepared step decides, the shared batch decoded with
+        ``status``; ``seconds``: this sequence's share of its time."""
+
     def stats(self) -> DraftStats:
         """What the drafts proposed and the target kept so far."""
 
 
 class Speculative(Protocol):
-    """A way of decoding that drafts: makes the stepper of one sequence."""
+    """A way of decoding that drafts: makes the stepper of one sequence, and
+    says whether sequences decoding together in one batch may draft."""
 
     def stepper(self, target: Target, sampling: SamplingParams) -> Stepper: ...
+
+    def drafts_in_batch(self, rows: int) -> bool:
+        """Whether sequences decoding together, ``rows`` of them, may draft in their shared batch."""
+
+    def observe_batch(self, rows: int, seconds: float) -> None:
+        """A shared batch of ``rows`` rows, drafts included, took ``seconds``."""

@@ -4,8 +4,8 @@ the single-sequence loop: `loop.py`).
 
 `Speculation` is a `runtime.generate.Decoding`: a caller that has one calls
 its `generate` as it would plain decoding's. It is a
-`runtime.stepper.Speculative` too: the batch scheduler asks it for the
-stepper of a sequence decoding alone."""
+`runtime.stepper.Speculative` too: the batch scheduler asks it for each
+sequence's stepper, and whether sequences decoding together may draft."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from localrun.runtime.generate import GenerateOptions
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.stepper import Target
 from localrun.speculative.base import Drafter
-from localrun.speculative.control import AdaptiveController, Controller
+from localrun.speculative.control import AdaptiveController, Controller, checked_curve, drafts_in_batch
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.loop import generate_speculative
@@ -34,7 +34,8 @@ class Speculation:
 
     ``verify_curve``: the cost of a verify batch of r rows over one row's
     (r = 1..), as `localrun tune` measured it on this machine, for the
-    `AdaptiveController` made when no ``controller`` is given."""
+    `AdaptiveController` made when no ``controller`` is given, and for the
+    shape of batches: padding, drafting in a shared batch."""
 
     def __init__(
         self,
@@ -49,6 +50,16 @@ class Speculation:
             [d.profile for d in self.drafters], verify_curve=verify_curve
         )
         self.disabled: set[int] = set()  # drafters that failed to load
+        self.curve = None if verify_curve is None else checked_curve(verify_curve)  # for batch shapes
+
+    def drafts_in_batch(self, rows: int) -> bool:
+        """Whether sequences decoding together in a batch of ``rows`` rows may
+        draft: the verify curve says extra rows are nearly free there (a GPU)."""
+        return drafts_in_batch(self.curve, rows)
+
+    def observe_batch(self, rows: int, seconds: float) -> None:
+        """The controller learns a shared batch's time."""
+        self.controller.observe_batch(rows, seconds)
 
     @property
     def label(self) -> str:

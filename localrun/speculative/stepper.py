@@ -2,7 +2,16 @@
 chooses, the target takes a plain step or verifies a draft, and the
 controller observes the step. `SpeculativeStepper` is what every loop that
 drafts uses (`runtime.stepper.Stepper`): the single-sequence loop
-(`loop.py`) and the batch scheduler's sequence decoding alone.
+(`loop.py`) and the batch scheduler, for a sequence decoding alone and,
+where the verify curve says extra rows are nearly free (a GPU), for each
+sequence of a shared batch (`prepare`, then `settle`).
+
+Where the curve says so too, a verify batch is padded up to a size of
+`control.PAD_SIZES` that costs no more (`control.padded_rows`), so that
+steps repeat their shape and llama.cpp reuses its compute graph (which
+needs the same tokens and outputs: the padding rows have logits, never
+read); the padding's cells are forgotten with the rejected drafts, and
+the rows before them, hence the text, are what they are without it.
 
 The target keeps one decided token pending (not yet in its KV cache). A step
 evaluates [pending, d1..dn] in one batch with logits for every row; row i
@@ -38,9 +47,11 @@ steps use them depends on timing.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -51,7 +62,7 @@ from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.stepper import Target
 from localrun.speculative.base import Draft, Drafter, Offer
-from localrun.speculative.control import Controller, Plan
+from localrun.speculative.control import PLAIN, Controller, Plan, padded_rows
 from localrun.speculative.sampling import check_draft, target_probs
 
 if TYPE_CHECKING:
@@ -60,11 +71,13 @@ if TYPE_CHECKING:
 
 class Drafting(Protocol):
     """What a stepper needs of `localrun.speculative.Speculation`: the
-    drafters, those that failed to load, and the controller."""
+    drafters, those that failed to load, the controller, and the verify
+    curve measured here (relative to one row; None: not measured)."""
 
     drafters: list[Drafter]
     disabled: set[int]
     controller: Controller
+    curve: tuple[float, ...] | None
 
 
 class Tally:
@@ -88,10 +101,42 @@ class Tally:
         return DraftStats(name, sum(self.proposed), sum(self.accepted), self.rounds)
 
 
+@dataclass
+class Round:
+    """One step between the controller's choice and the check of its rows."""
+
+    plan: Plan
+    draft: Draft | None  # None: a plain step
+    forced: list[int]  # tokens the grammar forced, decided before the batch
+    pending: list[int]  # decided, not in the KV cache yet: the head of the batch (empty: no batch to evaluate)
+    n_context: int  # the context's length with the forced tokens
+    t0: float
+    pad: int = 0  # rows after the draft that only give the batch a size the curve favours (`padded_rows`)
+
+    @property
+    def first(self) -> int:
+        """The row that decides the first token after the pending ones."""
+        return len(self.pending) - 1
+
+    @property
+    def tokens(self) -> list[int]:
+        """The batch's rows: the pending tokens, the draft, and the padding
+        (the draft's last token again: its rows' logits are never read, and
+        its cells go with the rejected drafts)."""
+        rows = [*self.pending, *(self.draft.tokens if self.draft is not None else ())]
+        return rows + rows[-1:] * self.pad
+
+
 class SpeculativeStepper:
     """One speculative step at a time for ``target``: ask the drafters, let
     the controller choose, then a plain step or a verify step; the controller
-    observes each, and the tally counts the drafts."""
+    observes each, and the tally counts the drafts.
+
+    Decoding alone, `next` evaluates the step's batch itself. Decoding in a
+    batch with other sequences, `prepare` gives the rows the sequence puts
+    in the shared batch and `settle` checks them once it is decoded; there
+    it drafts with copies of the drafters that run no model (prompt lookup),
+    its own, which follow its text alone (a draft model follows one sequence)."""
 
     def __init__(self, target: Target, speculation: Drafting, sampling: SamplingParams) -> None:
         self.target = target
@@ -100,6 +145,8 @@ class SpeculativeStepper:
         self.rng = np.random.default_rng(sampling.seed)
         self.tally = Tally([d.profile.name for d in speculation.drafters])
         self.status = DecodeStatus.OK
+        self._round: Round | None = None
+        self._own: list[Drafter | None] | None = None  # its copies of the free drafters, once in a batch
 
     def begin(self) -> None:
         for drafter in self.speculation.drafters:
@@ -112,57 +159,99 @@ class SpeculativeStepper:
         """The tokens the next step decides (none when decoding must stop):
         first any the grammar forces (jump-forward), which ride in the step's
         batch ahead of the draft and need no logits of their own."""
+        target, control = self.target, self.speculation.controller
+        r = self._prepare(0)
+        if not r.pending:
+            return r.forced
+        t1 = time.perf_counter()
+        status = target.evaluate(r.pending) if r.draft is None else target.evaluate_rows(r.tokens, r.first)
+        decided = self._decide(r, status)
+        t2 = time.perf_counter()
+        if decided and len(r.tokens) == 1:
+            control.observe_plain(t2 - t1)
+        elif decided:
+            control.observe_verify(len(r.tokens), t2 - t1)
+        return self._settle(r, decided, t2 - r.t0)
+
+    def prepare(self, company: int) -> tuple[list[int], int]:
+        """This sequence's step in a batch shared with ``company`` rows of
+        other sequences: (the rows to evaluate after its KV cache, the first
+        that needs logits). The controller weighs a draft against the others'
+        rows as against forced tokens: they ride in the batch either way."""
+        if self._own is None:
+            self._own = [copy.copy(d) if d.profile.free else None for d in self.speculation.drafters]
+            for drafter in self._own:
+                if drafter is not None:
+                    drafter.begin(self.target.context)  # a free drafter's begin sets all its state anew
+        self._round = self._prepare(company, self._own)
+        return self._round.tokens, max(self._round.first, 0)
+
+    def settle(self, status: DecodeStatus, seconds: float) -> list[int]:
+        """The tokens the prepared step decides, once the shared batch is
+        decoded with ``status`` (its rows in the target's rows of it);
+        ``seconds``: this sequence's share of the batch's time."""
+        r, self._round = self._round, None
+        assert r is not None
+        if not r.pending:
+            return r.forced
+        return self._settle(r, self._decide(r, status), seconds)
+
+    def _prepare(self, company: int, drafters: Sequence[Drafter | None] | None = None) -> Round:
         target = self.target
         forced = target.fast_forward()
         context = [*target.context, *forced] if forced else target.context
         left = target.left - len(forced)  # tokens the output may take after the forced ones
         if left < 1:
-            return forced
+            return Round(PLAIN, None, forced, [], len(context), time.perf_counter())
         pending = context[target.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
         room = min(left - 1, target.n_ctx - len(context), target.n_batch - len(pending))
         t0 = time.perf_counter()
         plan, draft = propose(
-            self.speculation, context, room, len(pending) - 1, self.sampling, self.rng, target.constraint
+            self.speculation,
+            context,
+            room,
+            len(pending) - 1 + company,
+            self.sampling,
+            self.rng,
+            target.constraint,
+            drafters,
         )
-        if draft is None:
-            decided = self._plain(plan, pending, t0)
-        else:
-            decided = self._verify(plan, len(context), pending, draft, t0)
-        return [*forced, *decided] if decided else []
+        r = Round(plan, draft, forced, pending, len(context), t0)
+        if draft is not None and not company:  # alone: its batch is the step's shape
+            rows = len(pending) + len(draft.tokens)
+            limit = min(target.n_batch, target.n_ctx - target.n_past)
+            r.pad = padded_rows(self.speculation.curve, rows, limit) - rows
+        return r
 
-    def _plain(self, plan: Plan, pending: list[int], t0: float) -> list[int]:
-        target, control = self.target, self.speculation.controller
-        t1 = time.perf_counter()
-        self.status = target.evaluate(pending)
-        if self.status != DecodeStatus.OK:
+    def _decide(self, r: Round, status: DecodeStatus) -> list[int]:
+        """The tokens the evaluated rows decide; the rejected drafts (and the
+        padding) are forgotten from the KV cache."""
+        target = self.target
+        self.status = status
+        if status != DecodeStatus.OK:
+            if r.draft is not None:
+                target.rollback(target.n_past)
             return []
-        decided = [target.sample()]
-        t2 = time.perf_counter()
-        if len(pending) == 1:
-            control.observe_plain(t2 - t1)
-        else:
-            control.observe_verify(len(pending), t2 - t1)
-        control.observe_round(plan, t2 - t0, len(pending) - 1 + len(decided))
+        if r.draft is None:
+            return [target.sample()]
+        decided = self._check(r.draft, r.first)
+        target.rollback(r.n_context + len(decided) - 1)  # forget the rejected drafts
         return decided
 
-    def _verify(self, plan: Plan, n_context: int, pending: list[int], draft: Draft, t0: float) -> list[int]:
-        target, control = self.target, self.speculation.controller
-        assert plan.offer is not None
-        t1 = time.perf_counter()
-        first = len(pending) - 1  # the row that decides the first drafted token
-        self.status = target.evaluate_rows([*pending, *draft.tokens], first)
-        if self.status != DecodeStatus.OK:
-            target.rollback(target.n_past)
+    def _settle(self, r: Round, decided: list[int], seconds: float) -> list[int]:
+        """The controller observes the step's outcome and time, the tally counts its draft."""
+        if not decided:
             return []
-        decided = self._check(draft, first)
-        accepted = len(decided) - 1
-        target.rollback(n_context + accepted)  # forget the rejected drafts
-        t2 = time.perf_counter()
-        control.observe_verify(len(pending) + len(draft.tokens), t2 - t1)
-        control.observe_outcome(plan.offer, len(draft.tokens), accepted)
-        control.observe_round(plan, t2 - t0, first + len(decided))
-        self.tally.add(plan.offer.drafter, len(draft.tokens), accepted)
-        return decided
+        control, offer = self.speculation.controller, r.plan.offer
+        drafted = len(r.draft.tokens) if r.draft is not None and offer is not None else 0
+        if drafted:
+            assert offer is not None
+            control.observe_outcome(offer, drafted, len(decided) - 1)
+        control.observe_round(r.plan, seconds, r.first + len(decided))
+        if drafted:
+            assert offer is not None
+            self.tally.add(offer.drafter, drafted, len(decided) - 1)
+        return [*r.forced, *decided]
 
     def _check(self, draft: Draft, first: int) -> list[int]:
         """Check the drafted tokens against the batch's rows from ``first`` on:
@@ -193,17 +282,21 @@ def propose(
     sampling: SamplingParams,
     rng: np.random.Generator,
     constraint: Constraint | None,
+    drafters: Sequence[Drafter | None] | None = None,
 ) -> tuple[Plan, Draft | None]:
     """The controller's way for this step, and the draft it asks for (None:
     a plain step), cut at the first token the grammar rejects. ``forced``:
-    decided tokens that ride in the batch ahead of the draft."""
+    decided tokens (or other sequences' rows) that ride in the batch ahead of
+    the draft. ``drafters``: those to ask, by the speculation's index (None:
+    not asked); the speculation's own by default."""
+    pool = speculation.drafters if drafters is None else drafters
     offers = [
         offer
-        for i, drafter in enumerate(speculation.drafters)
-        if i not in speculation.disabled and (offer := drafter.offer(context, i)) is not None
+        for i, drafter in enumerate(pool)
+        if drafter is not None and i not in speculation.disabled and (offer := drafter.offer(context, i)) is not None
     ]
     plan = speculation.controller.choose(offers, room, forced=forced)
-    draft = _make_draft(speculation, plan, context, sampling, rng, constraint)
+    draft = _make_draft(speculation, pool, plan, context, sampling, rng, constraint)
     if draft is not None and constraint is not None:
         keep = constraint.allowed_prefix(draft.tokens)
         draft.tokens = draft.tokens[:keep]
@@ -228,6 +321,7 @@ def accept_rows(sample: Callable[[int], int], tokens: Sequence[int], first: int 
 
 def _make_draft(
     speculation: Drafting,
+    pool: Sequence[Drafter | None],
     plan: Plan,
     context: list[int],
     sampling: SamplingParams,
@@ -238,12 +332,14 @@ def _make_draft(
     if offer is None or plan.n < 1:
         return None
     mask = constraint.fork() if constraint is not None else None
+    drafter = pool[offer.drafter]
+    assert drafter is not None  # it made the offer
     try:
-        draft = speculation.drafters[offer.drafter].draft(context, plan.n, sampling, rng, mask)
+        draft = drafter.draft(context, plan.n, sampling, rng, mask)
     except LocalrunError:  # a draft model that cannot load here (memory): go on without it
         speculation.disabled.add(offer.drafter)
         with suppress(LocalrunError):
-            speculation.drafters[offer.drafter].close()
+            drafter.close()
         return None
     speculation.controller.observe_draft(offer.drafter, draft)
     return draft
