@@ -137,3 +137,89 @@ def test_a_prefix_another_slot_holds_is_copied_not_evaluated(tmp_path: Path, uni
     assert len(system) >= 32
     assert done[1].stats.cached_tokens >= len(system)
     assert done[1].text == expected
+
+
+FLAT = tuple(1.0 + 0.3 * (r - 1) / 63 for r in range(1, 65))  # a GPU's verify curve: extra rows nearly free
+STEEP = tuple(1.0 + 0.8 * (r - 1) for r in range(1, 17))  # a CPU's
+
+
+@dataclass
+class Batches(FixedController):
+    """Prompt lookup's fixed way; records what each choice was weighed
+    against (the other sequences' rows) and each shared batch's rows."""
+
+    company: list[int] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)  # the rows of each verify batch of one sequence
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        self.verified.append(rows)
+
+    def choose(self, offers: Sequence[Offer], room: int, forced: int = 0) -> Plan:
+        self.company.append(forced)
+        return super().choose(offers, room, forced)
+
+    def observe_batch(self, rows: int, seconds: float) -> None:
+        self.batches.append(rows)
+
+
+def _together(
+    engine: Engine, prompts: list[str], sampling: SamplingParams, curve: Sequence[float] | None, slots: int
+) -> tuple[dict[int, SequenceDone], Batches]:
+    control = Batches(0, 4)
+    run = ContinuousBatch(
+        engine, slots, SEQ_CTX, speculation=Speculation(lookup_drafters(engine), control, verify_curve=curve)
+    )
+    for i, prompt in enumerate(prompts):
+        run.submit(BatchRequest(i, engine.tokenize(prompt), sampling, max_tokens=80, ignore_eos=True))
+    return {ev.index: ev for ev in run.events() if isinstance(ev, SequenceDone)}, control
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    model = write_tiny_model(tmp_path_factory.mktemp("four") / "bigram.gguf", bigram=True, n_ctx_train=4096)
+    with Engine(EngineConfig(model_path=model, n_ctx=4 * SEQ_CTX, n_seq_max=4, n_threads=2)) as eng:
+        yield eng
+
+
+PROMPTS = [
+    "one two three one two",
+    "four five six four five",
+    "the cat sat on the mat the cat",
+    "seven eight seven eight seven",
+    "a b c a b c a",
+]
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=5)])
+def test_on_a_flat_curve_sequences_decoding_together_draft_and_keep_their_text(
+    four: Engine, sampling: SamplingParams
+) -> None:
+    """Four slots, five requests (the fifth's prompt joins midway): where
+    extra rows are nearly free, each sequence drafts in the shared batch,
+    and every text is the one it has alone without drafting."""
+    done, control = _together(four, PROMPTS, sampling, FLAT, 4)
+    for i, prompt in enumerate(PROMPTS):
+        expected = collect(generate(four, four.tokenize(prompt), sampling, max_tokens=80, ignore_eos=True))[0]
+        assert done[i].text == expected, i
+        draft = done[i].stats.draft
+        assert draft is not None and draft.proposed > 10 and draft.accepted > 0
+    assert 3 in control.company  # weighed beside three other sequences' rows
+    assert any(rows >= 4 + 2 * 4 for rows in control.batches)  # several sequences drafted in one batch
+    if sampling.greedy:
+        assert all(d.stats.draft is not None and d.stats.draft.accepted > 20 for d in done.values())
+
+
+@pytest.mark.parametrize("curve", [None, STEEP])
+def test_on_a_cpus_curve_sequences_decoding_together_do_not_draft(four: Engine, curve: Sequence[float] | None) -> None:
+    done, control = _together(four, PROMPTS[:4], SamplingParams(temperature=0.0), curve, 4)
+    assert control.batches == [] and control.company == []  # never weighed: the batch took plain steps
+    assert all(d.stats.draft is None for d in done.values())
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=5)])
+def test_alone_on_a_flat_curve_its_verify_batches_are_padded(four: Engine, sampling: SamplingParams) -> None:
+    done, control = _together(four, PROMPTS[2:3], sampling, FLAT, 4)
+    expected = collect(generate(four, four.tokenize(PROMPTS[2]), sampling, max_tokens=80, ignore_eos=True))[0]
+    assert done[0].text == expected
+    assert 8 in control.verified and all(rows in (2, 4, 8) for rows in control.verified)  # 1 + 4 drafted: 8

@@ -97,7 +97,8 @@ class _Slot:
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
         self.next_token: int | None = None
-        self.stepper: Stepper | None = None  # its speculative steps, once it has decoded alone with speculation
+        self.stepper: Stepper | None = None  # its speculative steps, once it has drafted or could have
+        self.target: _SlotTarget | None = None  # the sequence, as its stepper drives it
         self.checkpoint: Checkpoint | None = None  # its shared prefix, stored once the cells hold it
         self.waiting: tuple[int, int, int] | None = None  # (seq_id, request index, n): copy that slot's first n tokens
         self.take = 0  # tokens this sequence puts in the current batch
@@ -122,7 +123,11 @@ class ContinuousBatch:
     decodes alone (nothing queued, no other slot busy) takes its steps through
     the speculation's stepper (`runtime.stepper`), the one the single-sequence
     loop uses: it drafts where the controller finds it pays, and the draft is
-    verified in the sequence's own batch.
+    verified in the sequence's own batch. Sequences decoding together draft
+    too where the speculation says extra rows are nearly free (its verify
+    curve: a GPU), each weighing its draft against the others' rows; their
+    drafts ride in the shared batch (`_speculate_together`). On a CPU's
+    curve, or with none, they do not: a verify row there costs most of a step.
     ``prompt_cache``: a request's shared prefix (`BatchRequest.shared`, a
     system prompt) of `AUTO_MIN_TOKENS` or more that no slot holds is loaded
     from it, or stored there once evaluated (a server restarted, or the same
@@ -451,20 +456,66 @@ class ContinuousBatch:
             return None
         return live[0]
 
+    def _together(self) -> list[tuple[int, _Slot]]:
+        """The sequences decoding, when there are several, none has prompt
+        left, and the speculation says they may draft in their shared batch
+        (its verify curve: extra rows nearly free, a GPU); else none."""
+        live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
+        if self.speculation is None or len(live) < 2 or any(s.pending for _, s in live):
+            return []
+        return live if self.speculation.drafts_in_batch(len(live)) else []
+
+    def _stepper(self, s: _Slot) -> tuple[Stepper, _SlotTarget]:
+        assert self.speculation is not None
+        if s.stepper is None or s.target is None:
+            s.target = _SlotTarget(self, s)
+            s.stepper = self.speculation.stepper(s.target, s.request.sampling)
+        return s.stepper, s.target
+
     def _speculate(self, seq_id: int, s: _Slot) -> tuple[DecodeStatus, list[SlotEvent]]:
         """A step of the sequence decoding alone, by its stepper: a verify step
         of [next token, draft], or a plain step where the controller finds no
         draft pays."""
-        assert self.speculation is not None
-        if s.stepper is None:
-            s.stepper = self.speculation.stepper(_Alone(self, s), s.request.sampling)
+        stepper, target = self._stepper(s)
+        target.room = None  # its batch is its own
         if self._drafting is not s:
-            s.stepper.begin()
+            stepper.begin()
             self._drafting = s
-        decided = s.stepper.next()
+        decided = stepper.next()
         if not decided:
-            return s.stepper.status, []
+            return stepper.status, []
         return DecodeStatus.OK, list(self._take(seq_id, s, decided))
+
+    def _speculate_together(self, live: list[tuple[int, _Slot]]) -> tuple[DecodeStatus, list[SlotEvent]]:
+        """One shared decode where each sequence's stepper puts its rows: its
+        next token, and a draft where the controller finds one pays beside
+        the others' rows; then each checks its own rows."""
+        assert self.speculation is not None
+        self.batch.clear()
+        placed: list[tuple[int, _Slot, Stepper, int]] = []
+        total = 0
+        for k, (seq_id, s) in enumerate(live):
+            stepper, target = self._stepper(s)
+            later = len(live) - k - 1  # the sequences after this one: a row each at least
+            target.room = self.engine.n_batch - total - later
+            tokens, first = stepper.prepare(total + later)
+            target.offset, target.rows = self.batch.n, len(tokens)
+            for i, token in enumerate(tokens):
+                self.batch.add(token, s.pos + i, s.seq_id, i >= first)
+            total += len(tokens)
+            placed.append((seq_id, s, stepper, len(tokens)))
+        t0 = time.perf_counter()
+        status = self._decode(with_prompt=False, timed=total == len(live))  # no draft: the governor's step
+        seconds = time.perf_counter() - t0
+        if status == DecodeStatus.OK:
+            self.speculation.observe_batch(total, seconds)
+        events: list[SlotEvent] = []
+        for seq_id, s, stepper, rows in placed:
+            if status == DecodeStatus.OK:
+                s.pos += rows
+            decided = stepper.settle(status, seconds * rows / max(total, 1))
+            events += self._take(seq_id, s, decided)
+        return status, events
 
     def _finish(self, seq_id: int, s: _Slot) -> Iterator[SlotEvent]:
         if self._drafting is s:
@@ -500,6 +551,9 @@ class ContinuousBatch:
         alone = self._alone() if self.speculation is not None else None
         if alone is not None:
             return self._speculate(*alone)
+        together = self._together()
+        if together:
+            return self._speculate_together(together)
         status = self._step()
         return status, list(self._sample()) if status == DecodeStatus.OK else []
 
@@ -544,13 +598,18 @@ class ContinuousBatch:
             writer.join()
 
 
-class _Alone:
-    """A sequence decoding alone, as its stepper drives it
-    (`runtime.stepper.Target`): its own batches, in the scheduler's context."""
+class _SlotTarget:
+    """A sequence, as its stepper drives it (`runtime.stepper.Target`), in
+    the scheduler's context: decoding alone, in batches of its own; decoding
+    together with others, in ``rows`` rows from ``offset`` of the shared
+    batch, with ``room`` rows of it for its own."""
 
     def __init__(self, run: ContinuousBatch, slot: _Slot) -> None:
         self.run = run
         self.slot = slot
+        self.offset = 0  # its first row in the last batch
+        self.rows = 0  # its rows there
+        self.room: int | None = None  # rows it may take in the next shared batch; None: alone
 
     @property
     def context(self) -> list[int]:
@@ -570,7 +629,7 @@ class _Alone:
 
     @property
     def n_batch(self) -> int:
-        return int(self.run.engine.n_batch)
+        return int(self.run.engine.n_batch) if self.room is None else self.room
 
     @property
     def constraint(self) -> Constraint | None:
@@ -594,16 +653,21 @@ class _Alone:
         batch.clear()
         for k, token in enumerate(tokens):
             batch.add(token, s.pos + k, s.seq_id, k >= first)
+        self.offset, self.rows = 0, len(tokens)
         status = self.run._decode(with_prompt=False, timed=timed)
         if status == DecodeStatus.OK:
             s.pos += len(tokens)
         return status
 
+    def _row(self, row: int) -> int:
+        """Its ``row`` (from its end when negative) in the last batch."""
+        return self.offset + (row if row >= 0 else self.rows + row)
+
     def sample(self, row: int = -1) -> int:
-        return self.run._choose(self.slot, row)
+        return self.run._choose(self.slot, self._row(row))
 
     def logits(self, row: int) -> Any:
-        row_logits = logits(self.run.engine, row)
+        row_logits = logits(self.run.engine, self._row(row))
         if self.slot.constraint is not None:
             self.slot.constraint.apply(row_logits)
         return row_logits
