@@ -260,6 +260,7 @@ class AdaptiveController:
     def __post_init__(self) -> None:
         self.curve = None if self.verify_curve is None else checked_curve(self.verify_curve)
         self.curve_level = _Ratio()  # measured verify batches over what the curve says
+        self.pads = flat(self.curve)  # verify batches are padded (`padded_rows`)
         n = len(self.profiles)
         self.step = [_Average() for _ in range(n)]  # seconds per drafted token
         self.catch_up = [_Average() for _ in range(n)]  # seconds per catch-up token
@@ -288,7 +289,8 @@ class AdaptiveController:
         c1 = self.plain_cost()
         if rows <= 1:
             return c1
-        if self.curve is not None:  # a batch is padded where the curve says so: it costs what its padded size does
+        if self.pads:  # a batch is padded where the curve says so: it costs what its padded size does
+            assert self.curve is not None
             rows = padded_rows(self.curve, rows, len(self.curve))
         measured = self.sizes.get(rows)
         if measured is not None and measured.value is not None:
