@@ -163,14 +163,15 @@ class SpeculativeStepper:
         r = self._prepare(0)
         if not r.pending:
             return r.forced
+        tokens = r.tokens
         t1 = time.perf_counter()
-        status = target.evaluate(r.pending) if r.draft is None else target.evaluate_rows(r.tokens, r.first)
+        status = target.evaluate(tokens) if r.draft is None else target.evaluate_rows(tokens, r.first)
         decided = self._decide(r, status)
         t2 = time.perf_counter()
-        if decided and len(r.tokens) == 1:
+        if decided and len(tokens) == 1:
             control.observe_plain(t2 - t1)
         elif decided:
-            control.observe_verify(len(r.tokens), t2 - t1)
+            control.observe_verify(len(tokens), t2 - t1)
         return self._settle(r, decided, t2 - r.t0)
 
     def prepare(self, company: int) -> tuple[list[int], int]:
