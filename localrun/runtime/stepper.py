@@ -119,5 +119,9 @@ class Speculative(Protocol):
     def drafts_in_batch(self, rows: int) -> bool:
         """Whether sequences decoding together, ``rows`` of them, may draft in their shared batch."""
 
+    def padded(self, rows: int, limit: int) -> int:
+        """The rows a shared batch of ``rows`` rows is padded to (at most
+        ``limit``), so that steps repeat their shape; ``rows`` for none."""
+
     def observe_batch(self, rows: int, seconds: float) -> None:
         """A shared batch of ``rows`` rows, drafts included, took ``seconds``."""

@@ -19,7 +19,13 @@ from localrun.runtime.generate import GenerateOptions
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.stepper import Target
 from localrun.speculative.base import Drafter
-from localrun.speculative.control import AdaptiveController, Controller, checked_curve, drafts_in_batch
+from localrun.speculative.control import (
+    AdaptiveController,
+    Controller,
+    checked_curve,
+    drafts_in_batch,
+    padded_rows,
+)
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.loop import generate_speculative
@@ -56,6 +62,10 @@ class Speculation:
         """Whether sequences decoding together in a batch of ``rows`` rows may
         draft: the verify curve says extra rows are nearly free there (a GPU)."""
         return drafts_in_batch(self.curve, rows)
+
+    def padded(self, rows: int, limit: int) -> int:
+        """The size a batch of ``rows`` rows is padded to where the verify curve favours it."""
+        return padded_rows(self.curve, rows, limit)
 
     def observe_batch(self, rows: int, seconds: float) -> None:
         """The controller learns a shared batch's time."""

@@ -17,7 +17,7 @@ from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters
 from localrun.speculative.base import Draft, Offer
-from localrun.speculative.control import FixedController, Plan
+from localrun.speculative.control import PAD_SIZES, FixedController, Plan
 from localrun.speculative.lookup import PromptLookupDrafter
 from tests.helpers import collect
 from tests.tinymodel import write_tiny_model
@@ -208,6 +208,20 @@ def test_on_a_flat_curve_sequences_decoding_together_draft_and_keep_their_text(
     assert any(rows >= 4 + 2 * 4 for rows in control.batches)  # several sequences drafted in one batch
     if sampling.greedy:
         assert all(d.stats.draft is not None and d.stats.draft.accepted > 20 for d in done.values())
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=5)])
+def test_a_shared_batch_is_padded_where_the_curve_favours_it(four: Engine, sampling: SamplingParams) -> None:
+    """On a curve where every size up to 64 costs the same, each shared batch
+    is padded to a power of two (the padding in the last sequence's cells,
+    forgotten after the step), and every text is the one it has alone."""
+    level = tuple(1.0 + 0.01 * (r - 1) / 63 for r in range(1, 65))
+    done, control = _together(four, PROMPTS, sampling, level, 4)
+    for i, prompt in enumerate(PROMPTS):
+        expected = collect(generate(four, four.tokenize(prompt), sampling, max_tokens=80, ignore_eos=True))[0]
+        assert done[i].text == expected, i
+    assert control.batches and set(control.batches) <= set(PAD_SIZES)
+    assert 16 in control.batches or 32 in control.batches  # drafts of several sequences, padded
 
 
 @pytest.mark.parametrize("curve", [None, STEEP])

@@ -489,11 +489,13 @@ class ContinuousBatch:
     def _speculate_together(self, live: list[tuple[int, _Slot]]) -> tuple[DecodeStatus, list[SlotEvent]]:
         """One shared decode where each sequence's stepper puts its rows: its
         next token, and a draft where the controller finds one pays beside
-        the others' rows; then each checks its own rows."""
+        the others' rows; then each checks its own rows. The batch is padded
+        to a size the curve favours, as a sequence's verify batch is alone."""
         assert self.speculation is not None
         self.batch.clear()
         placed: list[tuple[int, _Slot, Stepper, int]] = []
         total = 0
+        tokens: list[int] = []
         for k, (seq_id, s) in enumerate(live):
             stepper, target = self._stepper(s)
             later = len(live) - k - 1  # the sequences after this one: a row each at least
@@ -504,16 +506,23 @@ class ContinuousBatch:
                 self.batch.add(token, s.pos + i, s.seq_id, i >= first)
             total += len(tokens)
             placed.append((seq_id, s, stepper, len(tokens)))
+        _, last, _, rows = placed[-1]  # padding goes after the last sequence's rows, in its cells
+        end = last.pos + rows
+        size = self.speculation.padded(total, min(self.engine.n_batch, total + self.capacity - end))
+        for i in range(size - total):  # logits asked for, never read: the step's outputs repeat too
+            self.batch.add(tokens[-1], end + i, last.seq_id, True)
         t0 = time.perf_counter()
-        status = self._decode(with_prompt=False, timed=total == len(live))  # no draft: the governor's step
+        status = self._decode(with_prompt=False, timed=size == len(live))  # no draft: the governor's step
         seconds = time.perf_counter() - t0
+        if size > total:
+            llama_cpp.llama_memory_seq_rm(self.memory, last.seq_id, end, -1)
         if status == DecodeStatus.OK:
-            self.speculation.observe_batch(total, seconds)
+            self.speculation.observe_batch(size, seconds)
         events: list[SlotEvent] = []
         for seq_id, s, stepper, rows in placed:
             if status == DecodeStatus.OK:
                 s.pos += rows
-            decided = stepper.settle(status, seconds * rows / max(total, 1))
+            decided = stepper.settle(status, seconds * rows / total)
             events += self._take(seq_id, s, decided)
         return status, events
 
