@@ -363,6 +363,7 @@ def main() -> None:
     for name, start in systems:
         with start() as server:
             results[name] = run(name, server, cases, args.tokens)
+        print(_line(name, results[name], len(cases)), flush=True)  # now, in case a later system is stopped
     for name, r in results.items():
         print(_line(name, r, len(cases)), flush=True)
 
