@@ -5,9 +5,9 @@ keeps Ctrl-C out of llama.cpp's callbacks."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import threading
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from enum import IntEnum
 from types import FrameType
@@ -36,54 +36,81 @@ class DecodeStatus(IntEnum):
     ABORTED = 2  # the abort callback stopped it
 
 
-@contextlib.contextmanager
-def native_call() -> Iterator[None]:
+_STATUSES: tuple[DecodeStatus, ...] = tuple(DecodeStatus)  # by value: a lookup, not an enum call, per decode
+
+
+# The signal module's C core: the module's own getsignal and signal convert
+# handlers to and from enums, which costs microseconds a call, and a decode
+# loop calls them twice per token.
+_signals: Any = importlib.import_module("_signal")
+_SIGINT = int(signal.SIGINT)
+_MAIN_THREAD = threading.main_thread().ident
+
+
+def native_call() -> NativeCall:
     """Around a llama.cpp call that may call back into Python (its log, the
     abort check): Python runs a signal handler at the first Python line it
     reaches, which there is the callback, and a KeyboardInterrupt raised in a
     callback is printed by ctypes and dropped while llama.cpp goes on. Inside,
     SIGINT's handler still runs at once (a first Ctrl-C still asks a decode
     to stop), but what it raises is held and raised when the call returns."""
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None or threading.current_thread() is not threading.main_thread():
-        yield  # handlers run on the main thread only; None: one Python did not install
-        return
-    held: list[BaseException] = []
-    deliver = False
+    return NativeCall()
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        nonlocal deliver
+
+class NativeCall:
+    """`native_call`'s context manager: the handler in place while it lasts."""
+
+    __slots__ = ("deliver", "held", "previous")
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+        self.held: BaseException | None = None
+        self.deliver = False
+
+    def __enter__(self) -> None:
+        previous = _signals.getsignal(_SIGINT)
+        if previous is None or threading.get_ident() != _MAIN_THREAD:
+            return  # handlers run on the main thread only; None: one Python did not install
+        self.previous = previous
+        _signals.signal(_SIGINT, self._hold)
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        previous = self.previous
         if not callable(previous):  # SIG_DFL: the process ends, once the call returned
-            deliver = previous == signal.SIG_DFL
+            self.deliver = previous == signal.SIG_DFL
             return
         try:
             previous(signum, frame)
         except BaseException as exc:  # raised when the call returns
-            held.append(exc)
+            if self.held is None:
+                self.held = exc
 
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            raise held[0]
-        if deliver:
+    def __exit__(self, *exc: object) -> None:
+        previous = self.previous
+        if previous is None:
+            return
+        self.previous = None
+        _signals.signal(_SIGINT, previous)
+        if self.held is not None:
+            held, self.held = self.held, None
+            raise held
+        if self.deliver:
             signal.raise_signal(signal.SIGINT)
 
 
 def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeStatus:
     """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
     long batch midway (a Python callback between graph nodes, which costs)."""
+    status: int
     with native_call():
         if abortable:
             with engine.abortable():
                 status = llama_cpp.llama_decode(engine.ctx, batch)
         else:
             status = llama_cpp.llama_decode(engine.ctx, batch)
-    if status < 0 or status > DecodeStatus.ABORTED:
+    if not 0 <= status < len(_STATUSES):
         raise EngineError(f"llama_decode failed with status {status}")
-    return DecodeStatus(status)
+    return _STATUSES[status]
 
 
 class Native:
