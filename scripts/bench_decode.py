@@ -4,10 +4,12 @@
     .venv/bin/python scripts/bench_decode.py MODEL [MODEL ...]
         [--tokens 128] [--reps 3] [--threads N] [--native PATH/TO/llama-completion]
         [--columns panel,stock,native,default,ll-default,ll-other,threads]
-        [--flash-attn auto|on|off] [--load N]
+        [--flash-attn auto|on|off] [--load N] [--sample] [--spec none|auto|lookup]
 
-Columns, each the median of --reps interleaved runs on the same greedy prompt
-(a ~250-token raw prompt, no chat template):
+Columns, each the median of --reps interleaved runs on the same prompt (a
+~250-token raw prompt, no chat template), greedy, or with --sample sampled as
+localrun and llama.cpp sample by default (temperature 0.8, top-k 40, top-p
+0.95, min-p 0.05) with a fixed seed on every side:
   localrun     localrun's own loop (localrun.runtime.generate.generate), text into a pipe,
                with --threads and --flash-attn; it runs whenever panel, stock or
                native does (their ratios are against it), or with --tree
@@ -23,6 +25,7 @@ Columns, each the median of --reps interleaved runs on the same greedy prompt
                time to the first token
 Columns of each side's defaults, each a process started as a user would start it:
   default      `localrun generate --spec none --raw -t 0 -n TOKENS --json PROMPT`
+               (--spec and --sample change its --spec and -t)
                from this checkout, in this environment (config.toml, the
                per-machine defaults and LOCALRUN_HOME as they are): no --threads,
                --flash-attn, --ctx or --kv, plain decoding (speculation is
@@ -107,8 +110,49 @@ NEEDS_NATIVE = ("native", "ll-default", "ll-other")
 Figures = tuple[float, float]  # (decode tok/s, prompt tok/s)
 
 
-def bench_localrun(engine: Engine, tokens: list[int], n: int, renderer: str) -> Figures:
-    events = generate(engine, tokens, SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True)
+@dataclass(frozen=True)
+class Sampling:
+    """How every column samples: greedy, or llama.cpp's and localrun's default
+    chain (top-k, top-p, min-p, temperature) with one seed."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.temperature <= 0:
+            return "greedy"
+        return f"sampled (temperature {self.temperature}, top-k {self.top_k}, top-p {self.top_p}, min-p {self.min_p})"
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed
+        )
+
+    def native(self) -> list[str]:
+        """llama-completion's options."""
+        if self.temperature <= 0:
+            return ["--temp", "0"]
+        chain = ["--top-k", str(self.top_k), "--top-p", str(self.top_p), "--min-p", str(self.min_p)]
+        return ["--temp", str(self.temperature), *chain, "--seed", str(self.seed)]
+
+    def cli(self) -> list[str]:
+        """`localrun generate`'s options."""
+        if self.temperature <= 0:
+            return ["-t", "0"]
+        chain = ["--top-k", str(self.top_k), "--top-p", str(self.top_p), "--min-p", str(self.min_p)]
+        return ["-t", str(self.temperature), *chain, "--seed", str(self.seed)]
+
+
+GREEDY = Sampling()
+SAMPLED = Sampling(temperature=0.8)
+
+
+def bench_localrun(engine: Engine, tokens: list[int], n: int, renderer: str, sampling: Sampling = GREEDY) -> Figures:
+    events = generate(engine, tokens, sampling.params(), max_tokens=n, ignore_eos=True)
     sink = io.StringIO()
     if renderer == "panel":
         console = Console(file=sink, force_terminal=True, width=100, height=30, color_system="truecolor")
@@ -118,12 +162,23 @@ def bench_localrun(engine: Engine, tokens: list[int], n: int, renderer: str) -> 
     return stats.decode_tokens_per_s, stats.prompt_tokens_per_s
 
 
-def bench_stock(llm: llama_cpp.Llama, tokens: list[int], n: int) -> Figures:
+def bench_stock(llm: llama_cpp.Llama, tokens: list[int], n: int, sampling: Sampling = GREEDY) -> Figures:
     llm.reset()  # type: ignore[no-untyped-call]  # forget the previous run: no prompt reuse
     t0 = time.perf_counter()
     t_first = t_last = t0
     count = 0
-    for _tok in llm.generate(tokens, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+    greedy = sampling.temperature <= 0
+    if not greedy:
+        llm.set_seed(sampling.seed)
+    for _tok in llm.generate(
+        tokens,
+        temp=sampling.temperature if not greedy else 0.0,
+        top_k=sampling.top_k if not greedy else 1,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        repeat_penalty=1.0,
+        reset=True,
+    ):
         t_last = time.perf_counter()
         count += 1
         if count == 1:
@@ -143,12 +198,14 @@ class Native:
     took, and what its defaults settled on (from its log)."""
 
     binary: str
+    sampling: Sampling = GREEDY
     shares: list[float] = field(default_factory=list)
     threads: dict[str, int] = field(default_factory=dict)  # column: threads it ran with
 
     def run(self, column: str, model: Path, n: int, options: list[str]) -> tuple[Figures, str]:
         """Decode and prompt rates of one run with ``options``; and its log."""
-        cmd = [self.binary, "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv"]
+        cmd = [self.binary, "-m", str(model), "-p", PROMPT, "-n", str(n), *self.sampling.native(), "--ignore-eos"]
+        cmd.append("-no-cnv")
         cmd += ["--no-warmup", *options]
         out = subprocess.run(
             cmd, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, env=others_environ()
@@ -175,11 +232,13 @@ def native_options(threads: int, flash_attn: str) -> list[str]:
     return ["-t", str(threads), "-c", "4096", "-b", "2048", "-ub", "512", "-fa", flash_attn]
 
 
-def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_attn: str) -> Figures:
+def bench_cli(
+    python: Path, cwd: Path, model: Path, n: int, threads: int, flash_attn: str, sampling: Sampling = GREEDY
+) -> Figures:
     """`localrun generate` of the checkout at ``cwd`` as a process, plain decoding
     (config.toml's `draft = "none"`, which every version reads): its own decode
     rate (the done event), and prompt tokens over the time to the first token."""
-    cmd = [str(python), "-m", "localrun", "generate", "-m", str(model), "--raw", "-t", "0", "-n", str(n)]
+    cmd = [str(python), "-m", "localrun", "generate", "-m", str(model), "--raw", *sampling.cli(), "-n", str(n)]
     cmd += ["--ctx", "4096", "--threads", str(threads), "--flash-attn", flash_attn, "--json", PROMPT]
     with tempfile.TemporaryDirectory() as home:
         config = Path(home) / "config" / "config.toml"
@@ -194,13 +253,20 @@ def bench_cli(python: Path, cwd: Path, model: Path, n: int, threads: int, flash_
 
 
 def bench_default(
-    model: Path, n: int, threads: int | None = None, ended: list[int] | None = None, settled: list[str] | None = None
+    model: Path,
+    n: int,
+    threads: int | None = None,
+    ended: list[int] | None = None,
+    settled: list[str] | None = None,
+    *,
+    spec: str = "none",
+    sampling: Sampling = GREEDY,
 ) -> Figures:
     """`localrun generate` from this checkout as a user runs it, in this
-    environment, plain decoding; with ``threads``, a fixed --threads. Appends
+    environment, with ``spec`` (plain decoding: none); with ``threads``, a fixed --threads. Appends
     to ``ended`` the threads its done event says it decoded with at the end,
     and puts in ``settled`` the settings it says it ran with, and where each came from."""
-    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--spec", "none", "--raw", "-t", "0"]
+    cmd = [sys.executable, "-m", "localrun", "generate", "-m", str(model), "--spec", spec, "--raw", *sampling.cli()]
     cmd += ["-n", str(n), "--json"]
     if threads is not None:
         cmd += ["--threads", str(threads)]
@@ -244,7 +310,8 @@ def goal(results: dict[str, list[Figures]], a: str, b: str, target: float | None
 
 def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, PLR0912, PLR0915  a script's columns
     in_process = bool(args.columns & set(IN_PROCESS)) or args.tree is not None
-    native = Native(args.native) if args.native else None
+    sampling = SAMPLED if args.sample else GREEDY
+    native = Native(args.native, sampling) if args.native else None
     runners: dict[str, Callable[[], Figures]] = {}
     engine: Engine | None = None
     stock: llama_cpp.Llama | None = None
@@ -255,9 +322,9 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
         flash_attn = engine.flash_attn  # what auto resolved to: every in-process column runs with it
         tokens = engine.tokenize(PROMPT)
         eng = engine
-        runners["localrun"] = lambda: bench_localrun(eng, tokens, args.tokens, "plain")
+        runners["localrun"] = lambda: bench_localrun(eng, tokens, args.tokens, "plain", sampling)
         if "panel" in args.columns:
-            runners["panel"] = lambda: bench_localrun(eng, tokens, args.tokens, "panel")
+            runners["panel"] = lambda: bench_localrun(eng, tokens, args.tokens, "panel", sampling)
         if "stock" in args.columns:
             stock = llm = llama_cpp.Llama(
                 model_path=str(model),
@@ -269,19 +336,23 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
                 flash_attn=flash_attn != "off",  # auto: on, as llama.cpp settles it for the CPU
                 verbose=False,
             )
-            runners["stock"] = lambda: bench_stock(llm, tokens, args.tokens)
+            runners["stock"] = lambda: bench_stock(llm, tokens, args.tokens, sampling)
     if native is not None and "native" in args.columns:
         options = native_options(args.threads, flash_attn)
         runners["native"] = lambda: native.run("native", model, args.tokens, options)[0]
     if args.tree is not None:
-        runners["cli"] = lambda: bench_cli(Path(sys.executable), HERE, model, args.tokens, args.threads, flash_attn)
+        runners["cli"] = lambda: bench_cli(
+            Path(sys.executable), HERE, model, args.tokens, args.threads, flash_attn, sampling
+        )
         runners["tree"] = lambda: bench_cli(
-            args.tree / ".venv" / "bin" / "python", args.tree, model, args.tokens, args.threads, flash_attn
+            args.tree / ".venv" / "bin" / "python", args.tree, model, args.tokens, args.threads, flash_attn, sampling
         )
     ended: list[int] = []  # the default column's threads at the end of each run, when it says
     settled: list[str] = []  # the settings of its last run, when it says
     if "default" in args.columns:
-        runners["default"] = lambda: bench_default(model, args.tokens, ended=ended, settled=settled)
+        runners["default"] = lambda: bench_default(
+            model, args.tokens, ended=ended, settled=settled, spec=args.spec, sampling=sampling
+        )
     native_default = "on"
     if native is not None and "ll-default" in args.columns:
         runners["ll-default"] = lambda: native.run("ll-default", model, args.tokens, [])[0]
@@ -291,7 +362,7 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
         runners["ll-other"] = lambda: native.run("ll-other", model, args.tokens, other)[0]
     if "threads" in args.columns:
         for t in range(1, default_threads() + 1):
-            runners[f"t{t}"] = partial(bench_default, model, args.tokens, t)
+            runners[f"t{t}"] = partial(bench_default, model, args.tokens, t, spec=args.spec, sampling=sampling)
     if not runners:
         raise SystemExit("error: no column to run")
     if engine is not None:
@@ -304,7 +375,7 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
         for name in order[rep % len(order) :] + order[: rep % len(order)]:
             results[name].append(runners[name]())
     what = f"flash attention {flash_attn} in the in-process columns" if in_process else "each side's defaults"
-    print(f"\n{model.name}  ({len(tokens) or '~250'} prompt tokens, {what})")
+    print(f"\n{model.name}  ({len(tokens) or '~250'} prompt tokens, {what}, {sampling.label})")
     print(f"  {'':10} {'decode tok/s':>13} {'prompt tok/s':>13}")
     for name, rs in results.items():
         print(f"  {name:10} {statistics.median(r[0] for r in rs):13.2f} {statistics.median(r[1] for r in rs):13.2f}")
@@ -353,7 +424,18 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("models", nargs="+", metavar="MODEL", help="model names or GGUF paths, each measured in turn")
-    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens to generate per run")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens to generate per run")
+    ap.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, seed 1) instead of greedy, on every side",
+    )
+    ap.add_argument(
+        "--spec",
+        choices=("none", "auto", "lookup"),
+        default="none",
+        help="the default and tN columns' --spec (the in-process columns decode plainly)",
+    )
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds; each column's figure is the median")
     ap.add_argument(
         "--threads", type=int, default=default_threads(), help="threads of localrun, panel, stock and native"
@@ -392,7 +474,8 @@ def main() -> None:
         ap.error("the ll-default and ll-other columns need --native PATH/TO/llama-completion")
     models = [model_path(name) for name in args.models]
     load = f", {args.load} competing CPU-bound processes" if args.load else ""
-    print(f"threads {args.threads}, {args.tokens} greedy tokens, {args.reps} rounds{load}; tok/s are medians")
+    how = "sampled" if args.sample else "greedy"
+    print(f"threads {args.threads}, {args.tokens} {how} tokens, {args.reps} rounds{load}; tok/s are medians")
     with ExitStack() as stack:
         if args.load:
             pids = stack.enter_context(cpu_load(args.load))
