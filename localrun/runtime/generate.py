@@ -90,9 +90,9 @@ class Generation:
     def emit(self, tokens: Sequence[int]) -> Iterator[Event]:
         """Put ``tokens`` in the output, with their text events, until it ends."""
         for token in tokens:
-            event = self.out.push(token)
+            event = self.out.push(token, self.threads)
             if event is not None:
-                yield replace(event, threads=self.threads)
+                yield event
             if self.ended():
                 return
 

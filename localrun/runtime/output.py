@@ -70,9 +70,10 @@ class TokenOutput:
         self.t_prompt = time.perf_counter() - self.t_start
         self.n_cached = n_cached
 
-    def push(self, token: int) -> TokenEvent | None:
+    def push(self, token: int, threads: int | None = None) -> TokenEvent | None:
         """Account for one accepted token; sets `reason` when it ends the sequence
-        (end of generation or a stop string). Returns the text event, if any."""
+        (end of generation or a stop string). Returns the text event, if any,
+        saying ``threads`` decode."""
         now = time.perf_counter()
         if self.n_gen == 0 and self.reason is None:
             self.t_first = now
@@ -89,7 +90,7 @@ class TokenOutput:
         if not text:
             return None
         self.text_parts.append(text)
-        return TokenEvent(text, self.n_gen, self.ttft, now - self.t_start, self.decode_rate())
+        return TokenEvent(text, self.n_gen, self.ttft, now - self.t_start, self.decode_rate(), threads=threads)
 
     def decode_rate(self) -> float:
         span = self.t_last - self.t_first
