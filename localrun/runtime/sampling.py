@@ -36,10 +36,16 @@ def _row_type(n_vocab: int) -> Any:
     return ctypes.c_float * n_vocab
 
 
+# llama_get_logits_ith returning the row's address as an int: no pointer
+# object to build and cast on every token.
+_logits_address: Any = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    ctypes.cast(llama_cpp.llama_get_logits_ith, ctypes.c_void_p).value or 0
+)
+
+
 def logits(engine: Engine, row: int) -> Any:
     """The logits of ``row`` of the engine's last batch, as a numpy view (no copy)."""
-    ptr = llama_cpp.llama_get_logits_ith(engine.ctx, row)
-    address = ctypes.cast(ptr, ctypes.c_void_p).value
+    address = _logits_address(engine.ctx, row)
     if not address:
         raise EngineError(f"llama.cpp has no logits for row {row} of the last batch")
     row_buffer: Any = _row_type(engine.n_vocab).from_address(address)  # a buffer numpy can view
