@@ -41,6 +41,10 @@ Columns of each side's defaults, each a process started as a user would start it
                `-fa on` otherwise), learnt from a 1-token run before the rounds
   threads      `default` with a fixed `--threads t`, one column t1 ... tN for
                t = 1 to the CPUs this process may use; --load adds them
+--own-cost: instead of the columns, localrun's own CPU time per token, the
+plain loop with llama_decode answering at once after the prompt (greedy, and
+sampled with the chain above): what the loop adds to each step, as on a GPU
+whose step takes a fraction of a millisecond.
 It prints decode and prompt-processing tokens/sec and the ratios, each the
 median of the ratios within a round:
   localrun/stock, localrun/native, panel/localrun, cli/tree
@@ -288,6 +292,39 @@ def bench_default(
     return done["decode_tokens_per_s"], done["prompt_tokens"] / done["ttft_s"]
 
 
+def own_cost(model: Path, threads: int, n: int = 2000, rounds: int = 7) -> None:
+    """localrun's own cost per token: the plain loop (sampling, the output,
+    the events into a pipe) with llama_decode answering at once after the
+    prompt, so every step samples the prompt's last logits again. CPU time of
+    this thread, the least of ``rounds``: a figure other processes' load
+    hardly moves, unlike a decode rate."""
+    engine = Engine(engine_config(model, ctx="4096", threads=threads))
+    tokens = engine.tokenize(PROMPT)[:32]
+    real = llama_cpp.llama_decode
+    print(f"\n{model.name}: localrun's own cost per token, llama_decode answering at once ({n} tokens)")
+    try:
+        for sampling in (GREEDY, SAMPLED):
+            costs = []
+            for _ in range(rounds):
+                calls = [0]
+
+                def stub(ctx: object, batch: object, calls: list[int] = calls) -> int:
+                    calls[0] += 1
+                    return int(real(ctx, batch)) if calls[0] == 1 else 0  # the prompt runs
+
+                llama_cpp.llama_decode = stub
+                sink = io.StringIO()
+                events = generate(engine, tokens, sampling.params(), max_tokens=n, ignore_eos=True)
+                start = time.thread_time()
+                PlainRenderer(sink, sink).render(events)
+                costs.append((time.thread_time() - start) / n)
+                llama_cpp.llama_decode = real
+            print(f"  {sampling.label}: {min(costs) * 1e6:.1f} us (median {statistics.median(costs) * 1e6:.1f})")
+    finally:
+        llama_cpp.llama_decode = real
+        engine.close()
+
+
 def paired(results: dict[str, list[Figures]], a: str, b: str, col: int) -> str:
     """Ratios taken within each round (runs seconds apart), then the median
     over rounds: slow drift of the machine cancels out."""
@@ -431,6 +468,11 @@ def main() -> None:
         help="sample (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, seed 1) instead of greedy, on every side",
     )
     ap.add_argument(
+        "--own-cost",
+        action="store_true",
+        help="only localrun's own cost per token (llama_decode answering at once), greedy and sampled",
+    )
+    ap.add_argument(
         "--spec",
         choices=("none", "auto", "lookup"),
         default="none",
@@ -481,7 +523,10 @@ def main() -> None:
             pids = stack.enter_context(cpu_load(args.load))
             print(f"load: processes {', '.join(map(str, pids))}")
         for model in models:
-            bench_model(model, args)
+            if args.own_cost:
+                own_cost(model, args.threads)
+            else:
+                bench_model(model, args)
 
 
 if __name__ == "__main__":
