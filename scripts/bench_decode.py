@@ -431,6 +431,8 @@ def bench_model(model: Path, args: argparse.Namespace) -> None:  # noqa: C901, P
         chose = f" (settled on {native_default}; ll-other: -fa {other_fa})" if "ll-other" in results else ""
         print(f"  llama-completion's defaults: {threads or '?'} threads, flash attention auto{chose}")
     if "default" in results:
+        if "native" in results:
+            print(f"  default/native: decode {paired(results, 'default', 'native', 0)} (--spec {args.spec})")
         if ended:
             print(f"  localrun's default decoded with {', '.join(map(str, ended))} threads at the end of its runs")
         if settled:
