@@ -68,6 +68,7 @@ class Weights(Native):
         llama_log.set_verbose(verbose)
         llama_log.init_backend()
         self.placement = placement or place(devices.probe())  # measured before the load, never after
+        self.asked = self.placement  # what it was made with, before a retry with fewer layers
         self.notices: list[str] = []  # what a person should know of the load (a retry with fewer layers)
         try:
             self.handle = _load_model(self.info, self.placement.model)
@@ -81,8 +82,8 @@ class Weights(Native):
 
     def serves(self, config: EngineConfig) -> bool:
         """Whether an engine of ``config`` can run on these weights: the same
-        file, placed the same way."""
-        placed = config.placement is None or config.placement.model == self.placement.model
+        file, placed the same way (as asked, or as a retry placed it)."""
+        placed = config.placement is None or config.placement.model in (self.placement.model, self.asked.model)
         return self.path == config.model_path and placed
 
     def close(self) -> None:
