@@ -4,7 +4,7 @@ default (adapting) thread count against every fixed --threads, in one run.
 
     .venv/bin/python scripts/bench_load.py MODEL [MODEL ...] [--loads 0,1,2]
         [--rounds 3] [--tokens 64] [--batch 16] [--batch-loads 1]
-        [--native PATH/TO/llama-completion]
+        [--native PATH/TO/llama-completion] [--draft DRAFT --draft-loads 1]
 
 For each model and each load (N CPU-bound busy loops, like `yes > /dev/null`,
 running through every round of it), each round runs, in a rotating order:
@@ -14,7 +14,10 @@ running through every round of it), each round runs, in a rotating order:
   ll        llama-completion with its own defaults (--native; loads of 2 or more)
 and, with --batch K under the loads of --batch-loads, the same K prompts
 through `localrun generate --batch` (batch, then bt1 .. btN with --threads):
-aggregate tokens/sec = generated tokens / the last record's elapsed seconds.
+aggregate tokens/sec = generated tokens / the last record's elapsed seconds;
+and with --draft, generate with `--draft-model DRAFT` (speculation as the
+controller decides: draft, then dt1 .. dtN with --threads), under the loads
+of --draft-loads: the draft model's context follows the target's threads.
 
 Printed per column: the median decode tok/s and its range; for `default`, the
 threads its runs ended with, and its time per token p50 and p95 (from each
@@ -24,6 +27,7 @@ median of the ratios within a round, with the range:
   default / llama-completion's default              (goal >= 1.4x under 2 processes)
   p95 / p50 of default's time per token              (goal <= 3x under 1 process)
   batch / the best fixed --threads of --batch       (goal >= 0.9x under 1 process)
+  draft / the best fixed --threads with the draft   (goal >= 0.9x)
 Every localrun run writes its history into a temporary LOCALRUN_HOME: no
 wisdom or config of this machine applies (a new user's defaults).
 """
@@ -62,8 +66,16 @@ BATCH_PROMPTS = (
 class Runner:
     """Runs each column once and returns its figures: (tok/s, p50 ms, p95 ms)."""
 
-    def __init__(self, model: Path, tokens: int, home: Path, batch_file: Path | None, native: str | None) -> None:
-        self.model, self.tokens, self.batch_file, self.native = model, tokens, batch_file, native
+    def __init__(
+        self,
+        model: Path,
+        tokens: int,
+        home: Path,
+        batch_file: Path | None,
+        native: str | None,
+        draft: Path | None = None,
+    ) -> None:
+        self.model, self.tokens, self.batch_file, self.native, self.draft = model, tokens, batch_file, native, draft
         self.env = {**others_environ(), "LOCALRUN_HOME": str(home)}
         self.ended: list[int] = []
 
@@ -92,6 +104,13 @@ class Runner:
         p50, p95 = record.get("p50_token_ms"), record.get("p95_token_ms")
         return done["decode_tokens_per_s"], float(p50 or 0), float(p95 or 0)  # type: ignore[arg-type]
 
+    def drafted(self, threads: int | None) -> tuple[float, float, float]:
+        assert self.draft is not None
+        args = ["--draft-model", str(self.draft), "-n", str(self.tokens), "--json", "--no-log"]
+        args += ["--threads", str(threads)] if threads else []
+        done = json.loads(self._localrun(*args, PROMPT).stdout.strip().splitlines()[-1])
+        return done["decode_tokens_per_s"], 0.0, 0.0
+
     def batch(self, threads: int | None) -> tuple[float, float, float]:
         assert self.batch_file is not None
         args = ["--batch", str(self.batch_file), "-n", str(self.tokens), "--no-log"]
@@ -108,7 +127,8 @@ class Runner:
         return timings(out.stderr).decode_per_s, 0.0, 0.0
 
 
-def _run_load(runner: Runner, load: int, args: argparse.Namespace) -> None:
+def _columns(runner: Runner, load: int, args: argparse.Namespace) -> dict[str, object]:
+    """The columns that run under ``load``, by name."""
     cpus = cpu_count()
     columns: dict[str, object] = {"default": lambda: runner.generate(None)}
     columns |= {f"t{t}": (lambda t=t: runner.generate(t)) for t in range(1, cpus + 1)}
@@ -117,6 +137,15 @@ def _run_load(runner: Runner, load: int, args: argparse.Namespace) -> None:
     if runner.batch_file is not None and load in args.batch_loads:
         columns["batch"] = lambda: runner.batch(None)
         columns |= {f"bt{t}": (lambda t=t: runner.batch(t)) for t in range(1, cpus + 1)}
+    if runner.draft is not None and load in args.draft_loads:
+        columns["draft"] = lambda: runner.drafted(None)
+        columns |= {f"dt{t}": (lambda t=t: runner.drafted(t)) for t in range(1, cpus + 1)}
+    return columns
+
+
+def _run_load(runner: Runner, load: int, args: argparse.Namespace) -> None:
+    cpus = cpu_count()
+    columns = _columns(runner, load, args)
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in columns}
     runner.ended = []
     names = list(columns)
@@ -147,6 +176,8 @@ def _run_load(runner: Runner, load: int, args: argparse.Namespace) -> None:
         print(f"  default / llama-completion's default: {ratio_summary(default, ll)}  (goal >= 1.4x: {met})")
     if "batch" in results:
         _versus(results, "batch", [f"bt{t}" for t in range(1, cpus + 1)], 0.9)
+    if "draft" in results:
+        _versus(results, "draft", [f"dt{t}" for t in range(1, cpus + 1)], 0.9)
 
 
 def _versus(results: dict[str, list[tuple[float, float, float]]], name: str, fixed: Sequence[str], goal: float) -> None:
@@ -165,8 +196,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=0, help="prompts for the --batch columns (0: none)")
     ap.add_argument("--batch-loads", default="1", help="the loads the --batch columns run under")
     ap.add_argument("--native", help="path to llama-completion (its default under 2 or more processes)")
+    ap.add_argument("--draft", help="a draft model for the target: the --draft-model columns")
+    ap.add_argument("--draft-loads", default="1", help="the loads the draft columns run under")
     args = ap.parse_args()
     args.batch_loads = {int(x) for x in args.batch_loads.split(",")}
+    args.draft_loads = {int(x) for x in args.draft_loads.split(",")}
     loads = [int(x) for x in args.loads.split(",")]
     print(f"{cpu_count()} CPUs, {args.tokens} greedy tokens per run; GOMP_SPINCOUNT as localrun sets it")
     with tempfile.TemporaryDirectory() as home:
@@ -176,7 +210,8 @@ def main() -> None:
             lines = (BATCH_PROMPTS[i % len(BATCH_PROMPTS)] + f" ({i})" for i in range(args.batch))
             batch_file.write_text("\n".join(lines) + "\n")
         for name in args.models:
-            runner = Runner(model_path(name), args.tokens, Path(home), batch_file, args.native)
+            draft = model_path(args.draft) if args.draft else None
+            runner = Runner(model_path(name), args.tokens, Path(home), batch_file, args.native, draft)
             for load in loads:
                 _run_load(runner, load, args)
     sys.stdout.flush()
