@@ -120,9 +120,9 @@ class Sampling:
     chain (top-k, top-p, min-p, temperature) with one seed."""
 
     temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    top_k: int = SamplingParams.top_k  # localrun's defaults, from their one home
+    top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
     seed: int = 1
 
     @property
@@ -152,7 +152,7 @@ class Sampling:
 
 
 GREEDY = Sampling()
-SAMPLED = Sampling(temperature=0.8)
+SAMPLED = Sampling(temperature=SamplingParams.temperature)
 
 
 def bench_localrun(engine: Engine, tokens: list[int], n: int, renderer: str, sampling: Sampling = GREEDY) -> Figures:
