@@ -12,7 +12,7 @@ notes a person should see come back in `Assembled`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,20 @@ def _draft_shape(draft: Path | None) -> ModelInfo | None:
         return None
 
 
+def sample_on(settings: RunSettings, placement: Placement) -> RunSettings:
+    """Where a plain generation samples, settled: as asked, or on auto on the
+    device when it holds the output layer (the logits are made there, and
+    llama.cpp then copies one token to the host, not a vocabulary's row),
+    else on the host, with the reason."""
+    if settings.sample_on != AUTO:
+        return settings
+    if placement.model.whole:
+        where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"
+    else:
+        where, why = "host", "the logits are made on the CPU"
+    return replace(settings, sample_on=where, reasons={**settings.reasons, "sample_on": why})
+
+
 def assemble(
     path: Path,
     settings: RunSettings,
@@ -119,6 +133,7 @@ def assemble(
     settings = tuned.apply(
         settings, shape, found.wisdom, need=need, depth=depth, budget=placement.budget, kv_pairs=placement.kv_pairs
     )
+    settings = sample_on(settings, placement)
     # a count given is kept; with every layer on a GPU nothing decodes on the CPU, and nothing adapts
     adaptive = settings.sources.get("threads") not in PINNED and not placement.model.whole
     config = EngineConfig(
@@ -133,6 +148,7 @@ def assemble(
         type_v=settings.type_v,
         flash_attn=settings.flash_attn,
         verbose=verbose,
+        sample_on=settings.sample_on,
     )
     gpu_hint = devices_module.unused_gpu(found_devices) if settings.gpu_layers != "0" else None
     warnings = list(found.warnings)

@@ -21,6 +21,7 @@ Source = Literal["option", "model", "config", "wisdom", "default"]
 AUTO = "auto"
 DEFAULT_TEMPERATURE = 0.8
 AUTO_CTX = AUTO
+SAMPLE_ON = (AUTO, "host", "device")
 MIN_CTX = 16  # a context smaller than this is refused
 
 
@@ -40,6 +41,7 @@ class Options:
     parallel: int | None = None
     gpu_layers: str | None = None  # auto, all or a count (0: the CPU)
     device: str | None = None  # one device by llama.cpp's name (CUDA0); None: every GPU
+    sample_on: str | None = None  # auto, host or device
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class RunSettings:
     n_ubatch: int | None = None  # prompt batch size; None: llama.cpp's default
     gpu_layers: str = "auto"  # layers on the GPU: auto (all that fit), all, or a count (0: the CPU)
     device: str | None = None  # the one device layers go to; None: every GPU
+    sample_on: str = AUTO  # where plain decoding samples: auto (the device holding the output layer), host, device
     sources: Mapping[str, Source] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)  # why an automatic value is what it is
 
@@ -79,6 +82,7 @@ class RunSettings:
             "draft": self.draft,
             "parallel": self.parallel,
             "n_ubatch": self.n_ubatch,
+            "sample_on": self.sample_on,
         }
         result: dict[str, Any] = {}
         for name, value in values.items():
@@ -114,6 +118,8 @@ def _check_options(options: Options) -> None:
             raise UsageError(f"unknown KV cache type {value!r} for {flag}", hint=f"use {', '.join(allowed)}")
     if options.flash_attn is not None and options.flash_attn not in FLASH_ATTN_MODES:
         raise UsageError(f"unknown --flash-attn value {options.flash_attn!r}", hint="use auto, on or off")
+    if options.sample_on is not None and options.sample_on not in SAMPLE_ON:
+        raise UsageError(f"unknown --sample-on value {options.sample_on!r}", hint="use auto, host or device")
 
 
 def _first(*candidates: tuple[Source, Any]) -> tuple[Any, Source]:
@@ -164,6 +170,7 @@ def resolve(
         "parallel": _first(("option", options.parallel), ("config", user.parallel)),
         "gpu_layers": _first(("option", options.gpu_layers), ("default", "auto")),
         "device": _first(("option", options.device)),
+        "sample_on": _first(("option", options.sample_on), ("default", AUTO)),
     }
     ctx = picked["ctx"][0]
     type_k, type_v = picked["type_k"][0], picked["type_v"][0]
@@ -181,5 +188,6 @@ def resolve(
         parallel=picked["parallel"][0],
         gpu_layers=str(picked["gpu_layers"][0]),
         device=picked["device"][0],
+        sample_on=picked["sample_on"][0],
         sources={name: source for name, (_, source) in picked.items()},
     )

@@ -180,8 +180,10 @@ def localrun_generate(setup: Setup, model: Path, prompt: str, tokens: int) -> tu
     event = json.loads(lines[-1]) if lines else {}
     if done.returncode != 0 or event.get("type") != "done":
         raise RuntimeError(f"localrun generate failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    placement = event.get("settings", {}).get("placement", {}).get("value", "?")
-    return event["prompt_tokens"] / event["ttft_s"], event["decode_tokens_per_s"], str(placement)
+    settings = event.get("settings", {})
+    placement = settings.get("placement", {}).get("value", "?")
+    where = f"{placement}, sampling on the {settings.get('sample_on', {}).get('value', '?')}"
+    return event["prompt_tokens"] / event["ttft_s"], event["decode_tokens_per_s"], where
 
 
 def long_prompt(words: int = 511) -> str:

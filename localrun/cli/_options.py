@@ -103,6 +103,17 @@ Device = Annotated[
         show_default=False,
     ),
 ]
+SampleOn = Annotated[
+    str | None,
+    typer.Option(
+        "--sample-on",
+        envvar="LOCALRUN_SAMPLE_ON",
+        help="Where plain decoding samples: host, device (llama.cpp's sampler chain in its graph, on the GPU "
+        "that holds the output layer; no logits row copied to the host), or auto: the device when the whole "
+        "model is on a GPU. A grammar or speculation samples on the host. Default: auto.",
+        show_default=False,
+    ),
+]
 Kv = Annotated[
     str | None,
     typer.Option(

@@ -66,6 +66,7 @@ def chat(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    sample_on: opt.SampleOn = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
@@ -111,6 +112,7 @@ def chat(
         threads=threads,
         gpu_layers=gpu_layers,
         device=device,
+        sample_on=sample_on,
         system=system,
         draft=drafting,
     )

@@ -109,6 +109,7 @@ class EngineConfig:
     kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
     adapt_threads: bool = True  # False: the thread count stays n_threads (see localrun.runtime.threads)
     max_threads: int | None = None  # the most adapting may use; None: n_threads (a tuned start may be lower)
+    sample_on: str = "host"  # host, or device: a plain generation's sampler chain runs in llama.cpp's graph
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}

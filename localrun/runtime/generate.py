@@ -55,6 +55,7 @@ class Generation:
         decoder: Decoder | None = None,
         checkpoint: Checkpoint | None = None,
         constraint: Constraint | None = None,
+        sample_on_device: bool = False,
     ) -> None:
         engine.check_fits(len(prompt_tokens))
         self.constraint = constraint
@@ -62,7 +63,7 @@ class Generation:
         self.prompt_tokens = prompt_tokens
         self.checkpoint = checkpoint
         self.decoder = decoder or Decoder(engine)
-        self.sampler = Sampler(sampling, engine.n_vocab)
+        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and constraint is None else None)
         self.out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos)
         limit = engine.n_ctx - len(prompt_tokens)
         self.limit = min(limit, max_tokens) if max_tokens is not None else limit
@@ -157,7 +158,8 @@ def generate(
     With a ``decoder`` that ran before (a chat, a loaded prompt cache), only the
     part of the prompt that differs from what its KV cache holds is evaluated;
     a ``checkpoint`` restores (or stores) a prefix from a prompt cache."""
-    with Generation(engine, prompt_tokens, sampling, **options) as run:
+    on_device = engine.config.sample_on == "device"  # nothing else reads this generation's logits
+    with Generation(engine, prompt_tokens, sampling, sample_on_device=on_device, **options) as run:
         status = run.prefill()
         decided = run.fast_forward() if status == DecodeStatus.OK else []  # a text the grammar starts with
         yield from run.emit(decided)

@@ -57,10 +57,19 @@ class Sampler:
     plain argmax (greedy, no penalties) is flagged `argmax`: `sample` then
     reads the maximum off the logits itself, skipping the chain's copy of the
     whole vocabulary into a candidates array (see docs/benchmarks.md). Ties
-    go to the lowest id, as in llama.cpp's greedy sampler."""
+    go to the lowest id, as in llama.cpp's greedy sampler.
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+    With ``on_device`` (an engine), the chain is attached to sequence 0 of
+    the engine's context and runs inside llama.cpp's graph, on the device
+    that holds the output layer (llama.cpp's backend sampling): no logits
+    row is copied to the host, and `sample` reads the token llama.cpp drew.
+    Nothing may read that sequence's logits meanwhile (a grammar, a verify
+    step), so only a plain generation asks for it. Where llama.cpp cannot
+    attach the chain, `on_device` is False and sampling stays on the host."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, on_device: Engine | None = None) -> None:
         self.handle: Any = None
+        self._engine: Engine | None = None  # the engine whose context the chain is attached to, while it is
         self.argmax = params.greedy and params.repeat_penalty == 1.0
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
@@ -82,9 +91,21 @@ class Sampler:
             seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
             add(chain, llama_cpp.llama_sampler_init_dist(seed))
         self.handle = chain
+        if on_device is not None and llama_cpp.llama_set_sampler(on_device.ctx, 0, chain):
+            self._engine = on_device
+
+    @property
+    def on_device(self) -> bool:
+        return self._engine is not None
 
     def sample(self, engine: Engine, row: int = -1) -> int:
         """Sample (and accept) a token from the logits of ``row`` of the engine's last batch."""
+        if self._engine is not None:
+            token = int(llama_cpp.llama_get_sampled_token_ith(engine.ctx, row))
+            if token == llama_cpp.LLAMA_TOKEN_NULL:
+                raise EngineError(f"llama.cpp sampled no token for row {row} of the last batch")
+            llama_cpp.llama_sampler_accept(self.handle, token)  # the chain's state (its random draws) moves on
+            return token
         if self.argmax:
             return int(logits(engine, row).argmax())
         return int(llama_cpp.llama_sampler_sample(self.handle, engine.ctx, row))
@@ -93,6 +114,10 @@ class Sampler:
         llama_cpp.llama_sampler_accept(self.handle, token)
 
     def close(self) -> None:
+        if self._engine is not None:  # detached before it is freed: the context must not keep a freed chain
+            if self._engine.ctx is not None:  # (a closed engine freed its context, and the attachment with it)
+                llama_cpp.llama_set_sampler(self._engine.ctx, 0, None)
+            self._engine = None
         if self.handle:
             llama_cpp.llama_sampler_free(self.handle)
             self.handle = None

@@ -196,3 +196,45 @@ def test_repeat_penalty_changes_greedy_output(engine: Engine) -> None:
     plain, _ = run(engine, "on the", max_tokens=40)
     penalized, stats = run(engine, "on the", SamplingParams(temperature=0, repeat_penalty=1.5), max_tokens=40)
     assert stats.generated_tokens == 40 and penalized != plain
+
+
+# -- sampling in llama.cpp's graph (--sample-on device), on the CPU backend --
+
+
+@pytest.fixture(scope="module")
+def device_engine(tiny_model: Path) -> Iterator[Engine]:
+    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2, sample_on="device")) as eng:
+        yield eng
+
+
+def test_device_sampling_gives_the_host_text(engine: Engine, device_engine: Engine) -> None:
+    seeded = SamplingParams(temperature=0.8, seed=11)
+    for sampling in (GREEDY, seeded):
+        host, _ = run(engine, "the cat", sampling, max_tokens=24)
+        device, stats = run(device_engine, "the cat", sampling, max_tokens=24)
+        assert device == host and stats.generated_tokens == 24
+
+
+def test_a_device_sampler_leaves_the_context_as_it_found_it(device_engine: Engine) -> None:
+    tokens = device_engine.tokenize("the dog")
+    sampler = Sampler(GREEDY, device_engine.n_vocab, device_engine)
+    assert sampler.on_device
+    decoder = Decoder(device_engine)
+    decoder.prefill(tokens)
+    drawn = decoder.sample(sampler)
+    sampler.close()  # detached: the logits come back to the host
+    decoder.rollback(0)
+    decoder.prefill(tokens)
+    assert int(decoder.logits(-1).argmax()) == drawn
+
+
+def test_a_grammar_keeps_sampling_on_the_host(device_engine: Engine) -> None:
+    from localrun.runtime.generate import Generation
+    from localrun.structured.constraint import Constraint
+
+    tokens = device_engine.tokenize("a")
+    with Generation(device_engine, tokens, GREEDY, sample_on_device=True) as free:
+        assert free.sampler.on_device
+    constraint = Constraint.__new__(Constraint)  # never used: the generation only asks whether there is one
+    with Generation(device_engine, tokens, GREEDY, sample_on_device=True, constraint=constraint) as bound:
+        assert not bound.sampler.on_device

@@ -383,6 +383,22 @@ def test_assembling_a_run_on_a_gpu(tiny_model: Path) -> None:
     assert not cpu.placement.model.offloaded and cpu.config.adapt_threads
 
 
+def test_sampling_moves_to_the_device_only_with_the_whole_model(tiny_model: Path) -> None:
+    from localrun.assemble import assemble
+    from localrun.settings import Options, resolve
+
+    on_gpu = [CPU, gpu("CUDA0", 2**30)]
+    whole = assemble(tiny_model, resolve(Options()), devices=on_gpu, use_wisdom=False)
+    assert whole.config.sample_on == "device" and "output layer" in whole.settings.reasons["sample_on"]
+    assert assemble(tiny_model, resolve(Options()), devices=[CPU], use_wisdom=False).config.sample_on == "host"
+    layers = whole.placement.model.layers  # every repeating layer, the output layer left on the CPU
+    part = assemble(tiny_model, resolve(Options(gpu_layers=str(layers))), devices=on_gpu, use_wisdom=False)
+    assert not part.placement.model.whole and part.config.sample_on == "host"
+    asked = assemble(tiny_model, resolve(Options(sample_on="host")), devices=on_gpu, use_wisdom=False)
+    assert asked.config.sample_on == "host" and asked.settings.sources["sample_on"] == "option"
+    assert assemble(tiny_model, resolve(Options(sample_on="device")), devices=[CPU]).config.sample_on == "device"
+
+
 def test_a_gpu_the_build_cannot_use_gets_a_hint(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
