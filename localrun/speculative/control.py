@@ -78,6 +78,10 @@ PRIOR_WEIGHT = 2.0  # how many observations a prior acceptance is worth
 ACCEPT_MEMORY = 0.9  # per use: older acceptance counts fade, so the estimate follows the text
 IDLE_FADE = 16  # ... and fade once more per this many steps the way was not used
 MAX_ACCEPTANCE = 0.98
+# a drafted token reached with a smaller chance than this is not worth a
+# length of its own: lengths past it are not weighed (a step's choice costs
+# a few microseconds a length, which counts where a step takes a millisecond)
+USEFUL_CHANCE = 0.01
 COST_ALPHA = 0.2  # moving-average weight of a new cost measurement
 SPIKE = 3.0  # a cost measurement counts as at most this many times the current estimate
 UNTRIED_SIZE = 0.8  # without a curve, a verify batch size not measured yet: this share of the extra cost the fit says
@@ -236,6 +240,14 @@ def drafts_in_batch(curve: Sequence[float] | None, rows: int) -> bool:
     return curve_point(curve, 2 * rows) - curve_point(curve, rows) <= FREE_ROW * rows
 
 
+def useful_length(a: float) -> int:
+    """The longest draft whose last token is accepted with a chance (``a``
+    to the power of its length) of at least `USEFUL_CHANCE`."""
+    if a <= USEFUL_CHANCE:
+        return 1
+    return max(1, int(math.log(USEFUL_CHANCE) / math.log(a)))
+
+
 def expected_tokens(a: float, n: int) -> float:
     """1 + a + ... + a^n: tokens a verify step yields with n drafted tokens."""
     return float(n + 1) if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
@@ -340,7 +352,7 @@ class AdaptiveController:
         long as a longer one's, within `TIE` (a batch size that costs as much
         as a larger one)."""
         setup = self.setup_cost(offer.drafter)
-        limit = min(offer.max_len, room)
+        limit = min(offer.max_len, room, useful_length(self.acceptance(offer.drafter, offer.bucket)))
         times = [self.draft_cost(offer, n) - setup + self.verify_cost(forced + n + 1) for n in range(1, limit + 1)]
         kept: list[tuple[int, float]] = []
         quickest_longer = math.inf  # of the lengths kept: ties do not chain, so none costs more than TIE

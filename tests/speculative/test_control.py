@@ -8,7 +8,14 @@ from collections.abc import Sequence
 import pytest
 
 from localrun.speculative.base import Offer, Profile
-from localrun.speculative.control import PLAIN, AdaptiveController, drafts_in_batch, padded_rows
+from localrun.speculative.control import (
+    PLAIN,
+    USEFUL_CHANCE,
+    AdaptiveController,
+    drafts_in_batch,
+    padded_rows,
+    useful_length,
+)
 from localrun.speculative.lookup import PromptLookupDrafter
 
 PLAIN_S = 0.1  # a plain step, seconds
@@ -51,13 +58,25 @@ def test_a_batch_that_costs_as_much_as_a_larger_one_is_never_chosen() -> None:
     for accepted in (1, 2, 4, 9, 19, 49):  # acceptance 0.5 .. 0.98
         control = _lookup(BUMPY, accepted)
         considered = {n for n, _ in control.lengths(LOOKUP, 32)}
-        assert considered.isdisjoint({8, 9, 11, 12, 13, 14})  # 9, 10, 12..15 rows: a larger batch costs as much
+        tied = {8, 9, 11, 12, 13, 14}  # 9, 10, 12..15 rows: a larger batch costs as much
+        assert considered.isdisjoint({n for n in tied if n < max(considered)})  # weighed up to the useful length
         for room in (32, 20, 16, 15, 12, 10, 8, 7, 5, 3, 1):
             n = control.choose([LOOKUP], room).n
             assert n <= room
             assert n != 7  # 8 rows: nearly the cost of 16
             assert not n or not _slower_than_a_larger(BUMPY, n + 1, room + 1), (accepted, room, n)
     assert _lookup(BUMPY, 19).choose([LOOKUP], 32).n == 15  # copying: the cheap large batch, 16 rows
+
+
+def test_lengths_past_any_useful_chance_are_not_weighed() -> None:
+    """A token drafted where acceptance is low is seldom reached: a noisy
+    text's lookups weigh a few lengths, not the whole room, each step."""
+    for accepted, longest in ((0, 1), (1, 5), (9, 32)):
+        control = _lookup(BUMPY, accepted)
+        a = control.acceptance(LOOKUP.drafter, LOOKUP.bucket)
+        considered = [n for n, _ in control.lengths(LOOKUP, 32)]
+        assert max(considered) == min(useful_length(a), 32) and a ** max(considered) >= USEFUL_CHANCE
+        assert max(considered) <= longest if accepted < 9 else max(considered) == longest
 
 
 def test_steep_curve_keeps_drafts_short_or_plain() -> None:
