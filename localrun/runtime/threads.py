@@ -16,8 +16,12 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
 - Contention: ``lost = threads - cpu / wall``, the cores' worth of time our
   threads wanted and did not get (spinning, they use all they are given).
   Other processes compete when ``lost`` is at least `CONTENDED_CORES` and
-  `CONTENDED_SHARE` of the threads; the competition has stopped when it falls
-  to `CLEAR_CORES` and `CLEAR_SHARE` (in between, the last verdict holds).
+  `CONTENDED_SHARE` of the threads, and the machine's reading of its load
+  (`free_cpus`, below) leaves fewer CPUs free than our threads, or cannot
+  say: a step of a millisecond or two outlasts the spin count between its
+  barriers, and our own threads then sleep, losing as much time as under
+  load, with nothing else running. The competition has stopped when ``lost``
+  falls to `CLEAR_CORES` and `CLEAR_SHARE` (in between, the last verdict holds).
   At the full count without contention it does nothing at all: an idle
   machine never pays for a probe.
 - Down: while contended, the next window is a probe with one thread fewer. A
@@ -217,23 +221,27 @@ class ThreadGovernor:
             self._next_down = now + self._down_gap
         self._base = None  # the settled count is measured afresh before the next probe
 
-    def _room_for(self, threads: int) -> bool:
+    def _room_for(self, threads: int, unknown: bool = True) -> bool:
         """Whether the CPUs the other runnable tasks leave free hold ``threads``
-        (True where the machine cannot say)."""
+        (``unknown`` where the machine cannot say)."""
         free = self.free_cpus() if self.free_cpus is not None else None
-        return free is None or free >= threads
+        return unknown if free is None else free >= threads
 
     def _judge(self, lost: float, now: int) -> None:
         n = self.threads
         if lost >= max(CONTENDED_CORES, CONTENDED_SHARE * n):
-            self._contended = True
+            # time our threads did not run: taken by others, or slept by our own (a step of a millisecond
+            # or two outlasts the spin count between its barriers); where the machine says that nothing
+            # else is runnable, it was ours
+            contended: bool | None = not self._room_for(n, unknown=False)
         elif lost <= max(CLEAR_CORES, CLEAR_SHARE * n):
-            if self._contended:  # the competition stopped: probe up at once, and down soon if it comes back
-                self._up_gap = self._down_gap = MIN_GAP
-                self._next_up = self._next_down = now
-            self._contended = False
-        elif self._contended is None:
-            self._contended = False
+            contended = False
+        else:
+            contended = self._contended  # in between: the last verdict holds
+        if contended is False and self._contended:  # the competition stopped: probe up at once, and down soon
+            self._up_gap = self._down_gap = MIN_GAP
+            self._next_up = self._next_down = now
+        self._contended = bool(contended)
 
 
 _governors: weakref.WeakKeyDictionary[Engine, ThreadGovernor] = weakref.WeakKeyDictionary()

@@ -277,6 +277,19 @@ def test_the_load_is_not_read_at_the_full_count() -> None:
     assert set(drive(gov, IDLE, 2000)) == {2} and load.reads == 0
 
 
+def test_threads_that_sleep_on_an_idle_machine_are_not_contention() -> None:
+    """Steps of a millisecond outlast the spin count between barriers: our
+    own threads sleep, and the CPU time says as much time was lost as under
+    load. Where the machine says nothing else runs, nothing is probed; where
+    it says something does, or cannot say, the count goes down as before."""
+    sleepy = Machine({1: 1 / 400.0, 2: 1 / 600.0}, {1: 1.0, 2: 0.6})
+    idle = Load(free=2)
+    gov = ThreadGovernor(2, free_cpus=idle)
+    assert set(drive(gov, sleepy, 2000)) == {2} and idle.reads > 0
+    for busy in (Load(free=1), None):
+        assert 1 in drive(ThreadGovernor(2, free_cpus=busy), sleepy, 2000)
+
+
 def test_a_probe_step_far_slower_ends_the_probe_at_once() -> None:
     """A thread more under load can make a step many times slower: one such
     step ends the probe, not a whole window of them."""
