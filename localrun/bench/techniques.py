@@ -70,6 +70,18 @@ def speculative_rows(bench: Bench) -> list[RowSpec]:
     return [row("speculative draft", str(bench.draft)), *rows]
 
 
+CPU_BATCHES = (1, 2, 4, 8)
+GPU_BATCHES = (1, 4, 16, 64)  # a GPU's aggregate keeps growing where a CPU's flattens (tune measures up to 128)
+
+
+def batch_sizes(bench: Bench) -> tuple[int, ...]:
+    """The sequence counts the ladder measures: a GPU's when layers are offloaded."""
+    placement = bench.base.placement
+    offloaded = placement is not None and placement.model.offloaded
+    sizes = GPU_BATCHES if offloaded else CPU_BATCHES
+    return (sizes[2],) if bench.plan.quick else sizes
+
+
 def batching_rows(bench: Bench) -> list[RowSpec]:
     """N sequences in one llama.cpp batch: aggregate tokens/sec (for batch work)."""
     return [
@@ -79,7 +91,7 @@ def batching_rows(bench: Bench) -> list[RowSpec]:
             settings={"parallel": n},
             sequences=n,
         )
-        for n in ((4,) if bench.plan.quick else (1, 2, 4, 8))
+        for n in batch_sizes(bench)
     ]
 
 

@@ -425,3 +425,21 @@ def test_a_bench_on_a_busy_machine_advises_nothing_and_keeps_nothing(
     assert "the advice is not kept" in res.stderr and "saved defaults" not in res.stderr
     assert not config.config_file().exists()  # no defaults saved
     assert not wisdom_file().exists()
+
+
+def test_the_ladder_batches_a_gpu_further_than_a_cpu() -> None:
+    """The batching rows follow the placement: a CPU's few sequences, a GPU's many."""
+    from types import SimpleNamespace
+
+    from localrun.bench.techniques import CPU_BATCHES, GPU_BATCHES, batching_rows
+    from localrun.runtime.placement import Placement
+
+    def names(model: ModelPlacement, quick: bool = False) -> list[str]:
+        base = SimpleNamespace(placement=Placement(model=model))
+        fake = SimpleNamespace(base=base, plan=SimpleNamespace(quick=quick))
+        return [row.technique for row in batching_rows(fake)]  # type: ignore[arg-type]
+
+    gpu = ModelPlacement(n_gpu_layers=99, devices=("CUDA0",), layers=24)
+    assert names(ModelPlacement()) == [f"batching n={n}" for n in CPU_BATCHES]
+    assert names(gpu) == [f"batching n={n}" for n in GPU_BATCHES] and max(GPU_BATCHES) > max(CPU_BATCHES)
+    assert names(ModelPlacement(), quick=True) == ["batching n=4"] and names(gpu, quick=True) == ["batching n=16"]
