@@ -350,7 +350,8 @@ class AdaptiveController:
         and verifying, seconds, without the one-time setup): up to the room
         left and the offer's longest, less every length whose step takes as
         long as a longer one's, within `TIE` (a batch size that costs as much
-        as a larger one)."""
+        as a larger one). Lengths past `useful_length` of the offer's
+        acceptance are not weighed."""
         setup = self.setup_cost(offer.drafter)
         limit = min(offer.max_len, room, useful_length(self.acceptance(offer.drafter, offer.bucket)))
         times = [self.draft_cost(offer, n) - setup + self.verify_cost(forced + n + 1) for n in range(1, limit + 1)]
