@@ -25,6 +25,7 @@ def test_each_setting_takes_the_first_source_that_has_it() -> None:
         "parallel": "config",
         "gpu_layers": "default",
         "device": "default",
+        "sample_on": "default",
     }
 
 

@@ -56,10 +56,11 @@ def test_json_event_contract(tiny_model: Path) -> None:
         "settings",  # every setting used, and where it came from
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
-    names = {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch"}
+    names = {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch", "sample_on"}
     assert set(done["settings"]) == names | {"placement", "memory_budget"}
     assert done["settings"]["placement"]["value"] == "CPU" and done["settings"]["placement"]["why"]
     assert done["settings"]["memory_budget"]["value"] > 0
+    assert done["settings"]["sample_on"]["value"] == "host" and done["settings"]["sample_on"]["why"]
     assert all(s["source"] in ("option", "model", "config", "wisdom", "default") for s in done["settings"].values())
     assert done["settings"]["draft"] == {"value": "auto", "source": "default"}
     assert done["cached_tokens"] == 0 and done["threads"] >= 1
