@@ -34,8 +34,11 @@ def render_messages(
     template: str,
     messages: Sequence[Mapping[str, Any]],
     tools: list[dict[str, Any]] | None = None,
+    switches: Mapping[str, Any] | None = None,
 ) -> str:
-    return render_chat(template, messages, bos_token=engine.bos_token, eos_token=engine.eos_token, tools=tools)
+    return render_chat(
+        template, messages, bos_token=engine.bos_token, eos_token=engine.eos_token, tools=tools, switches=switches
+    )
 
 
 def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:

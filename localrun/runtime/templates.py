@@ -36,16 +36,22 @@ def render_chat(
     bos_token: str,
     eos_token: str,
     tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    switches: Mapping[str, Any] | None = None,
 ) -> str:
     """Render a GGUF chat template (Jinja, as Hugging Face tokenizers run it);
-    ``tools`` (OpenAI's tool objects) go to templates that take them."""
+    ``tools`` (OpenAI's tool objects) go to templates that take them, and
+    ``switches`` (``enable_thinking``, ``reasoning_effort``, ...) into the
+    template's context as they are."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
     env.filters["tojson"] = _tojson
-    extra = {"tools": tools} if tools else {}
+    extra: dict[str, Any] = dict(switches or {})
+    if tools:
+        extra["tools"] = tools
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token, **extra
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, **extra
         )
     except TemplateError as exc:
         raise BadModelError(
