@@ -1,32 +1,21 @@
-"""Chat templates: rendering a GGUF's Jinja template, and the built-in ones
-for models that carry none (`chat --template NAME`)."""
+"""Chat templates: rendering a GGUF's Jinja template as llama.cpp's ``--jinja``
+renderer does (common/chat.cpp), and the built-in ones for models that carry
+none (`chat --template NAME`)."""
 
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localrun.errors import BadModelError
+from localrun.runtime.jinja_env import LlamaJinja
+from localrun.runtime.template_caps import preserve_reasoning_switches, template_caps
+from localrun.runtime.template_input import is_gemma4, is_gpt_oss, template_messages, tool_fields
 
 Message = dict[str, str]
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    """Jinja's ``tojson`` as Hugging Face templates expect it: no HTML escaping."""
-    return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 def render_chat(
@@ -35,28 +24,50 @@ def render_chat(
     *,
     bos_token: str,
     eos_token: str,
-    tools: list[dict[str, Any]] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = True,
     switches: Mapping[str, Any] | None = None,
+    now: datetime.datetime | None = None,
 ) -> str:
-    """Render a GGUF chat template (Jinja, as Hugging Face tokenizers run it);
-    ``tools`` (OpenAI's tool objects) go to templates that take them, and
-    ``switches`` (``enable_thinking``, ``reasoning_effort``, ...) into the
-    template's context as they are."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
-    env.filters["tojson"] = _tojson
-    extra: dict[str, Any] = dict(switches or {})
-    if tools:
-        extra["tools"] = tools
+    """The prompt llama-server renders for an OpenAI-style conversation:
+    ``messages`` (with ``tool_calls``, ``reasoning_content``, text parts),
+    ``tools`` (OpenAI's tool objects), and ``switches`` (``enable_thinking``,
+    ``reasoning_effort``, any other template variable, as llama-server's
+    ``chat_template_kwargs``). ``now`` is the date the template may print."""
+    caps = template_caps(template)
+    prepared = template_messages(messages, template, caps)
+    offered = tool_fields(tools)
+    moment = now or datetime.datetime.now()
+    context: dict[str, Any] = {
+        "messages": prepared,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "enable_thinking": True,
+    }
+    if offered:
+        context["tools"] = offered
+    context["datetime"] = moment.strftime("%b %d %Y")
+    context["date_string"] = moment.strftime("%d %b %Y")
+    context.update(switches or {})
+    if add_generation_prompt:
+        context["add_generation_prompt"] = True
+    if isinstance(context.get("preserve_reasoning"), bool):
+        context.update(preserve_reasoning_switches(context["preserve_reasoning"]))
+    if isinstance(context.get("reasoning_effort"), str) and context["reasoning_effort"]:
+        context["reasoning_strength"] = context["reasoning_effort"]
     try:
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, **extra
-        )
+        prompt = LlamaJinja(moment).from_string(template).render(context)
     except TemplateError as exc:
         raise BadModelError(
             f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
         ) from exc
+    if is_gemma4(template) and add_generation_prompt and prompt.endswith("<turn|>\n"):
+        prompt += "<|turn>model\n"  # llama.cpp opens the model's turn after a call and its results
+    if is_gpt_oss(template) and not add_generation_prompt:
+        head, found, tail = prompt.rpartition("<|return|>")
+        if found:
+            prompt = head + "<|end|>" + tail  # a finished answer ends as a turn in history does
+    return prompt
 
 
 BUILTIN_TEMPLATES: dict[str, str] = {

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, LocalrunError
 from localrun.events import SequenceDone, SequenceText, Stats
-from localrun.serve import anthropic
+from localrun.serve import anthropic, apply_template
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import OnEvent, RequestDone
 from localrun.serve.prompts import prepare
@@ -395,6 +395,10 @@ def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _generate(table, request, "text", on_event)
+
+    @app.post("/apply-template")
+    async def apply_template_route(request: Request) -> dict[str, str]:
+        return await run_in_threadpool(apply_template.handle, table, await request.body())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

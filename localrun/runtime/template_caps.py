@@ -1,0 +1,192 @@
+"""What a chat template supports, found as llama.cpp finds it (common/jinja/caps.cpp):
+by rendering small probe conversations and watching which values the template used.
+llama.cpp adapts the conversation to the answers (``template_input``)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+
+from localrun.runtime.jinja_env import LlamaJinja, Tracked, tracked
+
+
+@dataclass(frozen=True)
+class TemplateCaps:
+    tools: bool = True  # describes the tools offered
+    tool_calls: bool = True  # renders an assistant's tool calls
+    system_role: bool = True
+    parallel_tool_calls: bool = True
+    preserve_reasoning: bool = False  # keeps reasoning_content of earlier turns
+    reasoning_effort: bool = False
+    string_content: bool = True
+    typed_content: bool = False  # takes content as a list of parts
+    object_arguments: bool = False  # reads tool-call arguments as an object
+
+
+@dataclass
+class _Probe:
+    ok: bool
+    output: str
+    context: dict[str, Any]
+
+
+def _run(env: LlamaJinja, source: str, messages: list[Any], tools: list[Any] | None = None, **extra: Any) -> _Probe:
+    context = {
+        "messages": tracked(messages),
+        "tools": tracked(tools or []),
+        "bos_token": "",
+        "eos_token": "",
+        "add_generation_prompt": True,
+        **extra,
+    }
+    try:
+        return _Probe(True, env.from_string(source).render(**context), context)
+    except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError):
+        return _Probe(False, "", context)
+
+
+def _at(value: Any, *path: str | int) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _used(value: Any) -> bool:
+    return isinstance(value, Tracked) and value.used
+
+
+def _ops(value: Any) -> set[str]:
+    return value.ops if isinstance(value, Tracked) else set()
+
+
+_TOOLS = [
+    {
+        "name": "tool",
+        "type": "function",
+        "function": {
+            "name": "tool1",
+            "description": "Tool description",
+            "parameters": {
+                "type": "object",
+                "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                "required": ["arg"],
+            },
+        },
+    }
+]
+
+
+def _tool_conversation(arguments: Any, calls: int = 1) -> list[Any]:
+    return [
+        {"role": "user", "content": "User message"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": f"call0000{n + 1}", "type": "function", "function": {"name": "tool1", "arguments": arguments}}
+                for n in range(calls)
+            ],
+        },
+        {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": "The tool response was 'tool response'"},
+        {"role": "user", "content": "User message"},
+    ]
+
+
+def _content_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
+    found: dict[str, bool] = {}
+    marker = "STRING_MARKER"
+    probe = _run(env, source, [{"role": "user", "content": marker}])
+    content = _at(probe.context["messages"], 0, "content")
+    as_array = bool(_ops(content) & {"selectattr", "array_access"})
+    if as_array:
+        found["typed_content"] = True
+    if not probe.ok or (as_array and marker not in probe.output):
+        found["string_content"] = False
+    if "test_is_string" in _ops(content):
+        probe = _run(env, source, [{"role": "user", "content": []}])
+        content = _at(probe.context["messages"], 0, "content")
+        if probe.ok and _ops(content) & {"selectattr", "array_access"}:
+            found["typed_content"] = True
+    return found
+
+
+def _tool_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
+    found: dict[str, bool] = {}
+    probe = _run(env, source, _tool_conversation({"arg": "value"}), _TOOLS)
+    if probe.ok:
+        if not _used(_at(probe.context["tools"], 0, "function", "name")):
+            found["tools"] = False
+        calls = _at(probe.context["messages"], 1, "tool_calls")
+        if not _used(calls):
+            found["tool_calls"] = False
+        elif _used(_at(calls, 0, "function", "arguments", "arg")):
+            found["object_arguments"] = True
+    if not found.get("object_arguments"):
+        probe = _run(env, source, _tool_conversation('{"arg": "value"}'), _TOOLS)
+        if not probe.ok:
+            found["tool_calls"] = found["tools"] = False
+        else:
+            if not _used(_at(probe.context["tools"], 0, "function", "name")):
+                found["tools"] = False
+            if not _used(_at(probe.context["messages"], 1, "tool_calls")):
+                found["tool_calls"] = False
+    arguments: Any = {"arg": "value"} if found.get("object_arguments") else '{"arg": "value"}'
+    probe = _run(env, source, _tool_conversation(arguments, calls=2), _TOOLS)
+    if not probe.ok or not _used(_at(probe.context["messages"], 1, "tool_calls", 1, "function")):
+        found["parallel_tool_calls"] = False
+    return found
+
+
+def _reasoning_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
+    found: dict[str, bool] = {}
+    placeholder = "<REASONING_CONTENT_PLACEHOLDER>"
+    turns = [
+        {"role": "user", "content": "User message"},
+        {"role": "assistant", "content": "Assistant message", "reasoning_content": placeholder},
+        {"role": "user", "content": "User message"},
+        {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
+        {"role": "user", "content": "User message"},
+    ]
+    probe = _run(env, source, turns, enable_thinking=True, **preserve_reasoning_switches(True))
+    if placeholder in probe.output:
+        found["preserve_reasoning"] = True
+    effort = tracked("low")
+    _run(
+        env,
+        source,
+        [{"role": "user", "content": "User message"}],
+        enable_thinking=True,
+        reasoning_effort=effort,
+        reasoning_strength=effort,
+    )
+    found["reasoning_effort"] = _used(effort)
+    return found
+
+
+def preserve_reasoning_switches(enabled: bool) -> dict[str, bool]:
+    """The names templates use for keeping earlier turns' reasoning, as llama.cpp sets them."""
+    return {
+        "preserve_thinking": enabled,
+        "clear_thinking": not enabled,
+        "truncate_history_thinking": not enabled,
+        "drop_thinking": not enabled,
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def template_caps(source: str) -> TemplateCaps:
+    """What the template ``source`` supports (cached per template)."""
+    env = LlamaJinja()
+    found = _content_caps(env, source)
+    probe = _run(
+        env, source, [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}]
+    )
+    if not _used(_at(probe.context["messages"], 0, "content")):
+        found["system_role"] = False
+    found.update(_tool_caps(env, source))
+    found.update(_reasoning_caps(env, source))
+    return TemplateCaps(**found)

@@ -1,0 +1,42 @@
+"""``POST /apply-template``, as llama-server answers it: the prompt a
+chat-completions body renders to, ``{"prompt": ...}``, without generating.
+
+The prompt is the chat template's text as the model decodes it: the BOS the
+tokenizer adds by itself is not in it (llama.cpp strips it as well), and the
+server's default system prompt (``serve --system``) comes first where the
+conversation has none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localrun.errors import InvalidRequestError, UsageError
+from localrun.runtime.chat_request import render_request
+from localrun.serve.schemas import json_object
+from localrun.serve.served import ModelTable, ServedModel
+
+
+def strip_bos(prompt: str, bos_token: str, add_bos: bool) -> str:
+    """The prompt without the BOS text the tokenizer adds anyway."""
+    return prompt[len(bos_token) :] if add_bos and bos_token and prompt.startswith(bos_token) else prompt
+
+
+def apply_template(model: ServedModel, body: dict[str, Any]) -> dict[str, str]:
+    if model.template is None:
+        raise InvalidRequestError(f"{model.id} has no chat template", "messages")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidRequestError("'messages' is required and must be an array", "messages")
+    if model.system and not any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        body = {**body, "messages": [{"role": "system", "content": model.system}, *messages]}
+    engine = model.engine
+    try:
+        prompt = render_request(model.template, body, bos_token=engine.bos_token, eos_token=engine.eos_token)
+    except UsageError as exc:
+        raise InvalidRequestError(exc.message, "messages") from exc
+    return {"prompt": strip_bos(prompt, engine.bos_token, engine.add_bos)}
+
+
+def handle(table: ModelTable, raw: bytes) -> dict[str, str]:
+    body = json_object(raw)
+    return apply_template(table.find(body.get("model")), body)
