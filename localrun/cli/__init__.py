@@ -13,6 +13,7 @@ import typer
 
 from localrun import __version__
 from localrun.cli import _completion, _env, bench, cache, chat, doctor, generate, logs, models, quantize, serve, tune
+from localrun.cli import template as template_cli
 from localrun.cli._errors import ExitCode, bounded, parsing_error, report, set_debug
 from localrun.cli._help import plain_help
 
@@ -37,6 +38,7 @@ app.command("bench")(bounded(bench.bench_command))
 app.command("tune")(bounded(tune.tune_command))
 app.command("quantize")(bounded(quantize.quantize_command))
 app.command("doctor")(bounded(doctor.doctor_command))
+app.command("template")(bounded(template_cli.template_command))
 
 
 def _print_version(value: bool) -> None:

@@ -59,3 +59,8 @@ def render_request(
         switches=switches,
         now=now,
     )
+
+
+def strip_bos(prompt: str, bos_token: str, add_bos: bool) -> str:
+    """The prompt without the BOS text the tokenizer adds by itself (as llama.cpp leaves it out)."""
+    return prompt[len(bos_token) :] if add_bos and bos_token and prompt.startswith(bos_token) else prompt

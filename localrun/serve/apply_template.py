@@ -11,14 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from localrun.errors import InvalidRequestError, UsageError
-from localrun.runtime.chat_request import render_request
+from localrun.runtime.chat_request import render_request, strip_bos
 from localrun.serve.schemas import json_object
 from localrun.serve.served import ModelTable, ServedModel
-
-
-def strip_bos(prompt: str, bos_token: str, add_bos: bool) -> str:
-    """The prompt without the BOS text the tokenizer adds anyway."""
-    return prompt[len(bos_token) :] if add_bos and bos_token and prompt.startswith(bos_token) else prompt
 
 
 def apply_template(model: ServedModel, body: dict[str, Any]) -> dict[str, str]:
