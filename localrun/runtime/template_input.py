@@ -185,48 +185,67 @@ def template_messages(messages: Sequence[Mapping[str, Any]], source: str, caps: 
     return family_messages(prepared, source)
 
 
+_FAMILIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    # llama.cpp's specialized handlers in the order it tries them: (family, all of, none of)
+    ("ministral3", ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]"), ("[CALL_ID]",)),
+    ("gpt-oss", ("<|channel|>",), ()),
+    ("muse-glimmer", ("<atem:function_calls>", "<|eom|>"), ()),
+    ("functionary-v3.2", (">>>all", ">>>${recipient}"), ()),
+    ("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), ()),
+    ("kimi-k3", ("<|open|>", "<|close|>", "<|end_of_msg|>"), ()),
+    ("ling3", ("<role>ASSISTANT</role>", "<arg_key>"), ()),
+    ("cohere2moe", ("<|START_TEXT|>", "<|START_ACTION|>"), ()),
+    ("lfm2", ("<|tool_list_start|>", "<|tool_list_end|>"), ()),
+    ("lfm2.5", ("List of tools: [",), ("<|tool_list_start|>",)),
+    ("gigachat-v3", ("<|role_sep|>", "<|message_sep|>"), ("<|function_call|>",)),
+    ("minimax-m3", ("]<]minimax[>[", "<tool_call>", "<invoke name="), ()),
+    ("deepseek-v3.2", ("dsml_token", "DSML"), ()),
+    ("gemma4", ("'<|tool_call>call:'",), ()),
+    ("minicpm5", ("Tool usage guidelines:", '<function name="', '<param name="'), ()),
+    ("qwen3-coder", ("<tool_call>", "<function=", "<parameter="), ("'<tool_call><function=' ~ tool_call.name ~ '>'",)),
+)
+
+
+def template_family(source: str) -> str | None:
+    """The family llama.cpp gives a template its own handler for, if any."""
+    for name, present, absent in _FAMILIES:
+        if all(m in source for m in present) and not any(m in source for m in absent):
+            if name == "deepseek-v3.2" and "function_calls" not in source and "tool_calls" not in source:
+                continue
+            return name
+    return None
+
+
 def is_gpt_oss(source: str) -> bool:
-    return "<|channel|>" in source
+    return template_family(source) == "gpt-oss"
 
 
 def is_gemma4(source: str) -> bool:
-    return "'<|tool_call>call:'" in source
+    return template_family(source) == "gemma4"
 
 
-def _is_ministral3(source: str) -> bool:
-    return all(m in source for m in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) and "[CALL_ID]" not in source
-
-
-def _is_lfm2(source: str) -> bool:
-    return ("<|tool_list_start|>" in source and "<|tool_list_end|>" in source) or (
-        "List of tools: [" in source and "<|tool_list_start|>" not in source
-    )
-
-
-def _is_deepseek_v4(source: str) -> bool:
-    dsml = "dsml_token" in source and "DSML" in source and "tool_calls" in source
-    return dsml and "function_calls" not in source
+def _thinking_field(messages: list[Json], *, without_content_for_calls: bool) -> list[Json]:
+    """``reasoning_content`` copied to ``thinking``, the field gpt-oss and LFM2 templates read."""
+    for m in messages:
+        if isinstance(m.get("reasoning_content"), str):
+            m["thinking"] = m["reasoning_content"]
+            if without_content_for_calls and m.get("tool_calls"):
+                m.pop("content", None)
+    return messages
 
 
 def family_messages(messages: list[Json], source: str) -> list[Json]:
-    """The per-family changes llama.cpp makes before rendering (the first family that matches)."""
-    if _is_ministral3(source):
+    """The changes llama.cpp's handler for the template's family makes before rendering."""
+    family = template_family(source)
+    if family == "ministral3":
         return [_ministral_blocks(m) for m in messages]
-    if is_gpt_oss(source):
-        for m in messages:
-            if isinstance(m.get("reasoning_content"), str):
-                m["thinking"] = m["reasoning_content"]
-                if m.get("tool_calls"):
-                    m.pop("content", None)
-        return messages
-    if _is_lfm2(source):
-        for m in messages:
-            if isinstance(m.get("reasoning_content"), str):
-                m["thinking"] = m["reasoning_content"]
-        return messages
-    if _is_deepseek_v4(source):
+    if family == "gpt-oss":
+        return _thinking_field(messages, without_content_for_calls=True)
+    if family in ("lfm2", "lfm2.5"):
+        return _thinking_field(messages, without_content_for_calls=False)
+    if family == "deepseek-v3.2" and "function_calls" not in source:  # V4 names its block tool_calls
         return _tool_results_in_call_order(messages)
-    if is_gemma4(source) and "{#- OpenAI Chat Completions:" not in source:
+    if family == "gemma4" and "{#- OpenAI Chat Completions:" not in source:
         return _gemma4_tool_responses(messages)
     return messages
 
@@ -300,10 +319,10 @@ def _gemma4_tool_responses(messages: list[Json]) -> list[Json]:
         turn: Json = {"role": "assistant", "tool_calls": calls}
         if responses:
             turn["tool_responses"] = responses
-        if i < len(messages) and messages[i].get("role") == "assistant" and not messages[i].get("tool_calls"):
-            if messages[i].get("content"):  # the answer after the results joins the turn
-                turn["content"] = messages[i]["content"]
-                i += 1
+        answer = messages[i] if i < len(messages) else {}
+        if answer.get("role") == "assistant" and not answer.get("tool_calls") and answer.get("content"):
+            turn["content"] = answer["content"]  # the answer after the results joins the turn
+            i += 1
         if isinstance(m.get("reasoning_content"), str):
             turn["reasoning_content"] = m["reasoning_content"]
         result.append(turn)
