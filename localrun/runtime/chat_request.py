@@ -38,17 +38,18 @@ def render_request(
     bos_token: str,
     eos_token: str,
     now: datetime.datetime | None = None,
-    thinking: bool = True,
+    thinking: bool | None = None,
 ) -> str:
     """The prompt for a chat-completions ``body``; ``thinking`` is ``enable_thinking``
-    where the request does not set it."""
+    where the request does not set it (None: llama-server's default, on where the
+    template writes a reasoning section)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise UsageError("'messages' is required and must be an array")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise UsageError(f"Expected 'tools' to be an array, got {json.dumps(tools)}")
-    switches = {"enable_thinking": thinking, **request_switches(body)}
+    switches = ({} if thinking is None else {"enable_thinking": thinking}) | request_switches(body)
     return render_chat(
         template,
         messages,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, cast
 
 from jinja2 import ChainableUndefined, TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
@@ -71,6 +71,22 @@ def mark(value: Any, op: str | None = None, *, deep: bool = False) -> None:
             mark(item, deep=True)
 
 
+class LenientUndefined(ChainableUndefined):
+    """An undefined value as llama.cpp's engine treats it: attributes of it are
+    undefined too, and joined to a string with ``+`` it is the empty string."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self
+
+    def __radd__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self
+
+
+def _safe(value: Any) -> Any:
+    """``safe``: text stays plain text (no HTML escaping anywhere); lists and objects become JSON."""
+    return tojson(value) if isinstance(value, list | dict) else value
+
+
 class TemplateRaisedError(TemplateError):
     """The template called ``raise_exception``."""
 
@@ -101,7 +117,8 @@ def _to_json(value: Any, indent: int | None, item_sep: str, key_sep: str, level:
         return _json_float(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple) or (isinstance(value, Iterable) and not isinstance(value, Mapping)):
+        value = list(value)
         if not value:
             return "[]"
         items = [inner + _to_json(v, indent, item_sep, key_sep, level + 1) for v in value]
@@ -181,15 +198,16 @@ class LlamaJinja(SandboxedEnvironment):
 
     def __init__(self, now: datetime.datetime | None = None) -> None:
         super().__init__(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation], undefined=ChainableUndefined
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation], undefined=LenientUndefined
         )
         moment = now or datetime.datetime.now()
         self.globals.update(raise_exception=_raise, strftime_now=moment.strftime)
         self.filters["tojson"] = tojson
+        self.filters["safe"] = _safe
         for name, func in list(self.filters.items()):
             self.filters[name] = _tracking_filter(name, func)
-        for name, func in list(self.tests.items()):
-            self.tests[name] = _tracking_test(name, func)
+        for name, test in list(self.tests.items()):
+            self.tests[name] = _tracking_test(name, cast("Callable[..., Any]", test))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         value = super().getattr(obj, attribute)

@@ -5,6 +5,7 @@ llama.cpp adapts the conversation to the answers (``template_input``)."""
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ class _Probe:
     context: dict[str, Any]
 
 
-def _run(env: LlamaJinja, source: str, messages: list[Any], tools: list[Any] | None = None, **extra: Any) -> _Probe:
+def _run(env: LlamaJinja, source: str, messages: list[Any], tools: list[Any] | None = None, **extra: object) -> _Probe:
     context = {
         "messages": tracked(messages),
         "tools": tracked(tools or []),
@@ -42,6 +43,8 @@ def _run(env: LlamaJinja, source: str, messages: list[Any], tools: list[Any] | N
         "add_generation_prompt": True,
         **extra,
     }
+    if context["add_generation_prompt"] is False:
+        del context["add_generation_prompt"]  # as llama.cpp leaves it: undefined
     try:
         return _Probe(True, env.from_string(source).render(**context), context)
     except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError):
@@ -151,7 +154,8 @@ def _reasoning_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
         {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
         {"role": "user", "content": "User message"},
     ]
-    probe = _run(env, source, turns, enable_thinking=True, **preserve_reasoning_switches(True))
+    switches: dict[str, object] = {"enable_thinking": True, **preserve_reasoning_switches(True)}
+    probe = _run(env, source, turns, None, **switches)
     if placeholder in probe.output:
         found["preserve_reasoning"] = True
     effort = tracked("low")
@@ -190,3 +194,29 @@ def template_caps(source: str) -> TemplateCaps:
     found.update(_tool_caps(env, source))
     found.update(_reasoning_caps(env, source))
     return TemplateCaps(**found)
+
+
+THINKING_MARKERS = ("<think>", "</think>", "<|channel>", "[THINK]", "<seed:think>", "<|think|>", "<|START_THINKING|>")
+
+
+@functools.lru_cache(maxsize=64)
+def supports_thinking(source: str) -> bool:
+    """Whether the template writes a reasoning section (llama-server turns
+    ``enable_thinking`` on by default for these, off for the rest): it shows an
+    assistant's ``reasoning_content``, or its generation prompt opens or closes one."""
+    env = LlamaJinja()
+    placeholder = "<REASONING_CONTENT_PLACEHOLDER>"
+    turns = [
+        {"role": "user", "content": "User message"},
+        {"role": "assistant", "content": "Assistant message", "reasoning_content": placeholder},
+    ]
+    switches: dict[str, object] = {"enable_thinking": True, **preserve_reasoning_switches(True)}
+    if placeholder in _run(env, source, turns, None, **switches, add_generation_prompt=False).output:
+        return True
+    user = [{"role": "user", "content": "User message"}]
+    bare = _run(env, source, user, None, enable_thinking=True, add_generation_prompt=False).output
+    opened = {t: _run(env, source, user, None, enable_thinking=t).output for t in (True, False)}
+    tails = [text.removeprefix(bare) for text in opened.values()]
+    if opened[True] != opened[False]:  # a switch that writes a reasoning section's markers
+        tails += [text.removeprefix(os.path.commonprefix(list(opened.values()))) for text in opened.values()]
+    return any(m in tail for tail in tails for m in THINKING_MARKERS)

@@ -12,10 +12,13 @@ from jinja2 import TemplateError
 
 from localrun.errors import BadModelError
 from localrun.runtime.jinja_env import LlamaJinja
-from localrun.runtime.template_caps import preserve_reasoning_switches, template_caps
+from localrun.runtime.template_caps import preserve_reasoning_switches, supports_thinking, template_caps
 from localrun.runtime.template_input import is_gemma4, is_gpt_oss, template_messages, tool_fields
 
 Message = dict[str, str]
+
+# llama-server's default: templates that can keep earlier turns' reasoning keep it
+PRESERVE_REASONING = {"preserve_reasoning": True}
 
 
 def render_chat(
@@ -42,19 +45,20 @@ def render_chat(
         "messages": prepared,
         "bos_token": bos_token,
         "eos_token": eos_token,
-        "enable_thinking": True,
+        "enable_thinking": supports_thinking(template),
     }
     if offered:
         context["tools"] = offered
-    context["datetime"] = moment.strftime("%b %d %Y")
-    context["date_string"] = moment.strftime("%d %b %Y")
-    context.update(switches or {})
+    given = {"datetime": moment.strftime("%b %d %Y"), "date_string": moment.strftime("%d %b %Y")}
+    given.update(PRESERVE_REASONING)
+    given.update(switches or {})
+    if isinstance(given["preserve_reasoning"], bool):  # its other names first: a switch given by name wins
+        context.update(preserve_reasoning_switches(given["preserve_reasoning"]))
+    if isinstance(given.get("reasoning_effort"), str) and given["reasoning_effort"]:
+        context["reasoning_strength"] = given["reasoning_effort"]
+    context.update(given)
     if add_generation_prompt:
         context["add_generation_prompt"] = True
-    if isinstance(context.get("preserve_reasoning"), bool):
-        context.update(preserve_reasoning_switches(context["preserve_reasoning"]))
-    if isinstance(context.get("reasoning_effort"), str) and context["reasoning_effort"]:
-        context["reasoning_strength"] = context["reasoning_effort"]
     try:
         prompt = LlamaJinja(moment).from_string(template).render(context)
     except TemplateError as exc:

@@ -31,7 +31,7 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-CALL = {
+CALL: dict[str, Any] = {
     "messages": [
         {"role": "user", "content": "Weather in Rome?"},
         {
