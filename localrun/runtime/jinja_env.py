@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
-from jinja2 import ChainableUndefined, TemplateError, nodes
+from jinja2 import ChainableUndefined, Template, TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -196,12 +196,11 @@ class _Generation(Extension):
 class LlamaJinja(SandboxedEnvironment):
     """Jinja as llama.cpp runs chat templates; member and item reads mark tracked values used."""
 
-    def __init__(self, now: datetime.datetime | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__(
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation], undefined=LenientUndefined
         )
-        moment = now or datetime.datetime.now()
-        self.globals.update(raise_exception=_raise, strftime_now=moment.strftime)
+        self.globals.update(raise_exception=_raise, strftime_now=datetime.datetime.now().strftime)
         self.filters["tojson"] = tojson
         self.filters["safe"] = _safe
         for name, func in list(self.filters.items()):
@@ -224,3 +223,18 @@ class LlamaJinja(SandboxedEnvironment):
         if isinstance(obj, Tracked):
             mark(obj, "array_access" if isinstance(obj, list) else "object_access")
             mark(value)
+
+
+_ENV = LlamaJinja()
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(source: str) -> Template:
+    """The template ``source`` compiled once (the date it prints comes with each render)."""
+    return _ENV.from_string(source)
+
+
+def render(source: str, context: dict[str, Any], now: datetime.datetime | None = None) -> str:
+    """``source`` rendered with ``context``; ``strftime_now`` prints ``now`` (default: the local time)."""
+    moment = now or datetime.datetime.now()
+    return compiled(source).render({"strftime_now": moment.strftime, **context})

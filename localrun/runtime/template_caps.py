@@ -5,13 +5,12 @@ llama.cpp adapts the conversation to the answers (``template_input``)."""
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import TemplateError
 
-from localrun.runtime.jinja_env import LlamaJinja, Tracked, tracked
+from localrun.runtime.jinja_env import Tracked, render, tracked
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class _Probe:
     context: dict[str, Any]
 
 
-def _run(env: LlamaJinja, source: str, messages: list[Any], tools: list[Any] | None = None, **extra: object) -> _Probe:
+def _run(source: str, messages: list[Any], tools: list[Any] | None = None, **extra: object) -> _Probe:
     context = {
         "messages": tracked(messages),
         "tools": tracked(tools or []),
@@ -46,7 +45,7 @@ def _run(env: LlamaJinja, source: str, messages: list[Any], tools: list[Any] | N
     if context["add_generation_prompt"] is False:
         del context["add_generation_prompt"]  # as llama.cpp leaves it: undefined
     try:
-        return _Probe(True, env.from_string(source).render(**context), context)
+        return _Probe(True, render(source, context), context)
     except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError):
         return _Probe(False, "", context)
 
@@ -99,10 +98,10 @@ def _tool_conversation(arguments: Any, calls: int = 1) -> list[Any]:
     ]
 
 
-def _content_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
+def _content_caps(source: str) -> dict[str, bool]:
     found: dict[str, bool] = {}
     marker = "STRING_MARKER"
-    probe = _run(env, source, [{"role": "user", "content": marker}])
+    probe = _run(source, [{"role": "user", "content": marker}])
     content = _at(probe.context["messages"], 0, "content")
     as_array = bool(_ops(content) & {"selectattr", "array_access"})
     if as_array:
@@ -110,16 +109,16 @@ def _content_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
     if not probe.ok or (as_array and marker not in probe.output):
         found["string_content"] = False
     if "test_is_string" in _ops(content):
-        probe = _run(env, source, [{"role": "user", "content": []}])
+        probe = _run(source, [{"role": "user", "content": []}])
         content = _at(probe.context["messages"], 0, "content")
         if probe.ok and _ops(content) & {"selectattr", "array_access"}:
             found["typed_content"] = True
     return found
 
 
-def _tool_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
+def _tool_caps(source: str) -> dict[str, bool]:
     found: dict[str, bool] = {}
-    probe = _run(env, source, _tool_conversation({"arg": "value"}), _TOOLS)
+    probe = _run(source, _tool_conversation({"arg": "value"}), _TOOLS)
     if probe.ok:
         if not _used(_at(probe.context["tools"], 0, "function", "name")):
             found["tools"] = False
@@ -129,7 +128,7 @@ def _tool_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
         elif _used(_at(calls, 0, "function", "arguments", "arg")):
             found["object_arguments"] = True
     if not found.get("object_arguments"):
-        probe = _run(env, source, _tool_conversation('{"arg": "value"}'), _TOOLS)
+        probe = _run(source, _tool_conversation('{"arg": "value"}'), _TOOLS)
         if not probe.ok:
             found["tool_calls"] = found["tools"] = False
         else:
@@ -138,13 +137,13 @@ def _tool_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
             if not _used(_at(probe.context["messages"], 1, "tool_calls")):
                 found["tool_calls"] = False
     arguments: Any = {"arg": "value"} if found.get("object_arguments") else '{"arg": "value"}'
-    probe = _run(env, source, _tool_conversation(arguments, calls=2), _TOOLS)
+    probe = _run(source, _tool_conversation(arguments, calls=2), _TOOLS)
     if not probe.ok or not _used(_at(probe.context["messages"], 1, "tool_calls", 1, "function")):
         found["parallel_tool_calls"] = False
     return found
 
 
-def _reasoning_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
+def _reasoning_caps(source: str) -> dict[str, bool]:
     found: dict[str, bool] = {}
     placeholder = "<REASONING_CONTENT_PLACEHOLDER>"
     turns = [
@@ -155,12 +154,11 @@ def _reasoning_caps(env: LlamaJinja, source: str) -> dict[str, bool]:
         {"role": "user", "content": "User message"},
     ]
     switches: dict[str, object] = {"enable_thinking": True, **preserve_reasoning_switches(True)}
-    probe = _run(env, source, turns, None, **switches)
+    probe = _run(source, turns, None, **switches)
     if placeholder in probe.output:
         found["preserve_reasoning"] = True
     effort = tracked("low")
     _run(
-        env,
         source,
         [{"role": "user", "content": "User message"}],
         enable_thinking=True,
@@ -184,15 +182,12 @@ def preserve_reasoning_switches(enabled: bool) -> dict[str, bool]:
 @functools.lru_cache(maxsize=64)
 def template_caps(source: str) -> TemplateCaps:
     """What the template ``source`` supports (cached per template)."""
-    env = LlamaJinja()
-    found = _content_caps(env, source)
-    probe = _run(
-        env, source, [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}]
-    )
+    found = _content_caps(source)
+    probe = _run(source, [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}])
     if not _used(_at(probe.context["messages"], 0, "content")):
         found["system_role"] = False
-    found.update(_tool_caps(env, source))
-    found.update(_reasoning_caps(env, source))
+    found.update(_tool_caps(source))
+    found.update(_reasoning_caps(source))
     return TemplateCaps(**found)
 
 
@@ -204,19 +199,19 @@ def supports_thinking(source: str) -> bool:
     """Whether the template writes a reasoning section (llama-server turns
     ``enable_thinking`` on by default for these, off for the rest): it shows an
     assistant's ``reasoning_content``, or its generation prompt opens or closes one."""
-    env = LlamaJinja()
     placeholder = "<REASONING_CONTENT_PLACEHOLDER>"
     turns = [
         {"role": "user", "content": "User message"},
         {"role": "assistant", "content": "Assistant message", "reasoning_content": placeholder},
     ]
     switches: dict[str, object] = {"enable_thinking": True, **preserve_reasoning_switches(True)}
-    if placeholder in _run(env, source, turns, None, **switches, add_generation_prompt=False).output:
+    if placeholder in _run(source, turns, None, **switches, add_generation_prompt=False).output:
         return True
     user = [{"role": "user", "content": "User message"}]
-    bare = _run(env, source, user, None, enable_thinking=True, add_generation_prompt=False).output
-    opened = {t: _run(env, source, user, None, enable_thinking=t).output for t in (True, False)}
+    bare = _run(source, user, None, enable_thinking=True, add_generation_prompt=False).output
+    opened = {t: _run(source, user, None, enable_thinking=t).output for t in (True, False)}
     tails = [text.removeprefix(bare) for text in opened.values()]
     if opened[True] != opened[False]:  # a switch that writes a reasoning section's markers
-        tails += [text.removeprefix(os.path.commonprefix(list(opened.values()))) for text in opened.values()]
+        same = next((i for i, (a, b) in enumerate(zip(*opened.values(), strict=False)) if a != b), 0)
+        tails += [text[same:] for text in opened.values()]
     return any(m in tail for tail in tails for m in THINKING_MARKERS)

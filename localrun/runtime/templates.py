@@ -11,7 +11,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from localrun.errors import BadModelError
-from localrun.runtime.jinja_env import LlamaJinja
+from localrun.runtime.jinja_env import render
 from localrun.runtime.template_caps import preserve_reasoning_switches, supports_thinking, template_caps
 from localrun.runtime.template_input import is_gemma4, is_gpt_oss, template_messages, tool_fields
 
@@ -60,7 +60,7 @@ def render_chat(
     if add_generation_prompt:
         context["add_generation_prompt"] = True
     try:
-        prompt = LlamaJinja(moment).from_string(template).render(context)
+        prompt = render(template, context, moment)
     except TemplateError as exc:
         raise BadModelError(
             f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
