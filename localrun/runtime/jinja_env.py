@@ -64,7 +64,7 @@ def mark(value: Any, op: str | None = None, *, deep: bool = False) -> None:
         if op:
             value.ops.add(op)
     if deep and isinstance(value, list):
-        for item in value:
+        for item in list.__iter__(value):  # reading every item is not an array access
             mark(item, deep=True)
     elif deep and isinstance(value, dict):
         for item in value.values():
@@ -81,6 +81,33 @@ class LenientUndefined(ChainableUndefined):
     def __radd__(self, other: Any) -> Any:
         return other if isinstance(other, str) else self
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self  # a method of an undefined value: undefined as well
+
+
+def _float_text(value: float) -> str:
+    """A float printed as llama.cpp prints it: six decimals, trailing zeros cut, one kept."""
+    text = f"{value:f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def output(value: Any) -> str:
+    """What ``{{ value }}`` writes in llama.cpp: text and numbers as text, ``True``
+    and ``False``, a list's items one after the other, and nothing at all for
+    none, undefined and objects."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _float_text(value)
+    if isinstance(value, list | tuple):
+        items = list.__iter__(value) if isinstance(value, list) else iter(value)
+        return "".join(output(v) for v in items)
+    return ""
+
 
 def _safe(value: Any) -> Any:
     """``safe``: text stays plain text (no HTML escaping anywhere); lists and objects become JSON."""
@@ -96,9 +123,8 @@ def _raise(message: str) -> None:
 
 
 def _json_float(value: float) -> str:
-    """A float as C++'s stream writes it (six significant digits, no trailing zeros)."""
-    text = f"{value:.6g}"
-    return text if "e" not in text else text.replace("e+", "e+").replace("e-0", "e-").replace("e+0", "e+")
+    """A float in JSON as C++'s stream writes it: six significant digits."""
+    return f"{value:.6g}"
 
 
 def _to_json(value: Any, indent: int | None, item_sep: str, key_sep: str, level: int = 0) -> str:  # noqa: C901, PLR0911
@@ -118,7 +144,7 @@ def _to_json(value: Any, indent: int | None, item_sep: str, key_sep: str, level:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list | tuple) or (isinstance(value, Iterable) and not isinstance(value, Mapping)):
-        value = list(value)
+        value = list(list.__iter__(value) if isinstance(value, list) else value)
         if not value:
             return "[]"
         items = [inner + _to_json(v, indent, item_sep, key_sep, level + 1) for v in value]
@@ -198,7 +224,11 @@ class LlamaJinja(SandboxedEnvironment):
 
     def __init__(self) -> None:
         super().__init__(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation], undefined=LenientUndefined
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[loopcontrols, _Generation],
+            undefined=LenientUndefined,
+            finalize=output,
         )
         self.globals.update(raise_exception=_raise, strftime_now=datetime.datetime.now().strftime)
         self.filters["tojson"] = tojson
