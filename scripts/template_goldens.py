@@ -232,7 +232,69 @@ HELDOUT: dict[str, dict[str, Any]] = {
     },
 }
 
-SETS = {"main": MAIN, "heldout": HELDOUT}
+# a second held-out set, made after the renderer was done with the first
+HELDOUT2: dict[str, dict[str, Any]] = {
+    "unicode": {
+        "messages": [
+            {"role": "system", "content": "Réponds en français. «Toujours»."},
+            {"role": "user", "content": 'Ça va ? 日本語も話せますか？ 🙂\tTab and "quotes"'},
+        ]
+    },
+    "developer_role": {
+        "messages": [
+            {"role": "developer", "content": "Only answer with numbers."},
+            {"role": "user", "content": "How many legs has a spider?"},
+        ]
+    },
+    "typed_arguments": {
+        "messages": [
+            {"role": "user", "content": "Search with options"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    _call("opts00001", "search", '{"query": "rust", "limit": 2.5, "strict": true, "tags": ["a", "b"]}')
+                ],
+            },
+            {"role": "tool", "tool_call_id": "opts00001", "name": "search", "content": "no results"},
+        ],
+        "tools": [SEARCH, WEATHER],
+    },
+    "reasoning_and_call": {
+        "messages": [
+            {"role": "user", "content": "Weather in Lima?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "I should call the weather tool.",
+                "tool_calls": [_call("lima00001", "get_weather", '{"location": "Lima"}')],
+            },
+            {"role": "tool", "tool_call_id": "lima00001", "content": "18 C, cloudy"},
+            {"role": "assistant", "content": "18 C and cloudy.", "reasoning_content": "Report it."},
+            {"role": "user", "content": "And tomorrow?"},
+        ],
+        "tools": [WEATHER],
+        "chat_template_kwargs": {"enable_thinking": True},
+    },
+    "thinking_off_tools": {
+        "messages": [{"role": "user", "content": "Search for cats"}],
+        "tools": [SEARCH],
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+    "effort_none": {"messages": [{"role": "user", "content": "Quick: 7*6?"}], "reasoning_effort": "none"},
+    "long_history": {
+        "messages": [
+            {"role": "system", "content": "You count."},
+            *[{"role": role, "content": str(n)} for n, role in enumerate(["user", "assistant"] * 3, start=1)],
+            {"role": "user", "content": "next"},
+        ]
+    },
+    "empty_system": {
+        "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "Hello"}],
+    },
+}
+
+SETS = {"main": MAIN, "heldout": HELDOUT, "heldout2": HELDOUT2}
 
 
 def free_port() -> int:

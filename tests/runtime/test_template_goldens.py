@@ -2,8 +2,9 @@
 renders it: the golden files (tests/data/template_goldens*, made by
 scripts/template_goldens.py with llama.cpp's own renderer) hold, per template
 and conversation, the prompt llama-server answered on ``POST /apply-template``
-(or that it refused the conversation). ``template_goldens_heldout`` holds other
-conversations, made the same way, that the renderer was not tuned on."""
+(or that it refused the conversation). ``template_goldens_heldout`` and
+``template_goldens_heldout2`` hold other conversations, made the same way: the
+second was made after the renderer was done, and passed on its first run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from localrun.runtime.chat_request import render_request
 from tests.vendored import template
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-SETS = ("template_goldens", "template_goldens_heldout")
+SETS = ("template_goldens", "template_goldens_heldout", "template_goldens_heldout2")
 
 # (set, template, scenario) -> why localrun's render differs from llama.cpp's there
 KNOWN: dict[tuple[str, str, str], str] = {}
