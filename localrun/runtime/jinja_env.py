@@ -258,7 +258,7 @@ class LlamaJinja(SandboxedEnvironment):
 _ENV = LlamaJinja()
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def compiled(source: str) -> Template:
     """The template ``source`` compiled once (the date it prints comes with each render)."""
     return _ENV.from_string(source)

@@ -179,7 +179,7 @@ def preserve_reasoning_switches(enabled: bool) -> dict[str, bool]:
     }
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def template_caps(source: str) -> TemplateCaps:
     """What the template ``source`` supports (cached per template)."""
     found = _content_caps(source)
@@ -194,7 +194,7 @@ def template_caps(source: str) -> TemplateCaps:
 THINKING_MARKERS = ("<think>", "</think>", "<|channel>", "[THINK]", "<seed:think>", "<|think|>", "<|START_THINKING|>")
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def supports_thinking(source: str) -> bool:
     """Whether the template writes a reasoning section (llama-server turns
     ``enable_thinking`` on by default for these, off for the rest): it shows an
