@@ -49,7 +49,7 @@ def render_chat(
     }
     if offered:
         context["tools"] = offered
-    given = {"datetime": moment.strftime("%b %d %Y"), "date_string": moment.strftime("%d %b %Y")}
+    given: dict[str, Any] = {"datetime": moment.strftime("%b %d %Y"), "date_string": moment.strftime("%d %b %Y")}
     given.update(PRESERVE_REASONING)
     given.update(switches or {})
     if isinstance(given["preserve_reasoning"], bool):  # its other names first: a switch given by name wins
