@@ -31,10 +31,13 @@ def wheelhouse() -> Path:
     return Path(cache) / "localrun" / "wheelhouse"
 
 
+WHEELHOUSE = wheelhouse()  # at import: tests run with their cache directories moved to a temporary one
+
+
 def sdist() -> Path:
     """The pinned sdist, where scripts/setup keeps it; downloaded once if missing."""
     version = llama_cpp_version()
-    home = wheelhouse() / "sdist"
+    home = WHEELHOUSE / "sdist"
     path = home / f"llama_cpp_python-{version}.tar.gz"
     if not path.is_file():
         home.mkdir(parents=True, exist_ok=True)

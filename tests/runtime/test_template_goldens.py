@@ -17,7 +17,7 @@ import pytest
 
 from localrun.errors import LocalrunError
 from localrun.runtime.chat_request import render_request
-from tests.vendored import template
+from tests.vendored import template, templates
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SETS = ("template_goldens", "template_goldens_heldout", "template_goldens_heldout2")
@@ -41,8 +41,6 @@ def _goldens() -> list[Any]:
 
 
 def test_every_vendored_template_has_goldens() -> None:
-    from tests.vendored import templates
-
     for name in SETS:
         made = {p.stem for p in (DATA / name).glob("*.json")} - {"scenarios"}
         assert made == {n.removesuffix(".jinja") for n in templates()}, name
