@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from localrun.cli._env import current
-from localrun.cli._options import Model, Offline, System
+from localrun.cli._options import Offline
 from localrun.cli._resolve import resolve_model
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
@@ -73,8 +73,18 @@ def request_body(
 
 def template_command(
     prompt: Annotated[str | None, typer.Argument(help="A user message (after --messages' conversation).")] = None,
-    model: Model = None,
-    system: System = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "-m",
+            "--model",
+            envvar="LOCALRUN_MODEL",
+            help="Alias (family:tag), owner/repo:QUANT, hf://... or a GGUF path. "
+            "Default: config.toml's model, else the registry's default.",
+            show_default=False,
+        ),
+    ] = None,
+    system: Annotated[str | None, typer.Option("-s", "--system", help="A system message first.")] = None,
     messages: Annotated[
         str | None,
         typer.Option(
