@@ -61,7 +61,7 @@ def render_chat(
         context["add_generation_prompt"] = True
     try:
         prompt = render(template, context, moment)
-    except TemplateError as exc:
+    except (TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
         raise BadModelError(
             f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
         ) from exc

@@ -113,3 +113,8 @@ def test_families_and_request_switches() -> None:
         request_switches({"chat_template_kwargs": {"enable_thinking": "yes"}})
     assert strip_bos("<s>x", "<s>", add_bos=True) == "x"
     assert strip_bos("<s>x", "<s>", add_bos=False) == "<s>x"
+
+
+def test_a_template_that_fails_in_python_terms_is_a_bad_model_error() -> None:
+    with pytest.raises(BadModelError, match="chat template failed"):
+        render_chat("{{ 'a' - 1 }}", [{"role": "user", "content": "x"}], bos_token="", eos_token="")
