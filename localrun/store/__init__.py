@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachable
 from localrun.events import TransferProgress
 from localrun.store import hub
 from localrun.store import mirror as mirror_source
-from localrun.store.ggufs import pick_quant_file, shards
+from localrun.store.ggufs import DEFAULT_QUANT, pick_quant_file, shards
 from localrun.store.names import Target, parse
 from localrun.store.registry import Registry
 
@@ -74,13 +75,42 @@ def locate(target: Target) -> Path | None:
 
 
 def _cached_pick(target: Target) -> str | None:
-    """The file the target's quantization picks among the repo's files in the local cache."""
+    """The file a repo name picked when it was pulled (a quantization named, or
+    the one the repo's listing chose), if it is in the local cache."""
     assert target.repo is not None
     files = hub.cached_files(target.repo, target.revision)
-    try:
-        return pick_quant_file(files, target.quant, target.repo) if files else None
+    chosen = _picks().get(_pick_key(target)) if target.quant is None else None
+    if chosen in files:
+        return chosen
+    try:  # the quantization named, or Q4_K_M: never another that happens to be cached
+        return pick_quant_file(files, target.quant or DEFAULT_QUANT, target.repo) if files else None
     except ModelNotFoundError:
         return None
+
+
+def _picks_file() -> Path:
+    return paths.cache_dir() / "repo-picks.json"
+
+
+def _pick_key(target: Target) -> str:
+    return f"{target.repo}@{target.revision or 'main'}"
+
+
+def _picks() -> dict[str, str]:
+    """What each repo name without a quantization picked from its listing, by repo and revision."""
+    try:
+        found = json.loads(_picks_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def _remember_pick(target: Target, file: str) -> None:
+    """A name without a quantization finds its file offline: the listing's choice is kept."""
+    picks = _picks()
+    if picks.get(_pick_key(target)) != file:
+        paths.ensure_dir(_picks_file().parent)
+        paths.atomic_write(_picks_file(), json.dumps({**picks, _pick_key(target): file}, indent=1))
 
 
 def _cached_shards(target: Target, file: str) -> Path | None:
@@ -166,6 +196,8 @@ def _from_hub(target: Target, progress: TransferProgress | None) -> Pulled:
     else:
         listing = [f.path for f in hub.list_files(target.repo, target.revision)]
         file = pick_quant_file(listing, target.quant, target.repo)
+        if target.quant is None:
+            _remember_pick(target, file)
     pin = target.entry.sha256 if target.entry is not None and target.entry.file == file else None
     expected = hub.Expected(pin, "pinned in models.toml") if pin else None
     parts = shards(file)
