@@ -147,7 +147,7 @@ class Registry:
         close = difflib.get_close_matches(name, names, n=2, cutoff=0.6) or [n for n in families if n.startswith(name)]
         listed = ", ".join(aliases[:KNOWN_LISTED]) + (", …" if len(aliases) > KNOWN_LISTED else "")
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        hint += f"known: {listed} (see `localrun list`)"
+        hint += f"known: {listed} (see `localrun list --all`)"
         return hint + (", or pass a path to a .gguf file" if paths else "")
 
     def draft_of(self, entry: ModelEntry) -> ModelEntry | None:
