@@ -132,4 +132,4 @@ def test_a_path_stays_a_path_and_an_alias_an_alias() -> None:
     reg = registry.load()
     assert parse("models/mine-Q4_K_M.gguf", reg).path is not None  # a relative path, its slash kept
     assert parse("qwen3", reg).label == "qwen3:8b"
-    assert parse("gemma3:27b", reg).repo == "ggml-org/gemma-3-27b-it-GGUF"
+    assert parse("gemma3:27b", reg).repo == "unsloth/gemma-3-27b-it-GGUF"
