@@ -1,7 +1,8 @@
 """Model names: what a name the user types points at.
 
 A name is a registry alias, a path to a GGUF file, a file in a hub repo
-(`hf://owner/repo/file.gguf`, or the file's page or download address), or a
+(`hf://owner/repo/file.gguf[@REVISION]`, or the file's page or download
+address), or a
 repo with an optional quantization (`owner/repo[:QUANT]`, `hf.co/owner/repo[:QUANT]`,
 or the repo's page address), as ollama and llama.cpp's `-hf` take them."""
 
@@ -82,7 +83,8 @@ def parse(name: str, registry: Registry, *, paths: bool = True) -> Target:
         if rest.count("/") == 1:
             repo, _, quant = rest.partition(":")
             return _repo_target(name, repo, quant, paths)
-        return _file_target(name, rest.split("/"), None, paths)
+        rest, _, revision = rest.partition("@")  # hf://owner/repo/file.gguf@REVISION, as a label writes it
+        return _file_target(name, rest.split("/"), revision or None, paths)
     hub = _hub_address(name, paths)
     if hub is not None:
         return hub

@@ -128,6 +128,26 @@ def test_what_is_not_a_hub_name_is_refused_with_the_forms(name: str) -> None:
     assert info.value.hint is not None and "hf.co/owner/repo[:QUANT]" in info.value.hint
 
 
+def test_every_label_is_a_name_that_points_at_the_same_file() -> None:
+    """History and messages name a model by its label: parsed again, it means the same."""
+    reg = registry.load()
+    for name in (
+        "hf.co/me/model-GGUF:q8_0",
+        "https://huggingface.co/me/model-GGUF/resolve/0123abc/model-Q8_0.gguf",
+        "https://huggingface.co/me/model-GGUF/blob/main/model-Q8_0.gguf",
+        "qwen3",
+    ):
+        target = parse(name, reg)
+        again = parse(target.label, reg)
+        assert (again.repo, again.file, again.quant, again.entry) == (
+            target.repo,
+            target.file,
+            target.quant,
+            target.entry,
+        )
+        assert again.revision in (target.revision, None if target.revision == "main" else target.revision)
+
+
 def test_a_path_stays_a_path_and_an_alias_an_alias() -> None:
     reg = registry.load()
     assert parse("models/mine-Q4_K_M.gguf", reg).path is not None  # a relative path, its slash kept
