@@ -7,7 +7,8 @@ sha256) and `X-Linked-Size`. The blob URL honours `Range`. `GET
 per test: drop the connection after N bytes (once), stall (headers, maybe some
 bytes, then silence), lie about the size (in `X-Linked-Size` or in a blob's
 `Content-Length`), append bytes past the file, corrupt the bytes, or 404. A
-`Range` past the end is answered 416, as real servers do.
+`Range` past the end is answered 416, as real servers do; a gated repo, 403
+with the hub's `GatedRepo` error code.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @dataclass
 class HubState:
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo -> file -> data
+    gated: set[str] = field(default_factory=set)  # repos whose files and listing need accepted terms (403)
     drop_after: int | None = None  # close the connection after this many body bytes, once
     corrupt: bool = False  # serve altered bytes (the advertised sha256 stays)
     seconds_per_mb: float = 0.0  # throttle blob bodies
@@ -105,6 +107,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(self.path.split("?")[0])
         state.requests.append((self.command, path, self.headers.get("Range")))
         parts = path.strip("/").split("/")
+        if {"/".join(parts[:2]), "/".join(parts[2:4])} & state.gated:
+            self._send(403, {"X-Error-Code": "GatedRepo", "X-Repo-Commit": COMMIT}, b"gated", head)
+            return
         if len(parts) >= 5 and parts[2] == "resolve":
             repo, name = "/".join(parts[:2]), "/".join(parts[4:])
             data = state.files.get(repo, {}).get(name)

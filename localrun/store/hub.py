@@ -104,10 +104,17 @@ class HubFile:
     sha256: str | None
 
 
+def _gated(repo: str) -> DownloadError:
+    return DownloadError(
+        f"{repo} is gated: its files come only to an account that accepted its terms",
+        hint="accept them on the repo's hub page, then set HF_TOKEN to a token of that account",
+    )
+
+
 def list_files(repo: str, revision: str | None = None) -> list[HubFile]:
     """Every file of the repo, with the sha256 the hub publishes for each LFS file."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
     from huggingface_hub.hf_api import RepoFile
 
     check_reachable()
@@ -118,6 +125,8 @@ def list_files(repo: str, revision: str | None = None) -> list[HubFile]:
             for f in tree
             if isinstance(f, RepoFile)
         ]
+    except GatedRepoError as exc:
+        raise _gated(repo) from exc
     except RevisionNotFoundError as exc:
         raise ModelNotFoundError(f"no revision {revision!r} in {repo} on the hub") from exc
     except RepositoryNotFoundError as exc:
@@ -263,6 +272,7 @@ def download(
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         FileMetadataError,
+        GatedRepoError,
         LocalEntryNotFoundError,
         RemoteEntryNotFoundError,
         RepositoryNotFoundError,
@@ -276,6 +286,8 @@ def download(
             remove(repo, file, revision)
             raise DownloadError(f"{file}: sha256 mismatch: expected {expected.sha256} {expected.origin}")
         return path
+    except GatedRepoError as exc:
+        raise _gated(repo) from exc
     except (RemoteEntryNotFoundError, RepositoryNotFoundError) as exc:
         raise ModelNotFoundError(f"{repo}/{file} is not on the hub", hint="check the repo and file name") from exc
     except LocalEntryNotFoundError as exc:  # no usable answer from the hub, and not in the cache

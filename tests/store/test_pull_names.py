@@ -60,6 +60,10 @@ def test_a_repo_name_picks_q4_k_m_from_the_listing(hub: HubState, tiny_model: Pa
     assert "no Q4_K_M GGUF file in tester/noq4-GGUF" in none.stderr and "F16, Q8_0" in none.stderr
     missing = cli_process("pull", "--no-tune", "tester/nothing-GGUF")
     assert missing.returncode == 3 and "no repo 'tester/nothing-GGUF'" in missing.stderr
+    hub.gated.add("tester/noq4-GGUF")
+    for name in ("tester/noq4-GGUF", "hf://tester/noq4-GGUF/noq4-F16.gguf"):  # the listing, then a file
+        gated = cli_process("pull", "--no-tune", name)
+        assert gated.returncode == 7 and "tester/noq4-GGUF is gated" in gated.stderr and "HF_TOKEN" in gated.stderr
 
 
 def test_the_hubs_addresses_pull_the_file_they_name(hub: HubState) -> None:
