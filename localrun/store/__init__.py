@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from typing import Literal
 from localrun import paths
 from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError
 from localrun.events import TransferProgress
-from localrun.store import hub
+from localrun.store import hub, picks
 from localrun.store import mirror as mirror_source
 from localrun.store.ggufs import DEFAULT_QUANT, pick_quant_file, shards
 from localrun.store.names import Target, parse
@@ -79,38 +78,13 @@ def _cached_pick(target: Target) -> str | None:
     the one the repo's listing chose), if it is in the local cache."""
     assert target.repo is not None
     files = hub.cached_files(target.repo, target.revision)
-    chosen = _picks().get(_pick_key(target)) if target.quant is None else None
+    chosen = picks.remembered(target.repo, target.revision) if target.quant is None else None
     if chosen in files:
         return chosen
     try:  # the quantization named, or Q4_K_M: never another that happens to be cached
         return pick_quant_file(files, target.quant or DEFAULT_QUANT, target.repo) if files else None
     except ModelNotFoundError:
         return None
-
-
-def _picks_file() -> Path:
-    return paths.cache_dir() / "repo-picks.json"
-
-
-def _pick_key(target: Target) -> str:
-    return f"{target.repo}@{target.revision or 'main'}"
-
-
-def _picks() -> dict[str, str]:
-    """What each repo name without a quantization picked from its listing, by repo and revision."""
-    try:
-        found = json.loads(_picks_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
-
-
-def _remember_pick(target: Target, file: str) -> None:
-    """A name without a quantization finds its file offline: the listing's choice is kept."""
-    picks = _picks()
-    if picks.get(_pick_key(target)) != file:
-        paths.ensure_dir(_picks_file().parent)
-        paths.atomic_write(_picks_file(), json.dumps({**picks, _pick_key(target): file}, indent=1))
 
 
 def _cached_shards(target: Target, file: str) -> Path | None:
@@ -197,11 +171,11 @@ def _from_hub(target: Target, progress: TransferProgress | None) -> Pulled:
         listing = [f.path for f in hub.list_files(target.repo, target.revision)]
         file = pick_quant_file(listing, target.quant, target.repo)
         if target.quant is None:
-            _remember_pick(target, file)
+            picks.remember(target.repo, target.revision, file)
     pin = target.entry.sha256 if target.entry is not None and target.entry.file == file else None
     expected = hub.Expected(pin, "pinned in models.toml") if pin else None
     parts = shards(file)
-    paths = [
+    pulled = [
         hub.download(
             target.repo,
             shard,
@@ -212,7 +186,7 @@ def _from_hub(target: Target, progress: TransferProgress | None) -> Pulled:
         )
         for i, shard in enumerate(parts, 1)
     ]
-    return Pulled(paths[0], "hub")
+    return Pulled(pulled[0], "hub")
 
 
 def _from_mirrors(
