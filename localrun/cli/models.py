@@ -127,7 +127,7 @@ def _rows() -> list[ListRow]:
                 alias=entry.alias,
                 family=entry.group,
                 present=path is not None,
-                size_bytes=path.stat().st_size if path else 0,
+                size_bytes=store.size_on_disk(path) if path else 0,
                 download_bytes=entry.size,
                 quant=entry.quant,
                 draft=entry.draft,
@@ -287,7 +287,7 @@ def rm(
     if not yes:
         if not current().stdin_isatty:
             raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
-        if not typer.confirm(f"delete {target.label} ({human_bytes(found.stat().st_size)})?", err=True):
+        if not typer.confirm(f"delete {target.label} ({human_bytes(store.size_on_disk(found))})?", err=True):
             out().note(f"kept {target.label}")
             return
     freed = store.remove(target)

@@ -43,6 +43,7 @@ __all__ = [
     "pull",
     "remove",
     "resolve",
+    "size_on_disk",
 ]
 
 Source = Literal["auto", "hub", "mirror"]
@@ -220,6 +221,11 @@ def remove(target: Target) -> int:
     if target.repo and file:
         freed += sum(hub.remove(target.repo, shard, target.revision) for shard in shards(file))
     return freed
+
+
+def size_on_disk(path: Path) -> int:
+    """A model file's bytes, every shard's for a split model (they lie side by side)."""
+    return sum((path.parent / shard).stat().st_size for shard in shards(path.name))
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,17 @@ def test_the_fake_hub_lists_files_as_the_hub_api_does(hub: HubState, tiny_model:
     assert [(i.path, i.lfs.sha256 if isinstance(i, RepoFile) and i.lfs else None) for i in info] == [
         ("multi-Q8_0.gguf", hashlib.sha256(tiny_model.read_bytes() + b"q8").hexdigest())
     ]
+
+
+def test_a_split_entry_is_listed_with_every_shards_bytes(hub: HubState) -> None:
+    shards = [os.urandom(200_000), os.urandom(100_000)]
+    for i, data in enumerate(shards, 1):
+        hub.add("tester/whole-GGUF", f"whole-Q4_K_M-{i:05d}-of-00002.gguf", data)
+    path = registry.user_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('[models."whole:q4"]\nrepo = "tester/whole-GGUF"\nfile = "whole-Q4_K_M-00001-of-00002.gguf"\n')
+    assert pulled("whole:q4").name == "whole-Q4_K_M-00001-of-00002.gguf"
+    row = next(r for r in json.loads(cli_process("list", "--json").stdout)["models"] if r["alias"] == "whole:q4")
+    assert row["present"] and row["size_bytes"] == 300_000
+    gone = cli_process("rm", "whole:q4", "--yes")
+    assert gone.returncode == 0 and f"{human_bytes(300_000)} freed" in gone.stderr
