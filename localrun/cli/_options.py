@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -19,6 +19,7 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime.reasoning import ThinkMode
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
@@ -149,6 +150,23 @@ GrammarFile = Annotated[
     typer.Option("--grammar", help="The output must follow this grammar file (GBNF or Lark).", show_default=False),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
+Think = Annotated[
+    str,
+    typer.Option(
+        "--think",
+        help="A reasoning model's thinking: auto (on a terminal in its own section, not into a pipe), show "
+        "(into a pipe too, between <think> lines), on or off (asks the model to think or not, where its chat "
+        "template has a switch).",
+    ),
+]
+ReasoningBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--reasoning-budget",
+        help="End a reasoning model's thinking after this many tokens (its closing marker is forced).",
+        show_default=False,
+    ),
+]
 
 
 def sampling_params(
@@ -305,3 +323,32 @@ def load(resolved: Resolved) -> Engine:
     for notice in engine.notices:
         out().warn(notice)
     return engine
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """`--think` and `--reasoning-budget`, checked: the mode, the budget, and
+    the chat template switches that ask for the mode."""
+
+    mode: ThinkMode = "auto"
+    budget: int | None = None
+    switches: dict[str, Any] | None = None
+
+    @property
+    def show(self) -> bool:
+        return self.mode == "show"
+
+
+def thinking(mode: str, budget: int | None, template: str | None, model: str) -> Thinking:
+    """The run's thinking options against the model's chat template (None: no
+    template, or `--raw`): an option the template cannot honour is a usage
+    error (`--think off` where it has no switch), before the model loads."""
+    from localrun.runtime.reasoning import THINK_MODES, check_mode, switches_for
+
+    if mode not in THINK_MODES:
+        raise UsageError(f"--think {mode}: not a mode", hint=f"use one of {', '.join(THINK_MODES)}")
+    if budget is not None and budget < 0:
+        raise UsageError("--reasoning-budget must be 0 or more")
+    checked = cast("ThinkMode", mode)  # one of THINK_MODES, checked above
+    check_mode(template, checked, model=model, budget=budget)
+    return Thinking(checked, budget, switches_for(template, checked) or None)

@@ -14,10 +14,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
-from localrun.events import Event, StopReason, TokenEvent
+import numpy as np
+
+from localrun.events import Event, ReasoningEvent, StopReason, TokenEvent
 from localrun.runtime.decoder import Checkpoint, Decoder
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.output import TokenOutput
+from localrun.runtime.reasoning import Reasoning, ThinkingGate
 from localrun.runtime.sampling import Sampler, SamplingParams
 from localrun.runtime.threads import ThreadMeter
 
@@ -35,6 +38,7 @@ class GenerateOptions(TypedDict, total=False):
     decoder: Decoder | None
     checkpoint: Checkpoint | None
     constraint: Constraint | None
+    reasoning: Reasoning | None
 
 
 class Generation:
@@ -55,16 +59,21 @@ class Generation:
         decoder: Decoder | None = None,
         checkpoint: Checkpoint | None = None,
         constraint: Constraint | None = None,
+        reasoning: Reasoning | None = None,
         sample_on_device: bool = False,
     ) -> None:
         engine.check_fits(len(prompt_tokens))
-        self.constraint = constraint
+        self.grammar = constraint  # it applies to the answer: after the thinking, where there is one
+        self.gate = ThinkingGate(reasoning, lambda t: engine.tokenize(t, add_special=False)) if reasoning else None
+        if self.gate is not None and constraint is None and reasoning is not None and reasoning.budget is None:
+            self.gate = None  # nothing to force, nothing to start: the text alone tells the thinking apart
         self.engine = engine
         self.prompt_tokens = prompt_tokens
         self.checkpoint = checkpoint
         self.decoder = decoder or Decoder(engine)
-        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and constraint is None else None)
-        self.out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos)
+        host = constraint is not None or self.gate is not None  # both mask logits on the host
+        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and not host else None)
+        self.out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos, reasoning=reasoning)
         limit = engine.n_ctx - len(prompt_tokens)
         self.limit = min(limit, max_tokens) if max_tokens is not None else limit
         self.reason: StopReason = "length"
@@ -78,31 +87,59 @@ class Generation:
             self.out.prompt_done(cached)
         return self.note(status)
 
+    @property
+    def constraint(self) -> Constraint | None:
+        """The grammar, once it applies: from the answer's first token on."""
+        return self.grammar if self.gate is None or self.gate.answering else None
+
     def sample(self, row: int = -1) -> int:
         """The next token from ``row`` of the last batch: masked first to what
         the grammar allows, when there is one (which then takes the token)."""
-        if self.constraint is None:
+        if self.grammar is None and self.gate is None:
             return self.decoder.sample(self.sampler, row)
-        self.constraint.apply(self.decoder.logits(row))
+        self.mask(self.decoder.logits(row))
         token = self.decoder.sample(self.sampler, row)
-        self.constraint.consume(token)
+        self.accepted(token)
         return token
+
+    def mask(self, logits: Any) -> None:
+        """Mask one row of logits to what may come next: the token a spent
+        thinking budget forces, else the grammar's tokens once the answer
+        started (before that, the thinking is free; while the output may
+        still open it, its opening token stays possible)."""
+        gate = self.gate
+        forced = gate.forced() if gate is not None else None
+        if forced is not None:
+            keep = float(logits[forced])
+            logits[:] = -np.inf
+            logits[forced] = keep if np.isfinite(keep) else 0.0
+        elif self.grammar is not None and (gate is None or gate.answering):
+            self.grammar.apply(logits)
+        elif self.grammar is not None and gate is not None and (opening := gate.opening()) is not None:
+            keep = float(logits[opening])
+            self.grammar.apply(logits)
+            logits[opening] = keep
+
+    def accepted(self, token: int) -> None:
+        """The output keeps ``token``: the gate follows it, the grammar takes it when it is the answer's."""
+        answer = self.gate.accept(token) if self.gate is not None else True
+        if answer and self.grammar is not None:
+            self.grammar.consume(token)
 
     def emit(self, tokens: Sequence[int]) -> Iterator[Event]:
         """Put ``tokens`` in the output, with their text events, until it ends."""
         for token in tokens:
-            event = self.out.push(token, self.threads)
-            if event is not None:
-                yield event
+            yield from self.out.push_events(token, self.threads)
             if self.ended():
                 return
 
     def fast_forward(self) -> list[int]:
         """The tokens that must follow, where the grammar leaves exactly one way
         on (jump-forward); at most as many as the output may still take."""
-        if self.constraint is None:
+        grammar = self.constraint
+        if grammar is None:
             return []
-        return self.constraint.fast_forward(self.limit - self.out.n_gen)
+        return grammar.fast_forward(self.limit - self.out.n_gen)
 
     def step(self, tokens: Sequence[int]) -> DecodeStatus:
         """Evaluate decided tokens (one, or one and those the grammar forced
@@ -134,10 +171,12 @@ class Generation:
         for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, thread_shares=shares, **extra):
             if isinstance(event, TokenEvent):
                 yield replace(event, threads=threads)
-            elif self.constraint is not None:  # the whole text is known now: check it
-                checked = self.constraint.check(self.out.text)
+            elif isinstance(event, ReasoningEvent):
+                yield replace(event, threads=threads)
+            elif self.grammar is not None:  # the whole answer is known now: check it
+                checked = self.grammar.check(self.out.text)
                 stats = replace(event.stats, valid=checked.valid, invalid=checked.error)
-                yield replace(event, stats=replace(stats, forced_tokens=self.constraint.forced))
+                yield replace(event, stats=replace(stats, forced_tokens=self.grammar.forced))
             else:
                 yield event
 

@@ -63,6 +63,7 @@ def compose(instruction: str | None, material: str | None) -> str:
 class Prompt:
     tokens: list[int]
     shared: int  # leading tokens other runs are likely to share: the system prompt and piped material
+    text: str = ""  # the rendered prompt (where a reasoning model's thinking may already be open)
 
 
 def build_prompt(
@@ -72,6 +73,7 @@ def build_prompt(
     *,
     system: str | None = None,
     raw: bool = False,
+    switches: Mapping[str, Any] | None = None,
 ) -> Prompt:
     """The prompt's tokens (the chat template unless ``raw``), and how many of
     them stand for the system prompt and the material, which a prompt cache can
@@ -84,10 +86,10 @@ def build_prompt(
     else:
         messages: list[Message] = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": text})
-        full = render_messages(engine, template, messages)
+        full = render_messages(engine, template, messages, switches=switches)
         tokens = tokenize_rendered(engine, full)
     stable = material.rstrip("\n") if material and material.strip() else system
-    return Prompt(tokens, stable_prefix(engine, full, tokens, stable, templated=template is not None))
+    return Prompt(tokens, stable_prefix(engine, full, tokens, stable, templated=template is not None), full)
 
 
 def stable_prefix(engine: Engine, full: str, tokens: list[int], stable: str | None, *, templated: bool) -> int:
