@@ -97,6 +97,7 @@ class SequenceDone:
     index: int
     text: str
     stats: Stats
+    reasoning: str = ""  # a reasoning model's thinking (``text`` is the answer)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,15 @@ class SequenceText:
     index: int
     text: str
     generated: int = 0  # the prompt's tokens generated so far, this text's among them
+
+
+@dataclass(frozen=True)
+class SequenceReasoning:
+    """New thinking text of one prompt of a batch (a reasoning model's), apart from its `SequenceText`."""
+
+    index: int
+    text: str
+    generated: int = 0
 
 
 @dataclass(frozen=True)

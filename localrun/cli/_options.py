@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,8 +19,8 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
-    from localrun.runtime.reasoning import ThinkMode
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
@@ -333,10 +333,23 @@ class Thinking:
     mode: ThinkMode = "auto"
     budget: int | None = None
     switches: dict[str, Any] | None = None
+    template: str | None = None  # the chat template the run renders with (None: --raw, or none)
 
     @property
     def show(self) -> bool:
         return self.mode == "show"
+
+    def reasoning(self, prompt: str) -> Reasoning | None:
+        """The run's thinking, from the rendered ``prompt`` (None: the model does not think)."""
+        from localrun.runtime.reasoning import reasoning_for
+
+        return reasoning_for(self.template, prompt, budget=self.budget, mode=self.mode)
+
+
+def refuse_thinking(mode: str, budget: int | None, elsewhere: bool) -> None:
+    """`--think` and `--reasoning-budget` for a run ``elsewhere`` (a remote, a batch): an error, never ignored."""
+    if elsewhere and (mode != "auto" or budget is not None):
+        raise UsageError("--think and --reasoning-budget apply to a local run of one prompt", hint="drop them")
 
 
 def thinking(mode: str, budget: int | None, template: str | None, model: str) -> Thinking:
@@ -349,6 +362,5 @@ def thinking(mode: str, budget: int | None, template: str | None, model: str) ->
         raise UsageError(f"--think {mode}: not a mode", hint=f"use one of {', '.join(THINK_MODES)}")
     if budget is not None and budget < 0:
         raise UsageError("--reasoning-budget must be 0 or more")
-    checked = cast("ThinkMode", mode)  # one of THINK_MODES, checked above
-    check_mode(template, checked, model=model, budget=budget)
-    return Thinking(checked, budget, switches_for(template, checked) or None)
+    check_mode(template, mode, model=model, budget=budget)
+    return Thinking(mode, budget, switches_for(template, mode) or None, template)

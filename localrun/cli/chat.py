@@ -123,8 +123,7 @@ def chat(
     continuing = load is not None or continue_last  # on the conversation's model unless -m is given
     remote = _remote.find(model if remote_url or continuing else model_name(model), remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
-        if think != "auto" or reasoning_budget is not None:
-            raise UsageError("--think and --reasoning-budget apply to a local model", hint="drop them")
+        opt.refuse_thinking(think, reasoning_budget, True)
         _remote.refuse_local_options(options, offline=offline, load=load, template=template, grammar=grammar)
         return _remote.chat(
             remote,

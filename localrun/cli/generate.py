@@ -269,8 +269,7 @@ def generate(
     from localrun.cli import _remote
 
     remote = _remote.find(model if remote_url else model_name(model), remote_url)
-    if (remote is not None or batch is not None) and (think != "auto" or reasoning_budget is not None):
-        raise UsageError("--think and --reasoning-budget apply to a local run of one prompt", hint="drop them")
+    opt.refuse_thinking(think, reasoning_budget, remote is not None or batch is not None)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         _remote.refuse_local_options(options, offline=offline, prompt_cache=prompt_cache, grammar=grammar)
         return _on_remote(
@@ -304,7 +303,6 @@ def generate(
     from localrun.runtime.placement import run_extent
     from localrun.runtime.prompt import build_prompt, compose
     from localrun.runtime.promptcache import checkpoint_for
-    from localrun.runtime.reasoning import reasoning_for
     from localrun.structured.constraint import Constraint
 
     instruction, material = read_prompt(prompt)
@@ -312,17 +310,13 @@ def generate(
     need, depth = run_extent(chars, max_tokens)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
     warn_past_training(resolved)
-    template = None if raw else resolved.info.chat_template
-    thinking = opt.thinking(think, reasoning_budget, template, opt.title(resolved))
+    thinking = opt.thinking(think, reasoning_budget, None if raw else resolved.info.chat_template, opt.title(resolved))
     with opt.load(resolved) as engine:
         built = build_prompt(
             engine, instruction, material, system=resolved.settings.system, raw=raw, switches=thinking.switches
         )
-        reasoning = reasoning_for(template, built.text, budget=thinking.budget, mode=thinking.mode)
         checkpoint = checkpoint_for(built, engine, prompt_cache)
-        renderer = pick_renderer(
-            as_json, stats, opt.title(resolved), resolved.report(), show_thinking=thinking.show
-        )
+        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.report(), show_thinking=thinking.show)
         recorder = _history.recorder(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
@@ -338,7 +332,7 @@ def generate(
                 stop=stops,
                 checkpoint=checkpoint,
                 constraint=constraint,
-                reasoning=reasoning,
+                reasoning=thinking.reasoning(built.text),
             )
             with finished(events):
                 final = renderer.render(recorder.watch(events, compose(instruction, material)))

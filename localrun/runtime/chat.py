@@ -39,9 +39,9 @@ class Turn:
 
     user: str
     reply: str = ""  # the answer (a reasoning model's thinking is apart)
-    reasoning: str = ""
     interrupted: bool = False
     stats: Stats | None = None
+    reasoning: str = ""
 
 
 @dataclass

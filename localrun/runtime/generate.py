@@ -14,13 +14,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
-import numpy as np
-
 from localrun.events import Event, ReasoningEvent, StopReason, TokenEvent
 from localrun.runtime.decoder import Checkpoint, Decoder
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.output import TokenOutput
-from localrun.runtime.reasoning import Reasoning, ThinkingGate
+from localrun.runtime.reasoning import AnswerGuard, Reasoning
 from localrun.runtime.sampling import Sampler, SamplingParams
 from localrun.runtime.threads import ThreadMeter
 
@@ -63,17 +61,16 @@ class Generation:
         sample_on_device: bool = False,
     ) -> None:
         engine.check_fits(len(prompt_tokens))
-        self.grammar = constraint  # it applies to the answer: after the thinking, where there is one
-        self.gate = ThinkingGate(reasoning, lambda t: engine.tokenize(t, add_special=False)) if reasoning else None
-        if self.gate is not None and constraint is None and reasoning is not None and reasoning.budget is None:
-            self.gate = None  # nothing to force, nothing to start: the text alone tells the thinking apart
+        # the grammar applies to the answer: after the thinking, where there is one
+        self.guard = AnswerGuard(constraint, reasoning, lambda t: engine.tokenize(t, add_special=False))
         self.engine = engine
         self.prompt_tokens = prompt_tokens
         self.checkpoint = checkpoint
         self.decoder = decoder or Decoder(engine)
-        host = constraint is not None or self.gate is not None  # both mask logits on the host
-        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and not host else None)
-        self.out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos, reasoning=reasoning)
+        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and not self.guard.masks else None)
+        self.out = TokenOutput(
+            engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos, reasoning=reasoning
+        )
         limit = engine.n_ctx - len(prompt_tokens)
         self.limit = min(limit, max_tokens) if max_tokens is not None else limit
         self.reason: StopReason = "length"
@@ -90,41 +87,17 @@ class Generation:
     @property
     def constraint(self) -> Constraint | None:
         """The grammar, once it applies: from the answer's first token on."""
-        return self.grammar if self.gate is None or self.gate.answering else None
+        return self.guard.constraint
 
     def sample(self, row: int = -1) -> int:
         """The next token from ``row`` of the last batch: masked first to what
-        the grammar allows, when there is one (which then takes the token)."""
-        if self.grammar is None and self.gate is None:
+        may come (`AnswerGuard`), which then follows the token."""
+        if not self.guard.masks:
             return self.decoder.sample(self.sampler, row)
-        self.mask(self.decoder.logits(row))
+        self.guard.mask(self.decoder.logits(row))
         token = self.decoder.sample(self.sampler, row)
-        self.accepted(token)
+        self.guard.accepted(token)
         return token
-
-    def mask(self, logits: Any) -> None:
-        """Mask one row of logits to what may come next: the token a spent
-        thinking budget forces, else the grammar's tokens once the answer
-        started (before that, the thinking is free; while the output may
-        still open it, its opening token stays possible)."""
-        gate = self.gate
-        forced = gate.forced() if gate is not None else None
-        if forced is not None:
-            keep = float(logits[forced])
-            logits[:] = -np.inf
-            logits[forced] = keep if np.isfinite(keep) else 0.0
-        elif self.grammar is not None and (gate is None or gate.answering):
-            self.grammar.apply(logits)
-        elif self.grammar is not None and gate is not None and (opening := gate.opening()) is not None:
-            keep = float(logits[opening])
-            self.grammar.apply(logits)
-            logits[opening] = keep
-
-    def accepted(self, token: int) -> None:
-        """The output keeps ``token``: the gate follows it, the grammar takes it when it is the answer's."""
-        answer = self.gate.accept(token) if self.gate is not None else True
-        if answer and self.grammar is not None:
-            self.grammar.consume(token)
 
     def emit(self, tokens: Sequence[int]) -> Iterator[Event]:
         """Put ``tokens`` in the output, with their text events, until it ends."""
@@ -169,14 +142,12 @@ class Generation:
         threads = self.threads
         shares = self.meter.shares or None
         for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, thread_shares=shares, **extra):
-            if isinstance(event, TokenEvent):
+            if isinstance(event, TokenEvent | ReasoningEvent):
                 yield replace(event, threads=threads)
-            elif isinstance(event, ReasoningEvent):
-                yield replace(event, threads=threads)
-            elif self.grammar is not None:  # the whole answer is known now: check it
-                checked = self.grammar.check(self.out.text)
+            elif (grammar := self.guard.grammar) is not None:  # the whole answer is known now: check it
+                checked = grammar.check(self.out.text)
                 stats = replace(event.stats, valid=checked.valid, invalid=checked.error)
-                yield replace(event, stats=replace(stats, forced_tokens=self.grammar.forced))
+                yield replace(event, stats=replace(stats, forced_tokens=grammar.forced))
             else:
                 yield event
 

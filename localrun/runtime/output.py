@@ -95,7 +95,7 @@ class TokenOutput:
         events = self.push_events(token, threads)
         return next((e for e in events if isinstance(e, TokenEvent)), None)
 
-    def push_events(self, token: int, threads: int | None = None) -> list[Event]:
+    def push_events(self, token: int, threads: int | None = None) -> list[TokenEvent | ReasoningEvent]:
         """`push`, with the thinking's events besides the answer's, in order."""
         now = time.perf_counter()
         if self.n_gen == 0 and self.reason is None:
@@ -117,8 +117,8 @@ class TokenOutput:
             self.n_reasoning += 1
         return self._pieces(pieces, threads)
 
-    def _pieces(self, pieces: list[Piece], threads: int | None) -> list[Event]:
-        events: list[Event] = []
+    def _pieces(self, pieces: list[Piece], threads: int | None) -> list[TokenEvent | ReasoningEvent]:
+        events: list[TokenEvent | ReasoningEvent] = []
         for kind, text in pieces:
             if kind == "content":
                 events.extend(self._answer(text, threads))
@@ -137,7 +137,7 @@ class TokenOutput:
                 )
         return events
 
-    def _answer(self, text: str, threads: int | None) -> list[Event]:
+    def _answer(self, text: str, threads: int | None) -> list[TokenEvent | ReasoningEvent]:
         if self.reason == "stop":  # a stop string ended it: nothing after it
             return []
         text, hit = self.matcher.feed(text)
@@ -146,7 +146,9 @@ class TokenOutput:
         if not text:
             return []
         self.text_parts.append(text)
-        return [TokenEvent(text, self.n_gen, self.ttft, self.t_last - self.t_start, self.decode_rate(), threads=threads)]
+        return [
+            TokenEvent(text, self.n_gen, self.ttft, self.t_last - self.t_start, self.decode_rate(), threads=threads)
+        ]
 
     def decode_rate(self) -> float:
         span = self.t_last - self.t_first
@@ -167,7 +169,9 @@ class TokenOutput:
                 for kind, text in pieces:
                     if kind == "reasoning":
                         self.reasoning_parts.append(text)
-                        yield ReasoningEvent(text, self.n_gen, self.n_reasoning, self.ttft, self.t_last - self.t_start, 0.0)
+                        yield ReasoningEvent(
+                            text, self.n_gen, self.n_reasoning, self.ttft, self.t_last - self.t_start, 0.0
+                        )
             tail, hit = self.matcher.feed(rest)
             tail += "" if hit else self.matcher.flush()
             if tail:

@@ -30,9 +30,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from localrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from localrun.structured.constraint import Constraint
 
 PieceKind = Literal["reasoning", "content"]
 Piece = tuple[PieceKind, str]
@@ -418,6 +423,53 @@ class ThinkingGate:
         if self.budget is not None and self.spent >= self.budget:
             self.state, self.position = "forcing", 0
         return False
+
+
+class AnswerGuard:
+    """What one output may take next, token by token: the token a spent
+    thinking budget forces, else the grammar's tokens once the answer started
+    (the thinking is free; while the output may still open it, its opening
+    token stays possible). Every decode loop masks each row with `mask` and
+    tells `accepted` each token the output keeps."""
+
+    def __init__(self, grammar: Constraint | None, reasoning: Reasoning | None, tokenize: Callable[[str], list[int]]):
+        self.grammar = grammar
+        # the gate follows the thinking where there is something to force or to start after it
+        needed = reasoning is not None and (grammar is not None or reasoning.budget is not None)
+        self.gate = ThinkingGate(reasoning, tokenize) if reasoning is not None and needed else None
+
+    @property
+    def masks(self) -> bool:
+        """Whether `mask` changes anything (else a loop may sample without it, even on the device)."""
+        return self.grammar is not None or self.gate is not None
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The grammar, once it applies: from the answer's first token on."""
+        return self.grammar if self.gate is None or self.gate.answering else None
+
+    def mask(self, logits: Any) -> None:
+        """Mask one row of logits (in place) to what may come next."""
+        gate = self.gate
+        forced = gate.forced() if gate is not None else None
+        if forced is not None:
+            keep = float(logits[forced])
+            logits[:] = -np.inf
+            logits[forced] = keep if np.isfinite(keep) else 0.0
+        elif self.grammar is None:
+            return
+        elif gate is None or gate.answering:
+            self.grammar.apply(logits)
+        elif (opening := gate.opening()) is not None:
+            keep = float(logits[opening])
+            self.grammar.apply(logits)
+            logits[opening] = keep
+
+    def accepted(self, token: int) -> None:
+        """The output keeps ``token``: the gate follows it, the grammar takes it when it is the answer's."""
+        answer = self.gate.accept(token) if self.gate is not None else True
+        if answer and self.grammar is not None:
+            self.grammar.consume(token)
 
 
 def marker_tokens(fmt: ReasoningFormat, tokenize: Callable[[str], list[int]]) -> list[str]:

@@ -99,12 +99,12 @@ class GenerationTarget:
 
     def logits(self, row: int) -> Any:
         logits = self.run.decoder.logits(row)
-        self.run.mask(logits)
+        self.run.guard.mask(logits)
         return logits
 
     def accept(self, token: int) -> None:
         self.run.sampler.accept(token)
-        self.run.accepted(token)
+        self.run.guard.accepted(token)
 
     def rollback(self, pos: int) -> None:
         self.run.decoder.rollback(pos)
