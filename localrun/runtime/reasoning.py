@@ -107,14 +107,18 @@ def _switch_names(template: str) -> set[str]:
 
 def switches_for(template: str | None, mode: ThinkMode) -> dict[str, Any]:
     """The template switches that ask for ``mode`` (``enable_thinking``, or
-    gpt-oss's ``reasoning_effort`` where that is all there is); none for
-    auto and show, which leave the template's default."""
-    if mode not in ("on", "off") or not template:
+    gpt-oss's ``reasoning_effort`` where that is all there is). auto and show
+    pass ``enable_thinking`` on, as llama.cpp does (a template that reads it
+    unset as false would close the thinking), and leave the rest to the
+    template's defaults."""
+    if not template:
         return {}
-    on = mode == "on"
+    on = mode != "off"
     names = _switch_names(template)
     if "enable_thinking" in names:
         return {"enable_thinking": on}
+    if mode not in ("on", "off"):
+        return {}
     if "reasoning_effort" in names:
         return {"reasoning_effort": "medium" if on else "low"}
     if "thinking" in names and re.search(r"\bif\s+(not\s+)?thinking\b", template):
