@@ -20,6 +20,17 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# a reasoning model's: ChatML whose generation prompt opens the thinking (as DeepSeek-R1's distills do), with
+# Qwen3's switch that closes it at once; earlier replies lose their thinking
+THINKING_TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n{% endfor %}"
+)
+THINKING_CHATML = (
+    THINKING_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}\n</think>\n\n{% endif %}{% endif %}"
+)
+THINK_TOKENS = ("<think>", "</think>")
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_ID = 0
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "a n", "Ġ a", "e r", "o n", "Ġ s", "r e"]

@@ -208,8 +208,8 @@ class LiveRenderer:
             keep.append(line)
         return "\n".join(reversed(keep))
 
-    def _thinking_head(self) -> Text:
-        n = self._thought.reasoning_tokens if self._thought is not None else 0
+    def _thinking_head(self, final: Stats | None = None) -> Text:
+        n = final.reasoning_tokens if final is not None else self._thought.reasoning_tokens if self._thought else 0
         return Text(f"thinking · {count(n, 'token')}", style="dim italic")
 
     def _body(self) -> RenderableType:
@@ -292,10 +292,10 @@ class LiveRenderer:
             threads=final.threads,
             width=self._footer_room(),
         )
-        self._print_whole(foot)
+        self._print_whole(foot, final)
         return final
 
-    def _print_whole(self, foot: Text | None = None) -> None:
+    def _print_whole(self, foot: Text | None = None, final: Stats | None = None) -> None:
         """The whole text in a panel that stays (the live one is erased), with ``foot`` under it."""
         text = "".join(self._chunks)
         if self.markdown:
@@ -307,7 +307,7 @@ class LiveRenderer:
         parts: list[RenderableType] = [body]
         if self._thinking:  # the thinking stays, dimmed, above the answer
             thought = Text("".join(self._thinking), style="dim")
-            parts = [self._thinking_head(), thought, *([Text(""), body] if text else [])]
+            parts = [self._thinking_head(final), thought, *([Text(""), body] if text else [])]
         self.console.print(
             Panel(Group(*parts), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun.events import DoneEvent, ReasoningEvent, Stats, TokenEvent
+from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, TokenEvent
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
@@ -21,30 +21,25 @@ from localrun.runtime.reasoning import THINK, Reasoning, reasoning_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import parse_schema
-from tests.helpers import cli
-from tests.tinymodel import write_tiny_model
+from tests.helpers import cli, on_terminal
+from tests.tinymodel import THINK_TOKENS, THINKING_CHATML, THINKING_TURNS, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
-TURNS = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n{% endfor %}"
-# thinking opened by the prompt, and a switch that closes it at once (Qwen3's and DeepSeek's enable_thinking)
-SWITCHED = (
-    TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}\n</think>\n\n{% endif %}{% endif %}"
-)
-UNSWITCHED = TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+SWITCHED = THINKING_CHATML
+UNSWITCHED = THINKING_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
 
 
 @pytest.fixture(scope="module")
 def thinker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("models") / "thinker.gguf"
-    return write_tiny_model(path, chat_template=SWITCHED, extra_tokens=["<think>", "</think>"], n_ctx_train=1024)
+    return write_tiny_model(path, chat_template=SWITCHED, extra_tokens=THINK_TOKENS, n_ctx_train=1024)
 
 
 @pytest.fixture(scope="module")
 def stubborn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A thinker whose template has no switch."""
     path = tmp_path_factory.mktemp("models") / "stubborn.gguf"
-    return write_tiny_model(path, chat_template=UNSWITCHED, extra_tokens=["<think>", "</think>"])
+    return write_tiny_model(path, chat_template=UNSWITCHED, extra_tokens=THINK_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +48,7 @@ def engine(thinker: Path) -> Iterator[Engine]:
         yield eng
 
 
-def _run(engine: Engine, budget: int | None, **options: object) -> tuple[str, str, Stats, list[object]]:
+def _run(engine: Engine, budget: int | None, **options: object) -> tuple[str, str, Stats, list[Event]]:
     built = build_prompt(engine, "hello", None)
     reasoning = reasoning_for(engine.info.chat_template, built.text, budget=budget)
     assert reasoning == Reasoning(THINK, starts_open=True, budget=budget)
@@ -149,3 +144,12 @@ def test_history_records_the_reasoning_tokens(thinker: Path) -> None:
     logged = cli("logs", "show", "1", "--json")
     assert logged.returncode == 0, logged.stderr
     assert json.loads(logged.stdout)["reasoning_tokens"] == 3
+
+
+@pytest.mark.pty
+def test_a_terminal_shows_the_thinking_in_its_own_section(thinker: Path) -> None:
+    code, screen = on_terminal(
+        "generate", "-m", str(thinker), "-n", "30", "-t", "0", "--reasoning-budget", "9", "--no-log", "hello"
+    )
+    assert code == 0, screen
+    assert "thinking · 10 tokens" in screen  # the final panel: nine thinking tokens and the closing marker
