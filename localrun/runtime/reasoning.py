@@ -28,7 +28,7 @@ does) and says when the answer starts, where a grammar takes over.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -128,12 +128,13 @@ def switches_for(template: str | None, mode: ThinkMode) -> dict[str, Any]:
 
 def check_mode(template: str | None, mode: ThinkMode, *, model: str, budget: int | None = None) -> None:
     """Refuse what the model's template cannot do: ``--think off`` without a
-    switch, ``--think on`` or a budget on a model that does not think."""
+    switch, ``--think on`` or a budget on a model that does not think
+    (``show`` there shows nothing, as ``auto`` does)."""
     fmt = family(template)
     if mode == "off" and budget is not None:
         raise UsageError("--reasoning-budget with --think off: there is no thinking to budget", hint="drop one")
-    if fmt is None and (mode != "auto" or budget is not None):
-        what = "--reasoning-budget" if budget is not None and mode in ("auto", "show") else f"--think {mode}"
+    if fmt is None and (mode in ("on", "off") or budget is not None):
+        what = "--reasoning-budget" if budget is not None and mode != "on" else f"--think {mode}"
         raise UsageError(f"{what}: {model} does not think (its chat template has no thinking markers)")
     if mode == "off" and not switches_for(template, "off"):
         raise UsageError(
@@ -216,8 +217,8 @@ class Splitter:
 
     @property
     def thinking(self) -> bool:
-        """Inside the thinking (or, for harmony, before the final answer's header)."""
-        return self.state in ("reasoning", "header") or (self.state == "undecided" and self.starts_open)
+        """Inside the thinking (for harmony, in a channel's header too)."""
+        return self.state in ("reasoning", "header")
 
     def feed(self, text: str) -> list[Piece]:
         self.pending += text
@@ -480,7 +481,3 @@ def marker_tokens(fmt: ReasoningFormat, tokenize: Callable[[str], list[int]]) ->
     """The family's markers that are one token each in this vocabulary."""
     return [m for m in fmt.markers if len(tokenize(m)) == 1]
 
-
-def message_reasoning(messages: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether any message carries earlier thinking (``reasoning_content``)."""
-    return any(m.get("reasoning_content") for m in messages)

@@ -44,9 +44,10 @@ def _message(m: ChatMessage) -> dict[str, Any]:
 def switches(template: str, request: ChatRequest) -> dict[str, Any]:
     """The template switches a request asks for: ``reasoning_effort`` (as is
     where the template reads it, else "none" turns thinking off where it has
-    a switch), then ``chat_template_kwargs`` as given."""
+    a switch; without it, the template's default as llama-server renders it),
+    then ``chat_template_kwargs`` as given."""
     effort = request.reasoning_effort
-    out: dict[str, Any] = {}
+    out = switches_for(template, "auto")
     if effort is not None:
         if "reasoning_effort" in template:
             out["reasoning_effort"] = "low" if effort in ("none", "minimal") else effort
