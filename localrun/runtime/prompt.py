@@ -112,7 +112,16 @@ def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: 
 def chat_tokens(engine: Engine, messages: list[Message], *, raw: bool = False) -> list[int]:
     """A conversation through the model's chat template; without one (or with
     ``raw``), the messages' contents joined by blank lines."""
+    return chat_prompt(engine, messages, raw=raw).tokens
+
+
+def chat_prompt(
+    engine: Engine, messages: list[Message], *, raw: bool = False, switches: Mapping[str, Any] | None = None
+) -> Prompt:
+    """`chat_tokens`, with the rendered text (``shared`` is not worked out: 0)."""
     template = None if raw else engine.info.chat_template
     if template is None:
-        return engine.tokenize("\n\n".join(m["content"] for m in messages), add_special=engine.add_bos)
-    return tokenize_rendered(engine, render_messages(engine, template, messages))
+        text = "\n\n".join(m["content"] for m in messages)
+        return Prompt(engine.tokenize(text, add_special=engine.add_bos), 0, text)
+    text = render_messages(engine, template, messages, switches=switches)
+    return Prompt(tokenize_rendered(engine, text), 0, text)

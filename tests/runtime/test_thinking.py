@@ -153,3 +153,15 @@ def test_a_terminal_shows_the_thinking_in_its_own_section(thinker: Path) -> None
     )
     assert code == 0, screen
     assert "thinking · 10 tokens" in screen  # the final panel: nine thinking tokens and the closing marker
+
+
+def test_a_batch_keeps_the_thinking_out_of_its_records(thinker: Path, tiny_model: Path, tmp_path: Path) -> None:
+    lines = tmp_path / "lines.txt"
+    lines.write_text("hello\nwhat now\n")
+    res = cli("generate", "-m", str(thinker), "--batch", str(lines), "-n", "12", "-t", "0", "--no-log")
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["text"] for r in records] == ["", ""]  # all thinking, cut off by -n: none of it is the text
+    assert all(r["generated_tokens"] == 12 for r in records)
+    res = cli("generate", "-m", str(tiny_model), "--batch", str(lines), "-n", "12", "-t", "0", "--no-log")
+    assert all(json.loads(line)["text"] for line in res.stdout.splitlines())  # a model that does not think
