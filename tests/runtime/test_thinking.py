@@ -165,3 +165,20 @@ def test_a_batch_keeps_the_thinking_out_of_its_records(thinker: Path, tiny_model
     assert all(r["generated_tokens"] == 12 for r in records)
     res = cli("generate", "-m", str(tiny_model), "--batch", str(lines), "-n", "12", "-t", "0", "--no-log")
     assert all(json.loads(line)["text"] for line in res.stdout.splitlines())  # a model that does not think
+
+
+def test_a_schema_where_the_model_may_open_the_thinking_itself(tmp_path: Path) -> None:
+    """Qwen3's way: the prompt leaves the choice to the model; the grammar waits
+    while the output may still open the thinking, and holds for the answer."""
+    template = THINKING_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    model = write_tiny_model(tmp_path / "qwen3ish.gguf", chat_template=template, extra_tokens=THINK_TOKENS)
+    with Engine(EngineConfig(model_path=model, n_ctx=512, n_threads=2)) as eng:
+        built = build_prompt(eng, "hello", None)
+        reasoning = reasoning_for(template, built.text, budget=3)
+        assert reasoning == Reasoning(THINK, starts_open=False, budget=3)
+        grammar = Constraint(eng, parse_schema("kind cat|dog, n int"))
+        events = list(generate(eng, built.tokens, GREEDY, max_tokens=120, constraint=grammar, reasoning=reasoning))
+    answer = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.stats.valid is True, answer
+    assert json.loads(answer)["kind"] in ("cat", "dog")
