@@ -155,8 +155,8 @@ Think = Annotated[
     typer.Option(
         "--think",
         help="A reasoning model's thinking: auto (on a terminal in its own section, not into a pipe), show "
-        "(into a pipe too, between <think> lines), on or off (asks the model to think or not, where its chat "
-        "template has a switch).",
+        "(into a pipe too, marked off before the answer), on or off (asks the model to think or not, where its "
+        "chat template has a switch).",
     ),
 ]
 ReasoningBudget = Annotated[
