@@ -114,7 +114,8 @@ def prepare(
     if isinstance(request, ChatRequest):
         use = tool_use(request.tools, request.tool_choice, request.parallel_tool_calls, model.template)
         prompt = chat_prompt(model, request, use)
-        reasoning = reasoning_for(model.template, prompt.text, budget=request.reasoning_budget_tokens)
+        if request.reasoning_format != "none":  # "none": the thinking stays in the content, markers and all
+            reasoning = reasoning_for(model.template, prompt.text, budget=request.reasoning_budget_tokens)
     else:
         prompt = Prompt(completion_prompt(model, request), 0)
     tokens = prompt.tokens

@@ -118,6 +118,7 @@ class ChatRequest(_Generation):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_budget_tokens: int | None = Field(None, ge=0)
+    reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server's: none keeps it in content
 
     def limit(self) -> int | None:
         if self.max_completion_tokens is not None and self.max_tokens is not None:

@@ -164,3 +164,10 @@ def test_a_model_without_thinking_sends_no_reasoning(server: Server, tiny_model:
         temperature=0,
     )
     assert "reasoning_content" not in (message.choices[0].message.model_extra or {})
+
+
+def test_reasoning_format_none_leaves_the_thinking_in_the_content(thinking_server: Server) -> None:
+    split = _chat(thinking_server).choices[0].message
+    message = _chat(thinking_server, extra_body={"reasoning_format": "none"}).choices[0].message
+    assert "reasoning_content" not in (message.model_extra or {})
+    assert (message.content or "").strip() == split.model_extra["reasoning_content"]
