@@ -480,4 +480,3 @@ class AnswerGuard:
 def marker_tokens(fmt: ReasoningFormat, tokenize: Callable[[str], list[int]]) -> list[str]:
     """The family's markers that are one token each in this vocabulary."""
     return [m for m in fmt.markers if len(tokenize(m)) == 1]
-
