@@ -182,3 +182,12 @@ def test_a_schema_where_the_model_may_open_the_thinking_itself(tmp_path: Path) -
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.stats.valid is True, answer
     assert json.loads(answer)["kind"] in ("cat", "dog")
+
+
+def test_stop_strings_apply_to_the_answer_only(engine: Engine) -> None:
+    thinking, answer, _, _ = _run(engine, 8, max_tokens=24)
+    in_thinking = next(thinking[i : i + 3] for i in range(len(thinking)) if thinking[i : i + 3] not in answer)
+    again, answer_again, stats, _ = _run(engine, 8, max_tokens=24, stop=[in_thinking])
+    assert (again, answer_again) == (thinking, answer) and stats.stop_reason == "length"
+    _, cut, stats, _ = _run(engine, 8, max_tokens=24, stop=[answer[2:5]])
+    assert stats.stop_reason == "stop" and cut == answer[: answer.index(answer[2:5])]
