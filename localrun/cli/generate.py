@@ -28,7 +28,7 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     """(instruction, material): PROMPT from the argument, or stdin when it is
     `-` or stdin is piped; with both, the argument is the instruction and stdin
     the material."""
-    from localrun.cli._input import checked, read_stdin
+    from localrun.cli._input import checked, read_stdin, stdin_is_piped
     from localrun.runtime.prompt import compose
 
     env = current()
@@ -39,6 +39,12 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     if argument is not None:
         argument = checked(argument, "the prompt argument")
     material = None if env.stdin is None or env.stdin_isatty else read_stdin()
+    if argument is not None and material is not None and not material.strip() and stdin_is_piped():
+        # `cat missing.txt | localrun generate "Summarize"`: the instruction alone would get an answer about nothing
+        raise UsageError(
+            "stdin is empty: the text piped in for this prompt has none",
+            hint="check the command before the pipe; to send the prompt alone, do not pipe anything",
+        )
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
 
