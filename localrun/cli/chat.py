@@ -219,7 +219,8 @@ def run_piped(
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
         )
         with ctrl_c_stops(session.engine), finished(session.reply(plan)) as replies:
-            final = renderer.render(recorder.watch_turn(session.turns, replies) if recorder else replies)
+            watched = recorder.watch_turn(session.turns, replies, system=session.system) if recorder else replies
+            final = renderer.render(watched)
         if recorder is not None:
             recorder.flush(_history.exit_status(final))  # after the reply is shown
         if final.stop_reason == "interrupted":
