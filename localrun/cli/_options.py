@@ -174,6 +174,14 @@ def sampling_params(
     )
 
 
+def checked_sampling(params: SamplingParams) -> SamplingParams:
+    """``params`` checked as the options are (chat's `/set parameter`)."""
+    sampling_params(params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.seed)
+    if params.repeat_last_n < 0:
+        raise UsageError("repeat_last_n must be 0 or more")
+    return params
+
+
 def check_stops(stops: list[str] | None) -> tuple[str, ...]:
     if stops and any(not s for s in stops):
         raise UsageError("--stop '' matches nothing", hint="give the text to stop at")
