@@ -170,20 +170,23 @@ class Repl:
                         self.console.print("(Ctrl-D or /exit ends the session)", style="dim")
                         told_how_to_quit = True
                     continue
-                if not text.strip():
-                    continue
-                if text.strip().lower() in QUIT_WORDS:  # a word to the shell, not the model: """exit""" sends it
+                if not self._handle(text):
                     break
-                if text.startswith("/"):
-                    if not self._command(text):
-                        break
-                    continue
-                self._turn(text)
         finally:
             self._save_history()
         if self.session.totals.turns:  # nothing to sum up when nothing was asked
             current().stderr.write(f"session: {session_line(self.session.totals)}\n")
         return ExitCode.OK
+
+    def _handle(self, text: str) -> bool:
+        """A message, a command or a word that ends the session; False to end it."""
+        if text.strip().lower() in QUIT_WORDS:  # a word to the shell, not the model: """exit""" sends it
+            return False
+        if text.startswith("/"):
+            return self._command(text)
+        if text.strip():
+            self._turn(text)
+        return True
 
     def _command(self, text: str) -> bool:
         name, _, arg = text.partition(" ")

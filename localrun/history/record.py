@@ -230,9 +230,7 @@ class Recorder:
                 self.pending.append(row(self.context, ev.stats, prompt=prompt, response=response, tokens=seen, **extra))
             yield ev
 
-    def watch_turn(
-        self, turns: Sequence[_Turn], events: Iterable[Event], *, system: str | None
-    ) -> Iterable[Event]:
+    def watch_turn(self, turns: Sequence[_Turn], events: Iterable[Event], *, system: str | None) -> Iterable[Event]:
         """A chat turn: the reply to ``turns[-1]`` (the session's turns, the last
         one just planned), under the session's ``system`` prompt. The turns
         before it tell whether this continues the conversation, retries its

@@ -463,6 +463,6 @@ def test_ollama_commands_and_quit_words(engine: Engine, tmp_path: Path, monkeypa
 
     for word in ("exit", "  Quit "):
         lines = iter([word, "never read"])
-        monkeypatch.setattr(builtins, "input", lambda _prompt: next(lines))
+        monkeypatch.setattr(builtins, "input", lambda _prompt, lines=lines: next(lines))
         assert repl.run() == 0
         assert next(lines) == "never read" and session.turns == []  # nothing went to the model
