@@ -72,9 +72,9 @@ System = Annotated[
     str | None,
     typer.Option("-s", "--system", help="System prompt (config.toml: system).", show_default=False),
 ]
-Ctx = Annotated[
-    str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
-]
+CTX_HELP = "Context size in tokens, or auto: the longest that fits in memory."
+Ctx = Annotated[str | None, typer.Option("--ctx", help=CTX_HELP)]
+CtxOrC = Annotated[str | None, typer.Option("--ctx", "-c", help=CTX_HELP)]  # -c as llama.cpp spells it, where free
 Threads = Annotated[
     int | None,
     typer.Option(
@@ -245,6 +245,8 @@ def resolve_engine(
     is not loaded. Says on a terminal which KV cache type auto chose and why
     when it is not f16 (always with ``verbose``)."""
     from localrun.assemble import assemble
+    from localrun.runtime import devices
+    from localrun.settings import layers_without_a_gpu
 
     check_positive(threads=options.threads)
     env = current()
@@ -255,7 +257,21 @@ def resolve_engine(
     drafting = with_draft and settings.draft == "auto"
     draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
     notes = bool(env.stderr_isatty)
-    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=notes, draft=draft)
+    found_devices = devices.probe()  # once, for the run
+    if not devices.offload_targets(found_devices):
+        settings, no_gpu = layers_without_a_gpu(settings)
+        if no_gpu:
+            out().warn(no_gpu)
+    run = assemble(
+        found.path,
+        settings,
+        need=need,
+        depth=depth,
+        verbose=verbose,
+        hint_once=notes,
+        draft=draft,
+        devices=found_devices,
+    )
     for warning in run.warnings:
         out().warn(warning)
     if run.hint:

@@ -49,6 +49,24 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     return argument, material
 
 
+def one_prompt(argument: str | None, option: str | None, file: Path | None) -> str | None:
+    """The prompt given as PROMPT, `-p TEXT` or `-f FILE` (llama.cpp's
+    spellings): at most one of them."""
+    from localrun.cli._input import checked
+    from localrun.paths import why_failed
+
+    given = [name for name, value in (("PROMPT", argument), ("-p", option), ("-f", file)) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both give the prompt", hint="give it once")
+    if file is None:
+        return option if option is not None else argument
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"-f {file}: {why_failed(exc)}") from None
+    return checked(raw.decode("utf-8", errors="surrogateescape"), f"-f {file}")
+
+
 def warn_past_training(resolved: opt.Resolved) -> None:
     """`--ctx` beyond the context the model was trained on: allowed, said."""
     trained, asked = resolved.info.context_length, resolved.settings.n_ctx
@@ -201,7 +219,13 @@ def generate(
     seed: opt.Seed = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     system: opt.System = None,
-    ctx: opt.Ctx = None,
+    prompt_option: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="The prompt, in place of PROMPT.", show_default=False)
+    ] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Read the prompt from this file.", show_default=False)
+    ] = None,
+    ctx: opt.CtxOrC = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
@@ -249,6 +273,7 @@ def generate(
     ] = None,
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
+    prompt = one_prompt(prompt, prompt_option, prompt_file)
     opt.check_positive(max_tokens=max_tokens, parallel=parallel)
     refuse_stats_with_json(stats, as_json)
     temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
