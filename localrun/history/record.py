@@ -370,7 +370,8 @@ class BackgroundRecorder:
 
     def add(self, context: RunContext, stats: Stats | None, **values: Any) -> None:
         if self.recorder.enabled:
-            self.queue.put(row(context, stats, prompt=values.pop("prompt", None), response=None, **values))
+            prompt, response = values.pop("prompt", None), values.pop("response", None)
+            self.queue.put(row(context, stats, prompt=prompt, response=response, **values))
 
     def _run(self) -> None:
         while True:
