@@ -75,12 +75,23 @@ Event = TokenEvent | DoneEvent
 
 
 @dataclass(frozen=True)
+class TokenChoice:
+    """A token sampled and its log-probability under the model, with the most
+    likely tokens there (`top`, each (token, logprob)): OpenAI's `logprobs`."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class SequenceDone:
     """One prompt of a batch has finished: its text and figures (times from when it got a slot)."""
 
     index: int
     text: str
     stats: Stats
+    logprobs: tuple[TokenChoice, ...] = ()  # each token's, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class SequenceText:
     index: int
     text: str
     generated: int = 0  # the prompt's tokens generated so far, this text's among them
+    logprobs: tuple[TokenChoice, ...] = ()  # the tokens' since the last text, when the request asked for them
 
 
 @dataclass(frozen=True)

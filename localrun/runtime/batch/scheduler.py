@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 
 from localrun.errors import ContextOverflowError, EngineError
-from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone, SequenceText, TokenEvent
+from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone, SequenceText, TokenChoice, TokenEvent
 from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS
-from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.runtime.sampling import Sampler, SamplingParams, log_probabilities, logits
 from localrun.runtime.stepper import Speculative, Stepper
 from localrun.runtime.threads import ThreadMeter
 from localrun.structured.constraint import Constraint
@@ -61,6 +61,7 @@ class BatchRequest:
     ignore_eos: bool = False
     output: OutputSpec | None = None  # the text must follow this schema or grammar
     shared: int = 0  # leading tokens other requests are likely to share (a system prompt): what a prompt cache keeps
+    logprobs: int | None = None  # each token's log-probability, with this many alternatives (None: none)
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -103,6 +104,22 @@ class _Slot:
         self.waiting: tuple[int, int, int] | None = None  # (seq_id, request index, n): copy that slot's first n tokens
         self.take = 0  # tokens this sequence puts in the current batch
         self.row = -1  # its logits' row in the current batch, -1 for none
+        self.choices: list[TokenChoice] = []  # each sampled token's log-probability (request.logprobs)
+        self.reported = 0  # of them, those a SequenceText carried
+
+    def new_choices(self) -> tuple[TokenChoice, ...]:
+        """The log-probabilities not reported yet (the end of generation's never: it is no text)."""
+        end = len(self.out.tokens)
+        taken = tuple(self.choices[self.reported : end])
+        self.reported = max(self.reported, end)
+        return taken
+
+    @property
+    def speculates(self) -> bool:
+        """Whether a speculative step can stand in for its sampler: each token
+        comes from `_choose` only when it does not (log-probabilities), and
+        speculative sampling models the chain without biases."""
+        return self.request.logprobs is None and self.request.sampling.speculable
 
 
 SlotEvent = SequenceText | SequenceDone
@@ -426,6 +443,8 @@ class ContinuousBatch:
         if s.constraint is not None:
             s.constraint.apply(logits(self.engine, row))
         token = s.sampler.sample(self.engine, row)
+        if s.request.logprobs is not None:  # the row the sampler read (masked by a grammar, if any)
+            s.choices.append(log_probabilities(logits(self.engine, row), token, s.request.logprobs))
         if s.constraint is not None:
             s.constraint.consume(token)
         return token
@@ -442,7 +461,7 @@ class ContinuousBatch:
             event = s.out.push(token)
             self.generated += s.out.n_gen - before
             if event is not None and self.stream:
-                yield SequenceText(s.request.index, event.text, s.out.n_gen)
+                yield SequenceText(s.request.index, event.text, s.out.n_gen, s.new_choices())
             if s.out.reason is not None or s.out.n_gen >= s.limit:
                 yield from self._finish(seq_id, s)
                 return
@@ -452,7 +471,7 @@ class ContinuousBatch:
     def _alone(self) -> tuple[int, _Slot] | None:
         """The one sequence decoding, when it is alone (nothing queued, no other slot busy)."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
-        if self.queue or len(live) != 1 or live[0][1].pending:
+        if self.queue or len(live) != 1 or live[0][1].pending or not live[0][1].speculates:
             return None
         return live[0]
 
@@ -461,7 +480,7 @@ class ContinuousBatch:
         left, and the speculation says they may draft in their shared batch
         (its verify curve: extra rows nearly free, a GPU); else none."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
-        if self.speculation is None or len(live) < 2 or any(s.pending for _, s in live):
+        if self.speculation is None or len(live) < 2 or any(s.pending or not s.speculates for _, s in live):
             return []
         return live if self.speculation.drafts_in_batch(len(live)) else []
 
@@ -532,15 +551,20 @@ class ContinuousBatch:
         events = list(s.out.finish("length", **({"draft": s.stepper.stats()} if s.stepper is not None else {})))
         if self.stream:
             yield from (
-                SequenceText(s.request.index, ev.text, s.out.n_gen) for ev in events if isinstance(ev, TokenEvent)
+                SequenceText(s.request.index, ev.text, s.out.n_gen, s.new_choices())
+                for ev in events
+                if isinstance(ev, TokenEvent)
             )
+            rest = s.new_choices()  # tokens whose text was held back and then cut: their figures still go out
+            if rest:
+                yield SequenceText(s.request.index, "", s.out.n_gen, rest)
         stats = [ev for ev in events if isinstance(ev, DoneEvent)][-1].stats
         if s.constraint is not None:  # the whole text is known now: check it
             checked = s.constraint.check(s.out.text)
             stats = replace(stats, valid=checked.valid, invalid=checked.error, forced_tokens=s.constraint.forced)
         self._release(seq_id, s)
         self.done += 1
-        yield SequenceDone(s.request.index, s.out.text, stats)
+        yield SequenceDone(s.request.index, s.out.text, stats, tuple(s.choices[: len(s.out.tokens)]))
 
     def _release(self, seq_id: int, s: _Slot) -> None:
         s.sampler.close()
