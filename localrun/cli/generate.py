@@ -326,7 +326,7 @@ def generate(
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
-    from localrun.cli._signals import ctrl_c_stops
+    from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
     from localrun.runtime.generate import PLAIN, Decoding, finished
     from localrun.runtime.placement import run_extent
     from localrun.runtime.prompt import build_prompt, compose
@@ -346,7 +346,7 @@ def generate(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
         drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
-        with ctrl_c_stops(engine), drafting as speculative:
+        with ctrl_c_stops(engine), no_echo(terminal()), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             constraint = Constraint(engine, output) if output is not None else None
             events = decoding.generate(
