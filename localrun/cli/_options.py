@@ -236,6 +236,7 @@ def resolve_engine(
     with_draft: bool = True,
     need: int | None = None,
     depth: int | None = None,
+    grows: bool = False,
 ) -> Resolved:
     """Settle the run's settings, then resolve the model (pulled on first use,
     with its matched draft when ``with_draft`` and speculation is auto), then
@@ -243,7 +244,10 @@ def resolve_engine(
     automatic from this machine's wisdom; ``need``: the context the run
     needs, ``depth``: the depth it mostly decodes at, when known); the model
     is not loaded. Says on a terminal which KV cache type auto chose and why
-    when it is not f16 (always with ``verbose``)."""
+    when it is not f16 (always with ``verbose``). ``grows``: a conversation,
+    which fills the context it gets: on the CPU with no --ctx, the run needs
+    the model's trained context, the context it will have (on a GPU the
+    placement sizes the context)."""
     from localrun.assemble import assemble
     from localrun.runtime import devices
     from localrun.settings import layers_without_a_gpu
@@ -262,6 +266,10 @@ def resolve_engine(
         settings, no_gpu = layers_without_a_gpu(settings)
         if no_gpu:
             out().warn(no_gpu)
+        if grows and need is None and settings.n_ctx is None:  # its context: the longest that fits, as trained
+            from localrun.gguf.reader import read_gguf
+
+            need = read_gguf(found.path).context_length  # the header alone
     run = assemble(
         found.path,
         settings,

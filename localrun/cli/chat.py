@@ -185,9 +185,9 @@ def _resolve(
 
     depth = conversation_depth(parse_ctx(options.ctx) if options.ctx else None)
     if model is not None or saved is None or saved.model is None:
-        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth)
+        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
     try:
-        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth)
+        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
     except ModelNotFoundError as exc:  # moved or removed since: say where the name came from
         exc.hint = "it is the conversation's model; to go on with another, name it with -m"
         raise
