@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -286,7 +287,8 @@ class Repl:
                 raise UsageError("num_predict must be at least 1")
             self.session.max_tokens = int(number)
         else:
-            self.session.sampling = checked_sampling(replace(self.session.sampling, **{field_name: number}))
+            changed: dict[str, Any] = {field_name: number}
+            self.session.sampling = checked_sampling(replace(self.session.sampling, **changed))
         self.console.print(f"{name} set to {number}", style="dim")
         return True
 

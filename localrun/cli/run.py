@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from typer import _click
+from typer.core import TyperGroup
 
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
@@ -14,12 +16,10 @@ from localrun.cli._errors import ExitCode
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["--help"]}
 
 
-def _gives_a_prompt(command: typer.main.TyperCommand | object, parent: typer.Context, args: list[str]) -> bool:
+def _gives_a_prompt(command: _click.Command | None, parent: _click.Context, args: list[str]) -> bool:
     """Whether ``args`` parse as `generate`'s with a prompt in them; an option
     only chat knows (--load) is no prompt."""
-    from typer import _click
-
-    assert isinstance(command, _click.Command)
+    assert command is not None
     try:
         probe = command.make_context("generate", list(args), parent=parent, resilient_parsing=True)
     except _click.ClickException:
@@ -37,7 +37,7 @@ def run_command(
     `localrun run MODEL` is `localrun chat -m MODEL`. Every other option is
     that command's."""
     parent = ctx.parent
-    assert parent is not None and isinstance(parent.command, typer.main.TyperGroup)
+    assert parent is not None and isinstance(parent.command, TyperGroup)
     args = ["-m", model, *ctx.args]
     generate = parent.command.get_command(parent, "generate")
     piped = not current().stdin_isatty
