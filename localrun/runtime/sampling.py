@@ -64,7 +64,7 @@ def log_probabilities(row: Any, token: int, top: int) -> TokenChoice:
     if top > 0:
         ids = np.argpartition(values, -top)[-top:] if top < len(values) else np.arange(len(values))
         ids = ids[np.argsort(-values[ids], kind="stable")]
-        best = tuple((int(i), float(values[i]) - log_total) for i in ids)
+        best = tuple((int(i), float(values[i]) - log_total) for i in ids if np.isfinite(values[i]))  # not masked
     return TokenChoice(token, float(values[token]) - log_total, best)
 
 
