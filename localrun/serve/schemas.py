@@ -32,6 +32,13 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_CHOICES = 16  # `n`: completions of one request, decoded side by side
 LOGIT_BIAS = 100.0  # OpenAI's range for each bias: -100 (never) to 100 (only)
 MEDIA = {"image_url": "images are", "input_image": "images are", "input_audio": "audio is", "file": "files are"}
+MEDIA_BLOCKS = {"image": "images are", "document": "documents are"}  # Anthropic's
+
+
+def media_refused(kind: str | None) -> str | None:
+    """What a content part of ``kind`` that only text could stand for gets: a sentence, not a schema's complaint."""
+    said = MEDIA.get(kind or "") or MEDIA_BLOCKS.get(kind or "")
+    return f"{said} not supported by this model: it reads text only" if said else None
 
 
 class _Strict(BaseModel):
@@ -80,9 +87,9 @@ class Message(_Strict):
         return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
     def media(self) -> str | None:
-        """What kind of content it holds that only text could stand for ("images are"), if any."""
+        """The type of a content part only text could stand for ("image_url"), if any."""
         if isinstance(self.content, list):
-            return next((MEDIA[part.type] for part in self.content if isinstance(part, MediaPart)), None)
+            return next((part.type for part in self.content if isinstance(part, MediaPart)), None)
         return None
 
 
@@ -169,7 +176,7 @@ class ChatRequest(_Generation):
     parallel_tool_calls: bool | None = None
 
     def media(self) -> str | None:
-        """Content that only text could stand for, in any message ("images are"), if any."""
+        """A content part only text could stand for, in any message ("image_url"), if any."""
         return next((kind for m in self.messages if (kind := m.media()) is not None), None)
 
     def logged_prompt(self) -> str | None:
@@ -233,9 +240,9 @@ def parse_data(kind: type[R], data: dict[str, Any]) -> R:
         if first["type"] == "extra_forbidden":
             raise InvalidRequestError(f"{param}: this field is not supported", param) from None
         raise InvalidRequestError(f"{param}: {first['msg']}" if param else first["msg"], param) from None
-    media = request.media() if isinstance(request, ChatRequest) else None
-    if media is not None:
-        raise InvalidRequestError(f"{media} not supported by this model: it reads text only", "messages")
+    refused = media_refused(request.media()) if isinstance(request, ChatRequest) else None
+    if refused is not None:
+        raise InvalidRequestError(refused, "messages")
     unsupported = request.unsupported()
     if unsupported:
         names = ", ".join(unsupported)
