@@ -47,6 +47,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # padding against length side channels: nothing here needs it
 
 
 class TextPart(_Strict):
@@ -171,9 +172,14 @@ class _Generation(BaseModel):
 class ChatRequest(_Generation):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    modalities: list[str] | None = None  # ["text"] changes nothing; any other is refused
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+    def unsupported(self) -> list[str]:
+        found = super().unsupported()
+        return [*found, "modalities"] if any(m != "text" for m in self.modalities or ()) else found
 
     def media(self) -> str | None:
         """A content part only text could stand for, in any message ("image_url"), if any."""

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.serve.conftest import Server
-from tests.serve.test_serve import GREEDY, ask, raw
+from tests.serve.test_serve import GREEDY, ask, raw, streamed
 from tests.tinymodel import SPECIALS
 
 X = len(SPECIALS) + ord("x")  # the tiny vocabulary's token for the byte "x"
@@ -89,8 +89,10 @@ def test_penalties_change_a_repetitive_reply(server: Server) -> None:
 def test_fields_that_change_nothing_are_taken_and_said_once(server: Server) -> None:
     extra: dict[str, Any] = {"context_management": {"edits": []}, "prompt_cache_key": "k"}
     for _ in range(2):
-        reply = ask(server, "hi", max_tokens=2, n=1, logprobs=False, extra_body=extra)
+        reply = ask(server, "hi", max_tokens=2, n=1, logprobs=False, modalities=["text"], extra_body=extra)
         assert reply.choices[0].message.content is not None
+    options: Any = {"include_usage": True, "include_obfuscation": False}
+    assert streamed(server, "hi", max_tokens=2, stream_options=options)[1][-1].usage is not None
     said = [line for line in server.lines if "ignored in requests" in line]
     assert len(said) == 1 and "context_management" in said[0] and "prompt_cache_key" in said[0]
 
