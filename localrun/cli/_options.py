@@ -19,6 +19,7 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime.devices import Device
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
@@ -250,7 +251,6 @@ def resolve_engine(
     placement sizes the context)."""
     from localrun.assemble import assemble
     from localrun.runtime import devices
-    from localrun.settings import layers_without_a_gpu
 
     check_positive(threads=options.threads)
     env = current()
@@ -262,14 +262,11 @@ def resolve_engine(
     draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
     notes = bool(env.stderr_isatty)
     found_devices = devices.probe()  # once, for the run
-    if not devices.offload_targets(found_devices):
-        settings, no_gpu = layers_without_a_gpu(settings)
-        if no_gpu:
-            out().warn(no_gpu)
-        if grows and need is None and settings.n_ctx is None:  # its context: the longest that fits, as trained
-            from localrun.gguf.reader import read_gguf
+    settings = without_a_gpu(settings, found_devices)
+    if grows and need is None and settings.n_ctx is None and not devices.offload_targets(found_devices):
+        from localrun.gguf.reader import read_gguf  # its context: the longest that fits, up to the trained one
 
-            need = read_gguf(found.path).context_length  # the header alone
+        need = read_gguf(found.path).context_length  # the header alone
     run = assemble(
         found.path,
         settings,
@@ -289,6 +286,20 @@ def resolve_engine(
     if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
+
+
+def without_a_gpu(settings: RunSettings, found: tuple[Device, ...]) -> RunSettings:
+    """``settings`` for the devices ``found``: `--gpu-layers N` where no GPU
+    can take a layer is a warning and the CPU, as in llama.cpp's tools."""
+    from localrun.runtime.devices import offload_targets
+    from localrun.settings import layers_without_a_gpu
+
+    if offload_targets(found):
+        return settings
+    settings, warning = layers_without_a_gpu(settings)
+    if warning:
+        out().warn(warning)
+    return settings
 
 
 def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:

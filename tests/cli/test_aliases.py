@@ -30,6 +30,13 @@ def test_gpu_layers_without_a_gpu_warn_and_run_on_the_cpu(tiny_model: Path, laye
     assert bad.returncode == 2 and "not a count" in bad.stderr
 
 
+@pytest.mark.skipif(not NO_GPU, reason="a GPU takes the layers here")
+def test_bench_with_gpu_layers_without_a_gpu_runs_on_the_cpu(tiny_model: Path) -> None:
+    res = cli("bench", "--quick", "--rounds", "1", "-m", str(tiny_model), "-ngl", "99", "--json")
+    assert res.returncode == 0, res.stderr
+    assert "warning: --gpu-layers 99: this build or machine has no GPU" in res.stderr
+
+
 def test_llama_cpp_short_options_in_generate(tiny_model: Path, tmp_path: Path) -> None:
     res = cli("generate", "-m", str(tiny_model), "-c", "256", "-n", "2", "-t", "0", "--json", "-p", "hello")
     assert res.returncode == 0, res.stderr
