@@ -19,7 +19,7 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
-    from localrun.runtime.devices import Device
+    from localrun.runtime.devices import Device as Place  # `Device` here is the --device option
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
@@ -288,7 +288,7 @@ def resolve_engine(
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
 
 
-def without_a_gpu(settings: RunSettings, found: tuple[Device, ...]) -> RunSettings:
+def without_a_gpu(settings: RunSettings, found: tuple[Place, ...]) -> RunSettings:
     """``settings`` for the devices ``found``: `--gpu-layers N` where no GPU
     can take a layer is a warning and the CPU, as in llama.cpp's tools."""
     from localrun.runtime.devices import offload_targets
