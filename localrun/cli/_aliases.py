@@ -8,6 +8,7 @@ from __future__ import annotations
 ELSEWHERE: dict[str, str] = {
     "--n-gpu-layers": "--gpu-layers (-ngl)",
     "--ctx-size": "--ctx",
+    "-c": "--ctx",
     "--n-predict": "--max-tokens (-n)",
     "--temp": "--temperature (-t)",
     "-sys": "--system (-s)",

@@ -97,6 +97,7 @@ def test_run_without_a_prompt_at_a_terminal_is_chat(tiny_model: Path) -> None:
         (["chat", "-f", "notes.txt"], "`localrun chat < FILE`"),
         (["generate", "--n-gpu-layers", "3", "hi"], "hint: localrun spells --n-gpu-layers as --gpu-layers (-ngl)"),
         (["generate", "--ctx-size", "512", "hi"], "hint: localrun spells --ctx-size as --ctx"),
+        (["serve", "-c", "4096"], "hint: localrun spells -c as --ctx"),
     ],
 )
 def test_a_spelling_taken_another_way_names_localruns(args: list[str], said: str) -> None:
