@@ -124,10 +124,13 @@ class Repl:
 
     def read_message(self) -> str:
         """One message: a line, a paste (several lines at once), or a block
-        between two `\"\"\"` lines."""
+        between two `\"\"\"` lines. A line of only `exit` or `quit` ends the
+        session (EOFError, as Ctrl-D)."""
         line = input(">>> ")
         if "\n" in line:  # a paste: its last line break is not part of the message
             line = line.rstrip("\n")
+        if line.strip().lower() in QUIT_WORDS:  # a word to the shell, as Ctrl-D; in a """ block it is a message
+            raise EOFError
         if not line.strip().startswith(MULTILINE):
             return line
         first = line.strip()[len(MULTILINE) :]
@@ -180,9 +183,7 @@ class Repl:
         return ExitCode.OK
 
     def _handle(self, text: str) -> bool:
-        """A message, a command or a word that ends the session; False to end it."""
-        if text.strip().lower() in QUIT_WORDS:  # a word to the shell, not the model: """exit""" sends it
-            return False
+        """A message or a command; False to end the session."""
         if text.startswith("/"):
             return self._command(text)
         if text.strip():

@@ -466,3 +466,6 @@ def test_ollama_commands_and_quit_words(engine: Engine, tmp_path: Path, monkeypa
         monkeypatch.setattr(builtins, "input", lambda _prompt, lines=lines: next(lines))
         assert repl.run() == 0
         assert next(lines) == "never read" and session.turns == []  # nothing went to the model
+    lines = iter(['"""', "exit", '"""'])  # in a block it is a message like any other
+    monkeypatch.setattr(builtins, "input", lambda _prompt: next(lines))
+    assert repl.read_message() == "exit"
