@@ -91,6 +91,16 @@ Event = TokenEvent | ReasoningEvent | DoneEvent
 
 
 @dataclass(frozen=True)
+class TokenChoice:
+    """A token sampled and its log-probability under the model, with the most
+    likely tokens there (`top`, each (token, logprob)): OpenAI's `logprobs`."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class SequenceDone:
     """One prompt of a batch has finished: its text and figures (times from when it got a slot)."""
 
@@ -98,6 +108,7 @@ class SequenceDone:
     text: str
     stats: Stats
     reasoning: str = ""  # a reasoning model's thinking (``text`` is the answer)
+    logprobs: tuple[TokenChoice, ...] = ()  # each token's, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class SequenceText:
     index: int
     text: str
     generated: int = 0  # the prompt's tokens generated so far, this text's among them
+    logprobs: tuple[TokenChoice, ...] = ()  # the tokens' since the last text, when the request asked for them
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,21 @@ from typing import Annotated
 import typer
 
 from localrun import __version__
-from localrun.cli import _completion, _env, bench, cache, chat, doctor, generate, logs, models, quantize, serve, tune
+from localrun.cli import (
+    _completion,
+    _env,
+    bench,
+    cache,
+    chat,
+    doctor,
+    generate,
+    logs,
+    models,
+    quantize,
+    run,
+    serve,
+    tune,
+)
 from localrun.cli._errors import ExitCode, bounded, parsing_error, report, set_debug
 from localrun.cli._help import plain_help
 
@@ -26,6 +40,7 @@ app = typer.Typer(
 )
 app.command("generate")(bounded(generate.generate))
 app.command("chat")(bounded(chat.chat))
+app.command("run", context_settings=run.CONTEXT)(bounded(run.run_command))
 app.command("serve")(bounded(serve.serve_command))
 app.command("pull")(bounded(models.pull))
 app.command("list")(bounded(models.list_models))

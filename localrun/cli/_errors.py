@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import typer
 
+from localrun.cli import _aliases
 from localrun.cli._env import current
 from localrun.errors import (
     BadModelError,
@@ -167,11 +168,15 @@ def parsing_error(exc: Exception) -> LocalrunError:
         text = f"no such option {exc.option_name}"
         if exc.possibilities:
             hint = f"did you mean {' or '.join(sorted(exc.possibilities))}? {hint}"
+        hint = _aliases.hint_for(ctx.info_name if ctx is not None else "", exc.option_name) or hint
     elif message.startswith(_EXTRA):
         extra = message[len(_EXTRA) : -1]
         text = f"unexpected extra argument{'s' if ' ' in extra else ''}: {extra}"
         prompt = ctx.params.get("prompt") if ctx is not None else None
-        if prompt:
+        meant_ctx = _aliases.continue_hint(extra) if ctx is not None and ctx.params.get("continue_last") else None
+        if meant_ctx:
+            hint = meant_ctx
+        elif prompt:
             import shlex
 
             hint = f"quote the prompt as one argument: {command} {shlex.quote(f'{prompt} {extra}')}"

@@ -19,6 +19,7 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime.devices import Device as Place  # `Device` here is the --device option
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
@@ -73,9 +74,9 @@ System = Annotated[
     str | None,
     typer.Option("-s", "--system", help="System prompt (config.toml: system).", show_default=False),
 ]
-Ctx = Annotated[
-    str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
-]
+CTX_HELP = "Context size in tokens, or auto: the longest that fits in memory."
+Ctx = Annotated[str | None, typer.Option("--ctx", help=CTX_HELP)]
+CtxOrC = Annotated[str | None, typer.Option("--ctx", "-c", help=CTX_HELP)]  # -c as llama.cpp spells it, where free
 Threads = Annotated[
     int | None,
     typer.Option(
@@ -192,6 +193,14 @@ def sampling_params(
     )
 
 
+def checked_sampling(params: SamplingParams) -> SamplingParams:
+    """``params`` checked as the options are (chat's `/set parameter`)."""
+    sampling_params(params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.seed)
+    if params.repeat_last_n < 0:
+        raise UsageError("repeat_last_n must be 0 or more")
+    return params
+
+
 def check_stops(stops: list[str] | None) -> tuple[str, ...]:
     if stops and any(not s for s in stops):
         raise UsageError("--stop '' matches nothing", hint="give the text to stop at")
@@ -246,6 +255,7 @@ def resolve_engine(
     with_draft: bool = True,
     need: int | None = None,
     depth: int | None = None,
+    grows: bool = False,
 ) -> Resolved:
     """Settle the run's settings, then resolve the model (pulled on first use,
     with its matched draft when ``with_draft`` and speculation is auto), then
@@ -253,8 +263,12 @@ def resolve_engine(
     automatic from this machine's wisdom; ``need``: the context the run
     needs, ``depth``: the depth it mostly decodes at, when known); the model
     is not loaded. Says on a terminal which KV cache type auto chose and why
-    when it is not f16 (always with ``verbose``)."""
+    when it is not f16 (always with ``verbose``). ``grows``: a conversation,
+    which fills the context it gets: on the CPU with no --ctx, the run needs
+    the model's trained context, the context it will have (on a GPU the
+    placement sizes the context)."""
     from localrun.assemble import assemble
+    from localrun.runtime import devices
 
     check_positive(threads=options.threads)
     env = current()
@@ -265,7 +279,22 @@ def resolve_engine(
     drafting = with_draft and settings.draft == "auto"
     draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
     notes = bool(env.stderr_isatty)
-    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=notes, draft=draft)
+    found_devices = devices.probe()  # once, for the run
+    settings = without_a_gpu(settings, found_devices)
+    if grows and need is None and settings.n_ctx is None and not devices.offload_targets(found_devices):
+        from localrun.gguf.reader import read_gguf  # its context: the longest that fits, up to the trained one
+
+        need = read_gguf(found.path).context_length  # the header alone
+    run = assemble(
+        found.path,
+        settings,
+        need=need,
+        depth=depth,
+        verbose=verbose,
+        hint_once=notes,
+        draft=draft,
+        devices=found_devices,
+    )
     for warning in run.warnings:
         out().warn(warning)
     if run.hint:
@@ -275,6 +304,20 @@ def resolve_engine(
     if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
+
+
+def without_a_gpu(settings: RunSettings, found: tuple[Place, ...]) -> RunSettings:
+    """``settings`` for the devices ``found``: `--gpu-layers N` where no GPU
+    can take a layer is a warning and the CPU, as in llama.cpp's tools."""
+    from localrun.runtime.devices import offload_targets
+    from localrun.settings import layers_without_a_gpu
+
+    if offload_targets(found):
+        return settings
+    settings, warning = layers_without_a_gpu(settings)
+    if warning:
+        out().warn(warning)
+    return settings
 
 
 def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:

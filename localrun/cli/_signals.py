@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol, TextIO
 
+from localrun.cli._env import current
+
 
 class Abortable(Protocol):
     """What a loop checks between steps: a local engine, or a remote model."""
@@ -56,3 +58,13 @@ def no_echo(stream: TextIO | None) -> Iterator[None]:
     finally:
         with contextlib.suppress(OSError):
             termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def terminal() -> TextIO | None:
+    """The stream whose terminal the live panel is drawn on and keys are typed
+    at: stdin when it is one, else stdout (`cat notes | localrun generate ...`
+    on a terminal); None when neither is."""
+    env = current()
+    if env.stdin_isatty:
+        return env.stdin
+    return env.stdout if env.stdout_isatty else None

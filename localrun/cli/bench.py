@@ -66,6 +66,7 @@ def bench_command(
     from localrun import bench as core
     from localrun import store
     from localrun.config import save_defaults
+    from localrun.runtime import devices
     from localrun.ui import bench as benchview
 
     if rounds is not None and rounds < 1:
@@ -87,6 +88,7 @@ def bench_command(
         entry.defaults if entry else None,
         env.config,
     )
+    settings = opt.without_a_gpu(settings, devices.probe()) if settings.gpu_layers != "auto" else settings
     draft_path = (
         resolve_model(draft_model, offline=offline).path
         if draft_model

@@ -193,9 +193,9 @@ def _resolve(
 
     depth = conversation_depth(parse_ctx(options.ctx) if options.ctx else None)
     if model is not None or saved is None or saved.model is None:
-        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth)
+        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
     try:
-        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth)
+        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
     except ModelNotFoundError as exc:  # moved or removed since: say where the name came from
         exc.hint = "it is the conversation's model; to go on with another, name it with -m"
         raise
@@ -227,7 +227,8 @@ def run_piped(
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats, show_thinking=session.think == "show")
         )
         with ctrl_c_stops(session.engine), finished(session.reply(plan)) as replies:
-            final = renderer.render(recorder.watch_turn(session.turns, replies) if recorder else replies)
+            watched = recorder.watch_turn(session.turns, replies, system=session.system) if recorder else replies
+            final = renderer.render(watched)
         if recorder is not None:
             recorder.flush(_history.exit_status(final))  # after the reply is shown
         if final.stop_reason == "interrupted":

@@ -28,7 +28,7 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     """(instruction, material): PROMPT from the argument, or stdin when it is
     `-` or stdin is piped; with both, the argument is the instruction and stdin
     the material."""
-    from localrun.cli._input import checked, read_stdin
+    from localrun.cli._input import checked, read_stdin, stdin_is_piped
     from localrun.runtime.prompt import compose
 
     env = current()
@@ -39,8 +39,32 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     if argument is not None:
         argument = checked(argument, "the prompt argument")
     material = None if env.stdin is None or env.stdin_isatty else read_stdin()
+    if argument is not None and material is not None and not material.strip() and stdin_is_piped():
+        # `cat missing.txt | localrun generate "Summarize"`: the instruction alone would get an answer about nothing
+        raise UsageError(
+            "stdin is empty: the text piped in for this prompt has none",
+            hint="check the command before the pipe; to send the prompt alone, do not pipe anything",
+        )
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
+
+
+def one_prompt(argument: str | None, option: str | None, file: Path | None) -> str | None:
+    """The prompt given as PROMPT, `-p TEXT` or `-f FILE` (llama.cpp's
+    spellings): at most one of them."""
+    from localrun.cli._input import checked
+    from localrun.paths import why_failed
+
+    given = [name for name, value in (("PROMPT", argument), ("-p", option), ("-f", file)) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both give the prompt", hint="give it once")
+    if file is None:
+        return option if option is not None else argument
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"-f {file}: {why_failed(exc)}") from None
+    return checked(raw.decode("utf-8", errors="surrogateescape"), f"-f {file}")
 
 
 def warn_past_training(resolved: opt.Resolved) -> None:
@@ -195,7 +219,13 @@ def generate(
     seed: opt.Seed = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     system: opt.System = None,
-    ctx: opt.Ctx = None,
+    prompt_option: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="The prompt, in place of PROMPT.", show_default=False)
+    ] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Read the prompt from this file.", show_default=False)
+    ] = None,
+    ctx: opt.CtxOrC = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
@@ -245,6 +275,7 @@ def generate(
     ] = None,
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
+    prompt = one_prompt(prompt, prompt_option, prompt_file)
     opt.check_positive(max_tokens=max_tokens, parallel=parallel)
     refuse_stats_with_json(stats, as_json)
     temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
@@ -298,7 +329,7 @@ def generate(
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
-    from localrun.cli._signals import ctrl_c_stops
+    from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
     from localrun.runtime.generate import PLAIN, Decoding, finished
     from localrun.runtime.placement import run_extent
     from localrun.runtime.prompt import build_prompt, compose
@@ -321,7 +352,7 @@ def generate(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
         drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
-        with ctrl_c_stops(engine), drafting as speculative:
+        with ctrl_c_stops(engine), no_echo(terminal()), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             constraint = Constraint(engine, output) if output is not None else None
             events = decoding.generate(

@@ -92,6 +92,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # of generated_tokens, those a reasoning model thought with (its thinking is not in `response`)
         "ALTER TABLE runs ADD COLUMN reasoning_tokens INTEGER",
     ),
+    (
+        # the turns a conversation began with that none of its runs answered (`chat --load FILE`),
+        # as JSON [{"user", "reply", "interrupted"}]: `chat --continue` starts from them
+        "ALTER TABLE conversations ADD COLUMN carried TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

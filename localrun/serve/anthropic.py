@@ -14,7 +14,7 @@ from typing import Any
 from localrun.errors import InvalidRequestError
 from localrun.events import Stats
 from localrun.serve.errors import ApiError
-from localrun.serve.schemas import ChatRequest, json_object, parse_data
+from localrun.serve.schemas import ChatRequest, json_object, media_refused, parse_data
 from localrun.serve.tools import ToolStream, ToolUse, new_id, split_reply
 from localrun.structured.tools import Call
 
@@ -78,7 +78,7 @@ def _turn(m: Any, where: str, out: list[dict[str, Any]]) -> None:
             result = _text(block.get("content", ""), f"{where}.content")
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": result})
         else:
-            raise InvalidRequestError(f"{where}.content: a {kind} block is not supported", where)
+            raise InvalidRequestError(media_refused(kind) or f"{where}.content: a {kind} block is not supported", where)
     out += results
     reasoning = {"reasoning_content": "".join(thought)} if any(thought) else {}
     if calls:

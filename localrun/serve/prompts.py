@@ -21,13 +21,23 @@ from localrun.structured.spec import OutputSpec, response_format
 from localrun.structured.tools import tool_grammar
 
 ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+)
 
 
-def sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
+def sampling(request: ChatRequest | CompletionRequest, n_vocab: int) -> SamplingParams:
     """The request's sampling settings; what it leaves out is `localrun generate`'s default."""
-    fields = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+    fields = SAMPLING_FIELDS
     given = {name: getattr(request, name) for name in fields if getattr(request, name) is not None}
-    return replace(SamplingParams(), **given)
+    return replace(SamplingParams(), **given, logit_bias=request.biases(n_vocab))
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
@@ -131,10 +141,11 @@ def prepare(
     return BatchRequest(
         index=index,
         tokens=tokens,
-        sampling=sampling(request),
+        sampling=sampling(request, model.engine.n_vocab),
         max_tokens=request.limit(),
         stop=request.stops(),
         output=output_spec(model, request, use),
         shared=prompt.shared,
         reasoning=reasoning,
+        logprobs=request.top_logprobs_wanted(),
     ), use

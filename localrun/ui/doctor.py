@@ -24,11 +24,19 @@ def _speed(speed: Speed) -> str:
     return f"{rates} tokens/s (KV {speed.kv}, measured {speed.measured_at})"
 
 
+def _where(place: str, why: str) -> str:
+    """Where the model runs, and why, saying the place once: the placement's
+    reason starts with it ("CPU: no GPU in this build or machine")."""
+    if not why:
+        return place
+    return why if why == place or why.startswith(f"{place}: ") else f"{place}: {why}"
+
+
 def _model(model: DefaultModel) -> list[str]:
     lines = [f"default model  {model.name}" + (f"  {model.path}" if model.path else "")]
     if model.placement is not None:
         reasons = dict(model.placement.reasons)
-        lines.append(f"  runs on      {model.placement.model.describe()}: {reasons.get('model', '')}".rstrip(": "))
+        lines.append(f"  runs on      {_where(model.placement.model.describe(), reasons.get('model', ''))}")
         if model.placement.budget:
             lines.append(f"  budget       {human_bytes(model.placement.budget)} ({reasons.get('budget', '')})")
     if model.speed is not None:

@@ -233,6 +233,7 @@ for _command in _REGISTRY_USERS:
 _MODEL_USERS: dict[str, Callable[[Path], list[str]]] = {
     "generate": lambda p: ["-m", str(p), "hi"],
     "chat": lambda p: ["-m", str(p)],
+    "run": lambda p: [str(p), "hi"],
     "serve": lambda p: ["-m", str(p)],
     "show": lambda p: [str(p)],
     "bench": lambda p: ["-m", str(p)],
@@ -280,6 +281,18 @@ def _batch_case(kind: str) -> Case:
 
 for _kind in ("missing", "folder", "unreadable"):
     CASES.add("generate", f"batch-{_kind}", _batch_case(_kind))
+
+
+def _prompt_file_case(kind: str) -> Case:
+    def case(w: World) -> Expect:
+        path = w.bad(w.tmp / "prompt.txt", kind)
+        return Expect([*model_args(w), *GEN, "-f", str(path)], ExitCode.USAGE, path)
+
+    return case
+
+
+for _kind in ("missing", "folder", "not_utf8", "unreadable"):
+    CASES.add("generate", f"prompt-file-{_kind}", _prompt_file_case(_kind))
 
 
 def _spec_case(command: str, flag: str, kind: str) -> Case:

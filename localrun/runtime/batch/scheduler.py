@@ -42,6 +42,7 @@ from localrun.events import (
     SequenceDone,
     SequenceReasoning,
     SequenceText,
+    TokenChoice,
     TokenEvent,
 )
 from localrun.runtime.decoder import common_prefix
@@ -50,7 +51,7 @@ from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS
 from localrun.runtime.reasoning import AnswerGuard, Reasoning
-from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.runtime.sampling import Sampler, SamplingParams, log_probabilities, logits
 from localrun.runtime.stepper import Speculative, Stepper
 from localrun.runtime.threads import ThreadMeter
 from localrun.structured.constraint import Constraint
@@ -73,6 +74,7 @@ class BatchRequest:
     output: OutputSpec | None = None  # the text must follow this schema or grammar
     reasoning: Reasoning | None = None  # a reasoning model's thinking: apart from the text, before the grammar
     shared: int = 0  # leading tokens other requests are likely to share (a system prompt): what a prompt cache keeps
+    logprobs: int | None = None  # each token's log-probability, with this many alternatives (None: none)
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -122,6 +124,22 @@ class _Slot:
         self.waiting: tuple[int, int, int] | None = None  # (seq_id, request index, n): copy that slot's first n tokens
         self.take = 0  # tokens this sequence puts in the current batch
         self.row = -1  # its logits' row in the current batch, -1 for none
+        self.choices: list[TokenChoice] = []  # each sampled token's log-probability (request.logprobs)
+        self.reported = 0  # of them, those a SequenceText carried
+
+    def new_choices(self) -> tuple[TokenChoice, ...]:
+        """The log-probabilities not reported yet (the end of generation's never: it is no text)."""
+        end = len(self.out.tokens)
+        taken = tuple(self.choices[self.reported : end])
+        self.reported = max(self.reported, end)
+        return taken
+
+    @property
+    def speculates(self) -> bool:
+        """Whether a speculative step can stand in for its sampler: each token
+        comes from `_choose` only when it does not (log-probabilities), and
+        speculative sampling models the chain without biases."""
+        return self.request.logprobs is None and self.request.sampling.speculable
 
     @property
     def constraint(self) -> Constraint | None:
@@ -136,7 +154,7 @@ def _texts(s: _Slot, events: Sequence[Event]) -> Iterator[SequenceText | Sequenc
     """A sequence's text events as the batch streams them: the answer's, and its thinking's apart."""
     for ev in events:
         if isinstance(ev, TokenEvent):
-            yield SequenceText(s.request.index, ev.text, s.out.n_gen)
+            yield SequenceText(s.request.index, ev.text, s.out.n_gen, s.new_choices())
         elif isinstance(ev, ReasoningEvent):
             yield SequenceReasoning(s.request.index, ev.text, s.out.n_gen)
 
@@ -460,6 +478,8 @@ class ContinuousBatch:
         if s.guard.masks:
             s.guard.mask(logits(self.engine, row))
         token = s.sampler.sample(self.engine, row)
+        if s.request.logprobs is not None:  # the row the sampler read (masked by a grammar, if any)
+            s.choices.append(log_probabilities(logits(self.engine, row), token, s.request.logprobs))
         s.guard.accepted(token)
         return token
 
@@ -485,7 +505,7 @@ class ContinuousBatch:
     def _alone(self) -> tuple[int, _Slot] | None:
         """The one sequence decoding, when it is alone (nothing queued, no other slot busy)."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
-        if self.queue or len(live) != 1 or live[0][1].pending:
+        if self.queue or len(live) != 1 or live[0][1].pending or not live[0][1].speculates:
             return None
         return live[0]
 
@@ -494,7 +514,7 @@ class ContinuousBatch:
         left, and the speculation says they may draft in their shared batch
         (its verify curve: extra rows nearly free, a GPU); else none."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
-        if self.speculation is None or len(live) < 2 or any(s.pending for _, s in live):
+        if self.speculation is None or len(live) < 2 or any(s.pending or not s.speculates for _, s in live):
             return []
         return live if self.speculation.drafts_in_batch(len(live)) else []
 
@@ -565,13 +585,16 @@ class ContinuousBatch:
         events = list(s.out.finish("length", **({"draft": s.stepper.stats()} if s.stepper is not None else {})))
         if self.stream:
             yield from _texts(s, events)
+            rest = s.new_choices()  # tokens whose text was held back and then cut: their figures still go out
+            if rest:
+                yield SequenceText(s.request.index, "", s.out.n_gen, rest)
         stats = [ev for ev in events if isinstance(ev, DoneEvent)][-1].stats
         if (grammar := s.guard.grammar) is not None:  # the whole text is known now: check it
             checked = grammar.check(s.out.text)
             stats = replace(stats, valid=checked.valid, invalid=checked.error, forced_tokens=grammar.forced)
         self._release(seq_id, s)
         self.done += 1
-        yield SequenceDone(s.request.index, s.out.text, stats, s.out.reasoning)
+        yield SequenceDone(s.request.index, s.out.text, stats, s.out.reasoning, tuple(s.choices[: len(s.out.tokens)]))
 
     def _release(self, seq_id: int, s: _Slot) -> None:
         s.sampler.close()
