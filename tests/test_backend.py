@@ -103,8 +103,7 @@ GPU{n}:
 
 
 def _vulkaninfo(folder: Path, summary: str) -> None:
-    (folder / "summary.txt").write_text(summary)
-    _tool(folder, "vulkaninfo", f'[ "$1" = --summary ] && cat "{folder / "summary.txt"}"')
+    _tool(folder, "vulkaninfo", f"[ \"$1\" = --summary ] && printf '%s' '{summary}'")
     _tool(folder, "glslc", "exit 0")
 
 
