@@ -12,7 +12,21 @@ from typing import Annotated
 import typer
 
 from localrun import __version__
-from localrun.cli import _completion, _env, bench, cache, chat, doctor, generate, logs, models, quantize, serve, tune
+from localrun.cli import (
+    _completion,
+    _env,
+    bench,
+    cache,
+    chat,
+    doctor,
+    generate,
+    logs,
+    models,
+    quantize,
+    rpc_server,
+    serve,
+    tune,
+)
 from localrun.cli._errors import ExitCode, bounded, parsing_error, report, set_debug
 from localrun.cli._help import plain_help
 
@@ -37,6 +51,7 @@ app.command("bench")(bounded(bench.bench_command))
 app.command("tune")(bounded(tune.tune_command))
 app.command("quantize")(bounded(quantize.quantize_command))
 app.command("doctor")(bounded(doctor.doctor_command))
+app.command("rpc-server")(bounded(rpc_server.rpc_server_command))
 
 
 def _print_version(value: bool) -> None:

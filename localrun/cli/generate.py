@@ -199,6 +199,7 @@ def generate(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     sample_on: opt.SampleOn = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
@@ -286,6 +287,7 @@ def generate(
             resume,
             no_log,
         )
+    opt.use_rpc(rpc)
     if batch is not None:  # many prompts: localrun/cli/batch.py
         _refuse_with_batch(speculation, prompt_cache, as_json)
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
