@@ -81,8 +81,13 @@ class Report:
 
     @property
     def gpu_build(self) -> bool:
-        """Whether the build reaches a GPU: a device layers can be placed on."""
-        return bool(offload_targets(self.devices))
+        """Whether the build reaches a GPU of this machine's: a device layers can be placed on."""
+        return any(not d.remote for d in offload_targets(self.devices))
+
+    @property
+    def rpc_devices(self) -> tuple[Device, ...]:
+        """The devices of RPC servers (`--rpc`), each described by its server's HOST:PORT."""
+        return tuple(d for d in self.devices if d.remote)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,7 +96,7 @@ class Report:
             "gpu_build": self.gpu_build,
             "devices": [
                 {"name": d.name, "description": d.description, "kind": d.kind}
-                | {"free_bytes": d.free, "total_bytes": d.total}
+                | {"free_bytes": d.free, "total_bytes": d.total, "rpc": d.remote}
                 for d in self.devices
             ],
             "default_model": self.model.to_json(),

@@ -93,6 +93,20 @@ def _vulkan_gpus(summary: str) -> tuple[list[str], list[str]]:
     return gpus, cpus
 
 
+def _vulkan() -> tuple[str, str] | None:
+    """(backend, why) when `vulkaninfo` lists a device: a GPU builds for
+    Vulkan, a CPU-type device alone for the CPU."""
+    gpus, software = _vulkan_gpus(_run("vulkaninfo", "--summary") or "")
+    if gpus:
+        return "vulkan", f"glslc and a Vulkan GPU ({', '.join(gpus)}) found"
+    if software:
+        return "cpu", (
+            f"glslc found, but the only Vulkan device is {', '.join(software)}, which runs on the CPU: "
+            "llama.cpp's CPU backend is faster there"
+        )
+    return None
+
+
 def _found(gpus: list[str]) -> tuple[str, str]:
     """(backend, why) from the machine's tools, in the order of the module's docstring."""
     if shutil.which("nvcc") and gpus:
@@ -101,15 +115,9 @@ def _found(gpus: list[str]) -> tuple[str, str]:
         return "rocm", "hipcc and an AMD GPU (rocminfo) found"
     if (_run("uname", "-s") or "").strip() == "Darwin" and (_run("uname", "-m") or "").strip() == "arm64":
         return "metal", "macOS on Apple Silicon"
-    glslc = shutil.which("glslc") is not None
-    vulkan, software = _vulkan_gpus(_run("vulkaninfo", "--summary") or "") if glslc else ([], [])
-    if vulkan:
-        return "vulkan", f"glslc and a Vulkan GPU ({', '.join(vulkan)}) found"
-    if software:
-        return "cpu", (
-            f"glslc found, but the only Vulkan device is {', '.join(software)}, which runs on the CPU: "
-            "llama.cpp's CPU backend is faster there"
-        )
+    vulkan = _vulkan() if shutil.which("glslc") else None
+    if vulkan is not None:
+        return vulkan
     if shutil.which("nvcc"):
         return "cpu", "nvcc found, but no NVIDIA GPU or driver (nvidia-smi lists none)"
     return "cpu", "no GPU toolkit with a GPU found"

@@ -139,7 +139,7 @@ def _api() -> _Api:
         registry = devices.library("libggml.so")
         base = devices.library("libggml-base.so")
         void_p, text = ctypes.c_void_p, ctypes.c_char_p
-        signatures = [
+        signatures: list[tuple[Any, tuple[Any, list[Any]]]] = [
             (registry.ggml_backend_reg_by_name, (void_p, [text])),
             (registry.ggml_backend_register, (None, [void_p])),
             (registry.ggml_backend_dev_by_name, (void_p, [text])),
