@@ -84,25 +84,29 @@ def greet(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> tuple[int, 
     except OSError as exc:
         raise RpcError(f"RPC server {endpoint}: cannot resolve {endpoint.host!r} ({exc})") from None
     try:
-        with socket.create_connection((address, endpoint.port), timeout=timeout) as sock:
-            sock.sendall(struct.pack("=BQ", _HELLO, _CAPS) + bytes(_CAPS))
-            (size,) = struct.unpack("=Q", _recv(sock, 8))
-            if size != 4 + _CAPS:
-                raise RpcError(
-                    f"{endpoint} does not answer as a llama.cpp RPC server of this version",
-                    hint="start one there with `localrun rpc-server`",
-                )
-            reply = _recv(sock, size)
-    except TimeoutError:
-        raise RpcError(
-            f"RPC server {endpoint} did not answer within {timeout:.0f} s",
-            hint="a server serves one client at a time: is another run using it? Is HOST:PORT right?",
-        ) from None
-    except OSError as exc:
+        sock = socket.create_connection((address, endpoint.port), timeout=timeout)
+    except OSError as exc:  # refused, no route, or no answer to the connection within the timeout
         raise RpcError(
             f"cannot reach the RPC server at {endpoint}: {exc.strerror or exc}",
             hint=f"start one there with `localrun rpc-server --port {endpoint.port}`",
         ) from None
+    try:
+        with sock:
+            sock.sendall(struct.pack("=BQ", _HELLO, _CAPS) + bytes(_CAPS))
+            (size,) = struct.unpack("=Q", _recv(sock, 8))
+            reply = _recv(sock, size) if size == 4 + _CAPS else b""
+    except TimeoutError:
+        raise RpcError(
+            f"RPC server {endpoint} did not answer within {timeout:.0f} s",
+            hint="a server serves one client at a time: is another run using it?",
+        ) from None
+    except OSError as exc:
+        raise RpcError(f"RPC server {endpoint} broke off the greeting: {exc.strerror or exc}") from None
+    if not reply:
+        raise RpcError(
+            f"{endpoint} does not answer as a llama.cpp RPC server of this version",
+            hint="run `localrun rpc-server` there, of the same version",
+        )
     return reply[0], reply[1], reply[2]
 
 

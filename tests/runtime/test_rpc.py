@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -156,6 +157,25 @@ def test_a_silent_listener_times_out_instead_of_hanging() -> None:
         endpoint = rpc.Endpoint("127.0.0.1", listener.getsockname()[1])
         with pytest.raises(RpcError, match="did not answer within 1 s"):
             rpc.check(endpoint, timeout=1)
+
+
+def test_another_kind_of_server_is_named_as_such() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        endpoint = rpc.Endpoint("127.0.0.1", listener.getsockname()[1])
+
+        def answer_as_http() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(64)
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        thread = threading.Thread(target=answer_as_http)
+        thread.start()
+        with pytest.raises(RpcError, match="does not answer as a llama.cpp RPC server"):
+            rpc.check(endpoint, timeout=5)
+        thread.join(5)
 
 
 def test_a_non_loopback_bind_is_refused_without_the_flag() -> None:
