@@ -16,7 +16,7 @@ from localrun import store
 from localrun.config import UserConfig
 from localrun.errors import LocalrunError
 from localrun.runtime import devices as devices_module
-from localrun.runtime.devices import Device, gpu_vendor, offload_targets
+from localrun.runtime.devices import Device, gpu_vendor, local_gpus
 from localrun.runtime.placement import Placement
 from localrun.settings import Options, resolve
 from localrun.store.registry import Registry
@@ -82,7 +82,7 @@ class Report:
     @property
     def gpu_build(self) -> bool:
         """Whether the build reaches a GPU of this machine's: a device layers can be placed on."""
-        return any(not d.remote for d in offload_targets(self.devices))
+        return bool(local_gpus(self.devices))
 
     @property
     def rpc_devices(self) -> tuple[Device, ...]:
@@ -176,5 +176,5 @@ def examine(registry: Registry, user: UserConfig | None = None) -> Report:
         backends=backends,
         devices=found,
         model=default_model(registry, user or UserConfig(), found),
-        hint=setup_hint(gpu_vendor(), offload_targets(found), backends),
+        hint=setup_hint(gpu_vendor(), local_gpus(found), backends),
     )

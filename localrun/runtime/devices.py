@@ -211,13 +211,18 @@ def setup_hint(vendor: str | None, gpus: Sequence[Device]) -> str | None:
 
 def unused_gpu(found: tuple[Device, ...]) -> str | None:
     """`setup_hint` for a run: the GPU seen from device nodes only (no
-    `nvidia-smi` call on every run)."""
-    return setup_hint(gpu_vendor(run_smi=lambda: False), offload_targets(found))
+    `nvidia-smi` call on every run); an RPC server's device is no GPU of this machine's."""
+    return setup_hint(gpu_vendor(run_smi=lambda: False), local_gpus(found))
 
 
 def host(devices: tuple[Device, ...]) -> Device:
     """The CPU and its memory: the first device of a probe."""
     return next((d for d in devices if d.kind == "cpu"), Device(HOST, "", "cpu", 0, 0))
+
+
+def local_gpus(devices: tuple[Device, ...]) -> tuple[Device, ...]:
+    """The offload targets of this machine's own (no RPC server's)."""
+    return tuple(d for d in offload_targets(devices) if not d.remote)
 
 
 def offload_targets(devices: tuple[Device, ...]) -> tuple[Device, ...]:

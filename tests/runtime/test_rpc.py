@@ -140,6 +140,17 @@ def test_servers_are_host_port_pairs() -> None:
             rpc.parse_servers(bad)
 
 
+def test_an_rpc_device_offloads_but_is_no_gpu_of_this_machine() -> None:
+    from localrun.runtime.devices import Device, local_gpus, offload_targets, setup_hint, unused_gpu
+
+    remote = Device("RPC0", "10.0.0.2:50052", "gpu", 8 * 2**30, 8 * 2**30)
+    found = (Device("CPU", "", "cpu", 2**30, 2**30), remote)
+    assert remote.remote and offload_targets(found) == (remote,) and local_gpus(found) == ()
+    hint = setup_hint("nvidia", local_gpus(found))  # a CPU build on a machine with an NVIDIA GPU still hears of it
+    assert hint is not None and "LOCALRUN_BACKEND=cuda" in hint
+    assert unused_gpu(found) == unused_gpu(found[:1])
+
+
 def test_a_server_that_is_not_there_is_a_clear_error_at_once(tiny_model: Path) -> None:
     port = free_port()  # nothing listens on it
     started = time.monotonic()
