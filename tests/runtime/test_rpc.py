@@ -206,6 +206,12 @@ def test_a_port_in_use_is_refused_before_the_server_starts() -> None:
     assert done.returncode == 2 and "cannot listen on 127.0.0.1:" in done.stderr
 
 
+def test_a_device_the_server_cannot_offer_is_refused_with_the_list() -> None:
+    done = localrun("rpc-server", "--port", str(free_port()), "--device", "CUDA7")
+    assert done.returncode == 2
+    assert "no device 'CUDA7'" in done.stderr and "devices: CPU" in done.stderr
+
+
 # -- one server for the module --
 
 
