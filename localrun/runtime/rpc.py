@@ -184,15 +184,14 @@ _LOST = ("RPC server", "Failed to connect to", "RPC handshake failed")  # what g
 
 
 def _on_abort(message: bytes | None) -> None:
-    """ggml is about to abort the process: an RPC server lost goes to the
-    ``on_lost`` callbacks (which may end the process their way); anything
-    else is written as ggml would have written it."""
+    """ggml is about to abort the process, from whichever thread failed (one
+    that may hold anything, so nothing here waits for a lock): an RPC server
+    lost goes to the ``on_lost`` callbacks (which may end the process their
+    way); anything else is written as ggml would have written it."""
     text = (message or b"").decode("utf-8", errors="replace")
     if any(mark in text for mark in _LOST):
-        with _lock:
-            callbacks = list(_on_lost)
-            servers = ", ".join(str(e) for e in _servers)
-        for callback in callbacks:
+        servers = ", ".join(str(e) for e in list(_servers))
+        for callback in list(_on_lost):
             callback(servers)
     with contextlib.suppress(OSError):
         os.write(2, f"{text}\n".encode())
@@ -215,26 +214,22 @@ def register(servers: Sequence[Endpoint], *, on_lost: Callable[[str], None] | No
         if not _abort_callback:
             _abort_callback.append(_ABORT_CALLBACK(_on_abort))
             api.base.ggml_set_abort_callback(_abort_callback[0])
-        for endpoint in servers:
-            if endpoint in _servers:
-                continue
-            reg = add_server(str(endpoint).encode())
-            if not reg:
-                raise RpcError(f"the RPC server at {endpoint} offers no devices")
-            api.registry.ggml_backend_register(reg)
-            names = []
-            for i in range(api.base.ggml_backend_reg_dev_count(reg)):
-                name = _text(api.base.ggml_backend_dev_name(api.base.ggml_backend_reg_dev_get(reg, i)))
-                _buffers[f"RPC{i}[{endpoint}]"] = name
-                names.append(name)
-            _servers[endpoint] = tuple(names)
+        new = [e for e in dict.fromkeys(servers) if e not in _servers]
+        for endpoint in new:
+            _servers[endpoint] = ()  # named in a message should llama.cpp lose it while adding it
+    for endpoint in new:  # not under the lock: a server lost here aborts through _on_abort
+        reg = add_server(str(endpoint).encode())
+        if not reg:
+            with _lock:
+                del _servers[endpoint]
+            raise RpcError(f"the RPC server at {endpoint} offers no devices")
+        api.registry.ggml_backend_register(reg)
+        handles = [api.base.ggml_backend_reg_dev_get(reg, i) for i in range(api.base.ggml_backend_reg_dev_count(reg))]
+        names = tuple(_text(api.base.ggml_backend_dev_name(h)) for h in handles)
+        with _lock:
+            _buffers.update({f"RPC{i}[{endpoint}]": name for i, name in enumerate(names)})
+            _servers[endpoint] = names
     return tuple(name for endpoint in servers for name in _servers[endpoint])
-
-
-def registered() -> dict[Endpoint, tuple[str, ...]]:
-    """The servers this process registered, with their devices' names."""
-    with _lock:
-        return dict(_servers)
 
 
 def buffer_device(name: str) -> str | None:
