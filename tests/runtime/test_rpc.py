@@ -184,7 +184,7 @@ def test_another_kind_of_server_is_named_as_such() -> None:
 
         thread = threading.Thread(target=answer_as_http)
         thread.start()
-        with pytest.raises(RpcError, match="does not answer as a llama.cpp RPC server"):
+        with pytest.raises(RpcError, match=r"does not answer as a llama\.cpp RPC server"):
             rpc.check(endpoint, timeout=5)
         thread.join(5)
 
