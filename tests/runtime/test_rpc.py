@@ -215,15 +215,26 @@ def test_a_device_the_server_cannot_offer_is_refused_with_the_list() -> None:
 # -- one server for the module --
 
 
-def test_every_layer_on_the_rpc_device_gives_the_cpu_text(tiny_model: Path, server: RpcServer) -> None:
+@pytest.fixture(scope="module")
+def q4_model(models_dir: Path) -> Path:
+    """Q4_0 weights, which the CPU backend repacks into its SIMD layouts
+    (CPU_REPACK) unless told not to, and an RPC server's CPU backend does not."""
+    from localrun.runtime.quantize import quantize
+
+    source = write_tiny_model(models_dir / "tiny-rpc-f32.gguf", n_embd=256, n_ff=512)
+    return quantize(source, models_dir / "tiny-rpc-q4_0.gguf", "q4_0", force=True).path
+
+
+def test_every_layer_on_the_rpc_device_gives_the_cpu_text(q4_model: Path, server: RpcServer) -> None:
     done = localrun(
-        "generate", "-m", str(tiny_model), "--rpc", server.endpoint, "--gpu-layers", "all",
-        "-t", "0", "-n", "24", "--json", "the cat",
+        "generate", "-m", str(q4_model), "--rpc", server.endpoint, "--gpu-layers", "all",
+        "-t", "0", "-n", "32", "--json", "--verbose", "the cat",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     placement = done_event(done.stdout)["settings"]["placement"]
     assert placement["value"] == "RPC0, all 2 layers"
-    assert json_text(done.stdout) == cpu_reference(tiny_model, "the cat", 24) != ""
+    assert "CPU_REPACK" not in model_buffers(done.stderr)
+    assert json_text(done.stdout) == cpu_reference(q4_model, "the cat", 32) != ""
 
 
 def test_show_and_doctor_list_the_rpc_device_with_its_memory(tiny_model: Path, server: RpcServer) -> None:
