@@ -180,14 +180,16 @@ def _rpc_lost(servers: str) -> None:
     import os
 
     from localrun.cli._errors import report
+    from localrun.cli._signals import restore_terminal
     from localrun.errors import RpcError
 
+    env = current()
+    restore_terminal(env.stdin, env.stdout, env.stderr)  # as a live panel or a prompt would in its `finally`
     error = RpcError(
         f"lost the RPC server ({servers}) mid-run: it stopped, or the network to it failed",
         hint="restart `localrun rpc-server` there, or drop --rpc",
     )
     code = report(error)
-    env = current()
     for stream in (env.stdout, env.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()

@@ -369,3 +369,36 @@ def test_a_server_killed_mid_run_is_a_clear_error_not_a_hang(long_model: Path) -
     assert proc.returncode == RPC_FAILED, err
     assert f"error: lost the RPC server ({started.endpoint}) mid-run" in err
     assert "hint: restart `localrun rpc-server`" in err
+
+
+@pytest.mark.pty
+def test_a_server_lost_under_a_chat_leaves_the_terminal_as_it_was(long_model: Path) -> None:
+    """The chat's panel hides the cursor and its prompt stops the echo while
+    a reply streams; the exit on a lost server runs no `finally`, so it
+    puts both back itself."""
+    import pexpect
+
+    started = _start_server()
+    try:
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "localrun", "chat", "-m", str(long_model), "--rpc", started.endpoint, "--gpu-layers", "all",
+             "--ctx", "32768", "-t", "0"],
+            env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"},
+            encoding="utf-8",
+            timeout=120,
+            dimensions=(30, 100),
+        )  # fmt: skip
+        child.expect(">>> ")
+        child.sendline("hello")
+        child.expect("tok/s")  # the reply streams in its panel
+        started.proc.kill()
+        child.expect("error: lost the RPC server")
+        shown = child.before
+        child.expect(pexpect.EOF)
+        assert child.getecho()  # the terminal echoes keys again
+        child.close()
+    finally:
+        _stop(started)
+    assert child.exitstatus == RPC_FAILED
+    assert "\x1b[?25h" in shown  # the cursor is shown again
