@@ -192,7 +192,8 @@ def _on_abort(message: bytes | None) -> None:
     if any(mark in text for mark in _LOST):
         servers = ", ".join(str(e) for e in list(_servers))
         for callback in list(_on_lost):
-            callback(servers)
+            with contextlib.suppress(Exception):  # the message below is written all the same
+                callback(servers)
     with contextlib.suppress(OSError):
         os.write(2, f"{text}\n".encode())
 
