@@ -23,6 +23,7 @@ from localrun.cli import (
     logs,
     models,
     quantize,
+    rpc_server,
     run,
     serve,
     tune,
@@ -52,6 +53,7 @@ app.command("bench")(bounded(bench.bench_command))
 app.command("tune")(bounded(tune.tune_command))
 app.command("quantize")(bounded(quantize.quantize_command))
 app.command("doctor")(bounded(doctor.doctor_command))
+app.command("rpc-server")(bounded(rpc_server.rpc_server_command))
 
 
 def _print_version(value: bool) -> None:

@@ -25,6 +25,7 @@ from localrun.errors import (
     ModelNotFoundError,
     RegistryError,
     RemoteError,
+    RpcError,
     StreamCutError,
     UsageError,
 )
@@ -44,6 +45,7 @@ class ExitCode(IntEnum):
     INVALID_OUTPUT = 9  # --schema/--grammar: the text does not follow it (cut by --max-tokens, or failed the check)
     REMOTE_FAILED = 10  # a remote server: unreachable, timed out, refused the API key, or failed
     STREAM_CUT = 11  # a remote's answer stopped mid-way (the text before it was written)
+    RPC_FAILED = 12  # --rpc: an RPC server unreachable, of another version, or lost mid-run
     INTERRUPTED = 130
 
 
@@ -58,6 +60,7 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     DownloadError: ExitCode.DOWNLOAD_FAILED,
     RemoteError: ExitCode.REMOTE_FAILED,
     StreamCutError: ExitCode.STREAM_CUT,
+    RpcError: ExitCode.RPC_FAILED,
 }
 
 

@@ -3,6 +3,7 @@ run settings, a loaded engine and sampling parameters."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -105,6 +106,17 @@ Device = Annotated[
         show_default=False,
     ),
 ]
+Rpc = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        envvar="LOCALRUN_RPC",
+        help="llama.cpp RPC servers (HOST:PORT, comma-separated; `localrun rpc-server` starts one): their "
+        "devices join this machine's as GPUs, for --gpu-layers and --device. For a model larger than one "
+        "machine's memory; on one machine it is slower than the CPU.",
+        show_default=False,
+    ),
+]
 SampleOn = Annotated[
     str | None,
     typer.Option(
@@ -168,6 +180,39 @@ ReasoningBudget = Annotated[
         show_default=False,
     ),
 ]
+
+
+def use_rpc(servers: str | None) -> None:
+    """Add the devices of the RPC servers `--rpc` (LOCALRUN_RPC) names to
+    this process's, before any device is probed; a server lost later ends
+    the run with its error and exit code."""
+    if not servers:
+        return
+    from localrun.runtime import rpc
+
+    rpc.register(rpc.parse_servers(servers), on_lost=_rpc_lost)
+
+
+def _rpc_lost(servers: str) -> None:
+    """llama.cpp lost an RPC server and is about to abort the process (from
+    whatever thread noticed): say so as any error is said, and end it now."""
+    import os
+
+    from localrun.cli._errors import report
+    from localrun.cli._signals import restore_terminal
+    from localrun.errors import RpcError
+
+    env = current()
+    restore_terminal(env.stdin, env.stdout, env.stderr)  # as a live panel or a prompt would in its `finally`
+    error = RpcError(
+        f"lost the RPC server ({servers}) mid-run: it stopped, or the network to it failed",
+        hint="restart `localrun rpc-server` there, or drop --rpc",
+    )
+    code = report(error)
+    for stream in (env.stdout, env.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(int(code))
 
 
 def sampling_params(

@@ -48,6 +48,7 @@ def bench_command(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     budget: Annotated[
         str | None, typer.Option("--budget", help="Memory budget for the KV fits column, e.g. 4GiB.")
     ] = None,
@@ -81,6 +82,7 @@ def bench_command(
     if chart is not None:  # before the run, not after it
         opt.check_output_file("--chart", chart)
     env = current()
+    opt.use_rpc(rpc)
     found = resolve_model(model, offline=offline)
     entry = found.target.entry
     settings = resolve(

@@ -66,6 +66,7 @@ def chat(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     sample_on: opt.SampleOn = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
@@ -142,6 +143,7 @@ def chat(
     resumed = _history.last_conversation() if continue_last else None
     if resumed is not None:
         saved = resumed[1]
+    opt.use_rpc(rpc)
     resolved = _resolve(model, saved, options, offline=offline, verbose=verbose)
     warn_past_training(resolved)
     own = resolved.info.chat_template

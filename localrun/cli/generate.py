@@ -229,6 +229,7 @@ def generate(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     sample_on: opt.SampleOn = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
@@ -320,14 +321,14 @@ def generate(
             resume,
             no_log,
         )
+    opt.use_rpc(rpc)
     if batch is not None:  # many prompts: localrun/cli/batch.py
         _refuse_with_batch(speculation, prompt_cache, as_json)
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
         return _local_batch(
             batch, resolved, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log
         )
-    if parallel is not None or unordered or resume is not None:
-        raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
+    _refuse_batch_options(parallel, unordered, resume)
 
     from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
     from localrun.runtime.generate import PLAIN, Decoding, finished
@@ -375,6 +376,11 @@ def generate(
     if draft_model is not None and final.draft is not None and not final.draft.proposed:
         out().note(f"note: {draft_model} drafted nothing: plain decoding measured faster at every step")
     return _exit_code(final, output, as_json)
+
+
+def _refuse_batch_options(parallel: int | None, unordered: bool, resume: Path | None) -> None:
+    if parallel is not None or unordered or resume is not None:
+        raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
 
 def _exit_code(final: Stats, output: OutputSpec | None, as_json: bool) -> ExitCode:

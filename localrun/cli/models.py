@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 import typer
 
 from localrun import store
+from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.cli._resolve import model_name, pull_with_progress
@@ -305,6 +306,7 @@ def show(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+    rpc: opt.Rpc = None,
 ) -> None:
     """What the model file says: architecture, size, attention, context, KV cache cost."""
     from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
@@ -324,6 +326,7 @@ def show(
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     info = describe(read_gguf(path))
+    opt.use_rpc(rpc)
     found = devices.probe()
     placement = place(found, memory_budget=budget_given, shape=info)
     per_device = device_fits(info, found)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from localrun.runtime import devices
+from localrun.runtime import devices, rpc
 from localrun.runtime.llama import native_call
 
 LEVEL_WARN = 3  # GGML_LOG_LEVEL_WARN in ggml.h
@@ -117,7 +117,11 @@ class DeviceBuffers:
 def buffer_device(name: str) -> str:
     """The device a buffer type of llama.cpp's allocates on: `CUDA0` and
     `CUDA0_Split` on CUDA0, `MTL0_Private` on MTL0, `CUDA_Host`, `Vulkan_Host`,
-    `CPU_Mapped` and `CPU_REPACK` on the host (`CPU`)."""
+    `CPU_Mapped` and `CPU_REPACK` on the host (`CPU`), an RPC server's
+    `RPC0[HOST:PORT]` on the device this process registered for it (`RPC0`, `RPC1`...)."""
+    remote = rpc.buffer_device(name)
+    if remote is not None:
+        return remote
     base, _, suffix = name.partition("_")
     if suffix == "Host" or base == "CPU":
         return "CPU"

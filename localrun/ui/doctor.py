@@ -53,7 +53,13 @@ def describe(report: Report) -> str:
     lines.append("devices")
     for d in report.devices:
         memory = f"{human_bytes(d.free)} free of {human_bytes(d.total)}" if d.total else "memory unknown"
-        lines.append(f"  {d.name:<12} {d.kind:<5} {memory}  {d.description}".rstrip())
+        lines.append(f"  {d.name:<12} {'rpc' if d.remote else d.kind:<5} {memory}  {d.description}".rstrip())
+    if report.rpc_devices:
+        servers = ", ".join(f"{d.name} on {d.description}" for d in report.rpc_devices)
+        lines.append(
+            f"rpc            {servers}: for a model larger than one machine's memory; "
+            "each step's activations cross the network, so on one machine it is slower than the CPU alone"
+        )
     lines += _model(report.model)
     if report.hint:
         lines.append(f"hint: {report.hint}")
