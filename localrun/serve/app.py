@@ -16,7 +16,7 @@ import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -31,7 +31,7 @@ from localrun.errors import AuthenticationError, LocalrunError
 from localrun.events import SequenceDone, SequenceText, Stats
 from localrun.serve import anthropic
 from localrun.serve.errors import ApiError, api_error, http_error
-from localrun.serve.events import OnEvent, RequestDone
+from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
@@ -146,6 +146,11 @@ class Job:
         with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
+    def notice(self, text: str) -> None:
+        """Something of this request's the server's log should say (a tool call left as text)."""
+        if self.on_event is not None:
+            self.on_event(Notice(f"{self.model.id}: {text}"))
+
     def end(self, status: int, stats: Stats | None = None, outcome: str = "") -> None:
         if self.ended:
             return
@@ -226,9 +231,11 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
         elif isinstance(event, SequenceDone):
             reason = None
             if held is not None:
-                rest, found = held.finish()
+                rest, deltas, found = held.finish()
                 if rest:
                     yield reply.chunk(rest)
+                for delta in deltas:
+                    yield reply.chunk(None, calls=[delta.openai()])
                 reason = "tool_calls" if found else None
             yield reply.chunk(None, stats=event.stats, reason=reason)
             if include_usage:
@@ -312,7 +319,7 @@ async def _admit(
     batch_request, use = await run_in_threadpool(prepare, model, parsed, index)
     job = Job(model, index, len(batch_request.tokens), request, on_event)
     model.worker.submit(batch_request, job.deliver)
-    return job, use
+    return job, replace(use, warn=job.notice) if use is not None else None
 
 
 async def _respond(job: Job, request: Request, stream: AsyncIterator[str] | None, render: Render) -> Response:

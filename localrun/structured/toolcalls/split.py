@@ -1,0 +1,93 @@
+"""A reply split into its content and its tool calls, whole or as far as
+it has come: the text around the calls is content; each call names a
+declared function and its arguments follow that function's schema; a call
+that cannot be read or checked stays content, with the reason (for the
+server's log). Nothing here raises on what a model wrote."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from localrun.structured.spec import json_problem
+from localrun.structured.toolcalls.calls import Call, Function
+from localrun.structured.toolcalls.families import Family
+from localrun.structured.toolcalls.syntax import Context, Region
+
+
+@dataclass
+class Split:
+    """``content``: the text that is no call, up to ``held``; ``calls``: those
+    finished before ``held``; ``held``: where text still held back begins
+    (the end of the text once the reply is finished)."""
+
+    content: str
+    calls: list[Call]
+    held: int
+    problems: list[str] = field(default_factory=list)
+
+
+def _checked(region: Region, declared: dict[str, Function]) -> list[Call] | str:
+    calls = []
+    for written in region.calls:
+        function = declared.get(written.name)
+        if function is None:
+            return f"no function is named {written.name!r}"
+        args = written.arguments if written.arguments is not None else {}
+        if not isinstance(args, dict):
+            return f"{written.name}: the arguments are not an object"
+        raw = json.dumps(args, ensure_ascii=False)
+        problem = json_problem(function.parameters, raw)
+        if problem is not None:
+            return f"{written.name}: {problem}"
+        calls.append(Call(written.name, args, raw))
+    return calls
+
+
+def _snippet(text: str) -> str:
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def split(text: str, family: Family, functions: list[Function], *, final: bool = True) -> Split:
+    """The content and the calls of ``text``; ``final`` False: more text may
+    come, so what may still turn into a call is held back."""
+    declared = {f.name: f for f in functions}
+    schemas: dict[str, Any] = {f.name: f.parameters for f in functions}
+    ctx = Context(frozenset(declared), schemas, final)
+    content: list[str] = []
+    calls: list[Call] = []
+    problems: list[str] = []
+    pos = 0
+    held = len(text)
+    while pos < len(text):
+        found = [r for finder in family.finders if (r := finder(text, pos, ctx)) is not None and r.start >= pos]
+        if not found:
+            break
+        region = min(found, key=lambda r: r.start)
+        content.append(text[pos : region.start])
+        if region.end < 0 and final:  # nothing more will come: what might have begun a call did not
+            region = Region(region.start, region.start + 1)
+            content.append(text[region.start : region.end])
+            pos = region.end
+            continue
+        if region.end < 0:
+            held = region.start
+            break
+        end = max(region.end, region.start + 1)
+        checked = region.problem or _checked(region, declared)
+        if isinstance(checked, str):
+            content.append(text[region.start : end])
+            problems.append(f"{family.name}: a tool call left as text ({checked}): {_snippet(text[region.start : end])}")
+        else:
+            calls += checked
+        pos = end
+    if held == len(text):
+        content.append(text[pos:])
+    return Split("".join(content), calls, held, problems)
+
+
+def parse_calls(text: str, family: Family, functions: list[Function]) -> tuple[str, list[Call]]:
+    """(the content, the valid calls) of a finished reply."""
+    whole = split(text, family, functions)
+    return whole.content, whole.calls
