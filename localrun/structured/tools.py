@@ -25,6 +25,7 @@ from localrun.errors import InvalidRequestError
 from localrun.structured.spec import OutputSpec
 from localrun.structured.toolcalls.calls import Call, Function
 from localrun.structured.toolcalls.families import GRAMMARS, CallFormat
+from localrun.structured.toolcalls.values import string_valued
 
 if TYPE_CHECKING:
     from localrun.structured.constraint import Tokenizer
@@ -134,10 +135,6 @@ def _compile_args(name: str, schema: dict[str, Any], *, check: bool = True) -> s
     return json.dumps(grammar_schema, ensure_ascii=False)
 
 
-def _string_only(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "string"
-
-
 def _xml_args(f: Function, rule: str) -> list[str]:
     """Qwen3-Coder's parameters for ``f``: each ``<parameter=P>\nVALUE\n</parameter>\n``
     in the schema's order, the required ones always; a string's VALUE is any
@@ -148,8 +145,12 @@ def _xml_args(f: Function, rule: str) -> list[str]:
     rules, parts = [], []
     for k, (key, schema) in enumerate(properties.items()):
         opening = json.dumps(f"<parameter={key}>\n")
-        if _string_only(schema):
-            rules.append(f"{rule}_p{k}[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/")
+        if string_valued(schema) and "enum" in schema:
+            choices = " | ".join(json.dumps(f"{v}\n</parameter>\n") for v in schema["enum"])
+            part = f"{opening} ({choices})"
+        elif string_valued(schema):
+            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
+            rules.append(f"{rule}_p{k}[lazy]: /(.|\\n){{{least},{most}}}\\n<\\/parameter>\\n/")
             part = f"{opening} {rule}_p{k}"
         else:
             rules.append(f"{rule}_p{k}: %json {_compile_args(f.name, schema, check=False)}")

@@ -155,13 +155,13 @@ RECORDED = [
     ("hermes", '<tool_call>\n{{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}\n</tool_call>', ""),
     ("hermes", '{{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}', ""),
     ("hermes", '{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}', ""),
-    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}\n</tool_call>', "Sure.\n"),
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}\n</tool_call>', "Sure."),
     # arguments given as JSON text, as OpenAI's API carries them
     ("hermes", '<tool_call>\n{"name": "get_time", "arguments": "{\\"tz\\": \\"Europe/Oslo\\"}"}\n</tool_call>', ""),
     # the closing tag left out before the end of generation
     ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}', ""),
     # a fenced block, as Qwen2.5-Coder writes whatever its template says
-    ("hermes", 'Here:\n```json\n{\n  "name": "get_time",\n  "arguments": {"tz": "Europe/Oslo"}\n}\n```', "Here:\n"),
+    ("hermes", 'Here:\n```json\n{\n  "name": "get_time",\n  "arguments": {"tz": "Europe/Oslo"}\n}\n```', "Here:"),
     # Qwen3-Coder leaving out <tool_call> (llama.cpp's parser allows for it)
     ("qwen3-coder", "<function=get_time>\n<parameter=tz>\nEurope/Oslo\n</parameter>\n</function>", ""),
     ("qwen3-coder", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}\n</tool_call>', ""),
@@ -180,7 +180,7 @@ RECORDED = [
         "<|channel|>analysis<|message|>Need the time in Oslo.<|end|>",
     ),
     # ... where its special tokens render as nothing
-    ("gpt-oss", 'analysisNeed the time.assistantcommentary to=functions.get_time json{"tz":"Europe/Oslo"}', "analysisNeed the time.assistantcommentary "),
+    ("gpt-oss", 'analysisNeed the time.assistantcommentary to=functions.get_time json{"tz":"Europe/Oslo"}', "analysisNeed the time.assistantcommentary"),
     # DeepSeek R1 leaving out the outer marker, and with the end markers cut by the end of generation
     (
         "deepseek-r1",
@@ -198,7 +198,7 @@ RECORDED = [
     ("granite", '<|tool_call|>[{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}]', ""),
     ("granite", '[{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}]', ""),
     # Gemma 3 prompted for tools: a tool_code block of Python-style calls
-    ("hermes", 'I will check.\n```tool_code\nget_time(tz="Europe/Oslo")\n```', "I will check.\n"),
+    ("hermes", 'I will check.\n```tool_code\nget_time(tz="Europe/Oslo")\n```', "I will check."),
     ("gemma4", '```tool_code\nprint(get_time(tz="Europe/Oslo"))\n```', ""),
 ]
 
@@ -259,9 +259,9 @@ def test_a_call_split_across_pieces_is_held_back_until_whole() -> None:
     text = 'Checking.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}\n</tool_call>'
     cut = text.index('"tz"')
     now = split(text[:cut], fam, FUNCTIONS, final=False)
-    assert (now.content, now.calls, now.held) == ("Checking.\n", [], text.index("<tool_call>"))
-    marker = split("Checking.\n<tool_c", fam, FUNCTIONS, final=False)
-    assert marker.content == "Checking.\n"  # what may begin the marker is held back, the rest goes
+    assert (now.content, now.calls, now.held) == ("Checking.", [], text.index("\n<tool_call>"))
+    marker = split("Checking. <tool_c", fam, FUNCTIONS, final=False)
+    assert marker.content == "Checking."  # what may begin the marker is held back, the rest goes
     assert split(text, fam, FUNCTIONS, final=False).calls == [Call("get_time", OSLO, '{"tz": "Europe/Oslo"}')]
 
 

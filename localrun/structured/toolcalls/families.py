@@ -89,7 +89,16 @@ QWEN3_CODER = CallFormat(
     name_end=">\n",
     triggers=(("<tool_call>", "\n<function="),),
 )
-GRAMMARS: tuple[CallFormat, ...] = (HERMES, LLAMA3, MISTRAL_JSON, MISTRAL_ARGS, GRANITE, DEEPSEEK_R1, DEEPSEEK_V31)
+GRAMMARS: tuple[CallFormat, ...] = (
+    HERMES,
+    QWEN3_CODER,
+    LLAMA3,
+    MISTRAL_JSON,
+    MISTRAL_ARGS,
+    GRANITE,
+    DEEPSEEK_R1,
+    DEEPSEEK_V31,
+)
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,12 @@ def _snippet(text: str) -> str:
 
 def split(text: str, family: Family, functions: list[Function], *, final: bool = True) -> Split:
     """The content and the calls of ``text``; ``final`` False: more text may
-    come, so what may still turn into a call is held back."""
+    come, so what may still turn into a call is held back (and trailing
+    spaces: the spaces next to a call are the layout's, not content)."""
     declared = {f.name: f for f in functions}
     schemas: dict[str, Any] = {f.name: f.parameters for f in functions}
     ctx = Context(frozenset(declared), schemas, final)
-    content: list[str] = []
+    spans: list[tuple[int, int]] = []  # of the calls
     calls: list[Call] = []
     problems: list[str] = []
     pos = 0
@@ -65,25 +66,33 @@ def split(text: str, family: Family, functions: list[Function], *, final: bool =
         if not found:
             break
         region = min(found, key=lambda r: r.start)
-        content.append(text[pos : region.start])
-        if region.end < 0 and final:  # nothing more will come: what might have begun a call did not
-            region = Region(region.start, region.start + 1)
-            content.append(text[region.start : region.end])
-            pos = region.end
-            continue
-        if region.end < 0:
+        if region.end < 0 and not final:
             held = region.start
             break
+        if region.end < 0:  # nothing more will come: what might have begun a call did not
+            pos = region.start + 1
+            continue
         end = max(region.end, region.start + 1)
         checked = region.problem or _checked(region, declared)
         if isinstance(checked, str):
-            content.append(text[region.start : end])
             problems.append(f"{family.name}: a tool call left as text ({checked}): {_snippet(text[region.start : end])}")
         else:
             calls += checked
+            spans.append((region.start, end))
         pos = end
-    if held == len(text):
-        content.append(text[pos:])
+    content = []
+    at = 0
+    for start, end in spans:
+        gap = text[at:start].rstrip()
+        content.append(gap.lstrip() if at else gap)
+        at = end
+    tail = text[at:held]
+    tail = tail.lstrip() if spans else tail
+    if not final:
+        stripped = tail.rstrip()
+        held -= len(tail) - len(stripped)
+        tail = stripped
+    content.append(tail)
     return Split("".join(content), calls, held, problems)
 
 

@@ -135,6 +135,11 @@ def _types(schema: Any) -> set[str]:
 _PYTHON_WORDS: dict[str, Any] = {"True": True, "False": False, "None": None}
 
 
+def string_valued(schema: Any) -> bool:
+    """Whether a parameter's value is only ever a string (its XML text is the value)."""
+    return _types(schema) == {"string"}
+
+
 def typed(text: str, schema: Any) -> Any:
     """An XML parameter's text as its schema's type: a string stays text
     (one new line either side is the layout's, not the value's); anything
@@ -143,8 +148,7 @@ def typed(text: str, schema: Any) -> Any:
         text = text[1:]
     if text.endswith("\n"):
         text = text[:-1]
-    types = _types(schema)
-    if types == {"string"}:
+    if string_valued(schema):
         return text
     try:
         return json.loads(text)
