@@ -36,7 +36,7 @@ from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
 from localrun.serve.served import ModelTable, ServedModel
-from localrun.serve.tools import ToolStream, ToolUse, call_objects, split_reply
+from localrun.serve.tools import CallDelta, ToolStream, ToolUse, call_objects, split_reply
 from localrun.serve.worker import Failed, JobEvent
 
 MAX_BODY = 16 * 2**20  # bytes a request body may have
@@ -215,6 +215,11 @@ class EventStream(Response):
             self.on_close(gone)
 
 
+def _pieces(reply: Reply, text: str, calls: list[CallDelta]) -> list[str]:
+    """The chunks for more of the reply: its text, then the calls finished with it."""
+    return ([reply.chunk(text)] if text else []) + [reply.chunk(None, calls=[d.openai()]) for d in calls]
+
+
 async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | None) -> AsyncIterator[str]:
     if reply.kind == "chat":
         yield reply.chunk("", first=True)
@@ -224,18 +229,14 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
         if isinstance(event, SequenceText):
             job.generated = event.generated
             text, deltas = held.feed(event.text) if held is not None else (event.text, [])
-            if text:
-                yield reply.chunk(text)
-            for delta in deltas:
-                yield reply.chunk(None, calls=[delta.openai()])
+            for chunk in _pieces(reply, text, deltas):
+                yield chunk
         elif isinstance(event, SequenceDone):
             reason = None
             if held is not None:
                 rest, deltas, found = held.finish()
-                if rest:
-                    yield reply.chunk(rest)
-                for delta in deltas:
-                    yield reply.chunk(None, calls=[delta.openai()])
+                for chunk in _pieces(reply, rest, deltas):
+                    yield chunk
                 reason = "tool_calls" if found else None
             yield reply.chunk(None, stats=event.stats, reason=reason)
             if include_usage:

@@ -30,9 +30,11 @@ WEATHER: dict[str, Any] = {
 }
 TIME: dict[str, Any] = {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}
 FUNCTIONS = [Function("get_weather", WEATHER), Function("get_time", TIME)]
-TOOLS = [{"type": "function", "function": {"name": f.name, "description": "", "parameters": f.parameters}} for f in FUNCTIONS]
-LISBON = {"city": "Lisbon, PT", "days": 3, "hourly": True, "fields": ["temp", "wind"]}
-OSLO = {"tz": "Europe/Oslo"}
+TOOLS = [
+    {"type": "function", "function": {"name": f.name, "description": "", "parameters": f.parameters}} for f in FUNCTIONS
+]
+LISBON: dict[str, Any] = {"city": "Lisbon, PT", "days": 3, "hourly": True, "fields": ["temp", "wind"]}
+OSLO: dict[str, Any] = {"tz": "Europe/Oslo"}
 FAMILY = {f.name: f for f in FAMILIES}
 QUESTION = "Weather in Lisbon?"
 
@@ -57,7 +59,9 @@ TEMPLATES = [
     ("google-gemma-4-31B-it", "gemma4", True),
 ]
 # what ends a turn: an end-of-generation token, which never reaches the reply's text
-TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|<｜end▁of▁sentence｜>|<\|end_of_text\|>|<\|tool_response>|<\|call\|>")
+TURN_END = re.compile(
+    r"<\|im_end\|>|<\|eot_id\|>|</s>|<｜end▁of▁sentence｜>|<\|end_of_text\|>|<\|tool_response>|<\|call\|>"
+)
 # the thinking a reasoning parser takes off before the answer reaches the tool parser
 THINKING = re.compile(r"^\s*(<think>)?[^<]*</think>\s*", re.DOTALL)
 
@@ -114,10 +118,12 @@ def streamed(text: str, fam: Family, size: int) -> tuple[str, list[Call], list[s
 
 
 @pytest.mark.parametrize(("name", "expected", "parallel"), TEMPLATES, ids=[t[0] for t in TEMPLATES])
-def test_each_template_is_told_its_family_and_its_own_calls_parse_back(name: str, expected: str, parallel: bool) -> None:
+def test_each_template_is_told_its_family_and_its_own_calls_parse_back(
+    name: str, expected: str, parallel: bool
+) -> None:
     fam = family(template(name))
     assert fam.name == expected
-    calls = [("get_weather", LISBON), ("get_time", OSLO)] if parallel else [("get_weather", LISBON)]
+    calls: list[tuple[str, dict[str, Any]]] = [("get_weather", LISBON), ("get_time", OSLO)][: 2 if parallel else 1]
     text = model_output(name, calls)
     assert text, name
     found = split(text, fam, FUNCTIONS)
@@ -168,8 +174,7 @@ RECORDED = [
     # gpt-oss as it writes a call: the recipient after the channel, and <|constrain|>
     (
         "gpt-oss",
-        "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"
-        '{"tz":"Europe/Oslo"}<|call|>',
+        '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz":"Europe/Oslo"}<|call|>',
         "",
     ),
     # ... after its analysis channel (left for the reasoning parser, untouched)
@@ -180,12 +185,15 @@ RECORDED = [
         "<|channel|>analysis<|message|>Need the time in Oslo.<|end|>",
     ),
     # ... where its special tokens render as nothing
-    ("gpt-oss", 'analysisNeed the time.assistantcommentary to=functions.get_time json{"tz":"Europe/Oslo"}', "analysisNeed the time.assistantcommentary"),
+    (
+        "gpt-oss",
+        'analysisNeed the time.assistantcommentary to=functions.get_time json{"tz":"Europe/Oslo"}',
+        "analysisNeed the time.assistantcommentary",
+    ),
     # DeepSeek R1 leaving out the outer marker, and with the end markers cut by the end of generation
     (
         "deepseek-r1",
-        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
-        '{"tz": "Europe/Oslo"}\n```<｜tool▁call▁end｜>',
+        '<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"tz": "Europe/Oslo"}\n```<｜tool▁call▁end｜>',
         "",
     ),
     # Mistral where [TOOL_CALLS] and [ARGS] render as nothing
@@ -237,9 +245,17 @@ BROKEN = [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"days": 2}}\n</tool_call>', "'city' is a required"),
     ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Eur', "not JSON"),
     ("hermes", '{"name": "get_time", "arguments": {"tz": ', "cut short"),
-    ("qwen3-coder", "<tool_call>\n<function=get_weather>\n<parameter=days>\n0\n</parameter>\n</function>\n</tool_call>", "get_weather"),
+    (
+        "qwen3-coder",
+        "<tool_call>\n<function=get_weather>\n<parameter=days>\n0\n</parameter>\n</function>\n</tool_call>",
+        "get_weather",
+    ),
     ("gpt-oss", '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz": "Eu', "cut short"),
-    ("deepseek-v3.1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{tz: oslo}<｜tool▁call▁end｜>", "not JSON"),
+    (
+        "deepseek-v3.1",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{tz: oslo}<｜tool▁call▁end｜>",
+        "not JSON",
+    ),
     ("mistral", '[TOOL_CALLS]get_time[ARGS]{"tz": 5}', "is not of type 'string'"),
     ("gemma4", "<|tool_call>call:get_time{tz:Oslo}<tool_call|>", "Gemma"),
 ]
@@ -316,3 +332,18 @@ def test_gemma_notation_and_python_calls() -> None:
     )
     assert python_call("get_weather(__import__('os').system('x'))") is None
     assert python_call("get_weather(city=open('f'))") is None
+
+
+def test_the_calls_before_one_cut_short_stand() -> None:
+    texts = {
+        "mistral": '[TOOL_CALLS]get_time[ARGS]{"tz": "Europe/Oslo"}[TOOL_CALLS]get_weather[ARGS]{"city": "Os',
+        "deepseek-v3.1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
+        '{"tz": "Europe/Oslo"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"ci',
+        "gemma4": '<|tool_call>call:get_time{tz:<|"|>Europe/Oslo<|"|>}<tool_call|><|tool_call>call:get_weather{ci',
+        "hermes": '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"ci',
+    }
+    for name, text in texts.items():
+        found = split(text, FAMILY[name], FUNCTIONS)
+        assert parsed(found) == [("get_time", OSLO)], name
+        assert found.content and text.endswith(found.content) and len(found.problems) == 1, (name, found)

@@ -18,6 +18,7 @@ from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.toolcalls.families import FAMILIES, GRAMMARS, HERMES, LLAMA3, MISTRAL_JSON, CallFormat, Family
 from localrun.structured.toolcalls.split import parse_calls
+from localrun.structured.toolcalls.syntax import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
 from localrun.structured.tools import Call, Function, tool_grammar
 from tests.helpers import collect
 
@@ -68,7 +69,10 @@ def test_each_format_parses(fmt: CallFormat, text: str, content: str) -> None:
 def test_what_is_not_a_whole_valid_call_is_content() -> None:
     whole = 'x <tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>'
     cut = whole + '\n<tool_call>\n{"name": "get_ti'
-    assert parse_calls(cut, HERMES_READ, FUNCTIONS) == ('x<tool_call>\n{"name": "get_ti', [Call("get_time", {"tz": 1}, '{"tz": 1}')])
+    assert parse_calls(cut, HERMES_READ, FUNCTIONS) == (
+        'x<tool_call>\n{"name": "get_ti',
+        [Call("get_time", {"tz": 1}, '{"tz": 1}')],
+    )
     undeclared = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
     assert parse_calls(undeclared, HERMES_READ, FUNCTIONS) == (undeclared, [])
     invalid = '<tool_call>\n{"name": "get_time", "arguments": {"tz": 99}}\n</tool_call>'
@@ -158,10 +162,14 @@ def test_a_doubled_brace_call_is_a_call_and_is_constrained(engine: Engine) -> No
 @pytest.mark.parametrize(
     ("fmt", "call"),
     [
-        (GRAMMARS[1], '<tool_call>\n<function=get_time>\n<parameter=tz>\n4\n</parameter>\n</function>\n</tool_call>'),
+        (GRAMMARS[1], "<tool_call>\n<function=get_time>\n<parameter=tz>\n4\n</parameter>\n</function>\n</tool_call>"),
         (GRAMMARS[4], '[TOOL_CALLS]get_time[ARGS]{"tz": 4}'),
-        (GRAMMARS[6], '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{"tz": 4}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
-        (GRAMMARS[7], '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": 4}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+        (
+            GRAMMARS[6],
+            f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}get_time\n```json\n"
+            f'{{"tz": 4}}\n```{DS_CALL_END}{DS_CALLS_END}',
+        ),
+        (GRAMMARS[7], f'{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_time{DS_SEP}{{"tz": 4}}{DS_CALL_END}{DS_CALLS_END}'),
     ],
     ids=lambda v: v.name if isinstance(v, CallFormat) else "",
 )

@@ -154,25 +154,27 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+# (text the template holds, all of it; the family): the first that matches
+# decides. Mistral Nemo writes a JSON list after [TOOL_CALLS], newer Mistral
+# templates NAME[ARGS]{...}; DeepSeek R1 writes `function<sep>NAME` and a
+# fenced block, V3.1 `NAME<sep>` and the JSON.
+DETECT: tuple[tuple[tuple[str, ...], Family], ...] = (
+    (("<|channel|>",), HARMONY_FAMILY),
+    (("[TOOL_CALLS]", "[ARGS]"), MISTRAL_FAMILY),
+    (("[TOOL_CALLS]",), MISTRAL_NEMO_FAMILY),
+    (("tool▁calls▁begin", "```json"), DEEPSEEK_R1_FAMILY),
+    (("tool▁calls▁begin",), DEEPSEEK_V31_FAMILY),
+    (("<|tool_call>call:",), GEMMA4_FAMILY),
+    (("<tool_call>", "<function=", "<parameter="), QWEN3_CODER_FAMILY),
+    (("<|tool_call|>",), GRANITE_FAMILY),
+    (("<|python_tag|>",), LLAMA3_FAMILY),
+    (('{"name": function name, "parameters":',), LLAMA3_FAMILY),  # Llama 3.2's JSON calls
+)
+
+
 def family(template: str | None) -> Family:
     """The family whose calls the model of ``template`` writes (Hermes, the
     format localrun describes tools in to a template that takes none, when
     nothing else is recognised)."""
     src = template or ""
-    if "<|channel|>" in src:
-        return HARMONY_FAMILY
-    if "[TOOL_CALLS]" in src:
-        # Mistral Nemo writes a JSON list after the marker; newer templates NAME[ARGS]{...}
-        return MISTRAL_FAMILY if "[ARGS]" in src else MISTRAL_NEMO_FAMILY
-    if "tool▁calls▁begin" in src:
-        # R1 writes `function<sep>NAME` and a fenced block, V3.1 `NAME<sep>` and the JSON
-        return DEEPSEEK_R1_FAMILY if "```json" in src else DEEPSEEK_V31_FAMILY
-    if "<|tool_call>call:" in src:
-        return GEMMA4_FAMILY
-    if "<tool_call>" in src and "<function=" in src and "<parameter=" in src:
-        return QWEN3_CODER_FAMILY
-    if "<|tool_call|>" in src:
-        return GRANITE_FAMILY
-    if "<|python_tag|>" in src or '{"name": function name, "parameters":' in src:
-        return LLAMA3_FAMILY
-    return HERMES_FAMILY
+    return next((fam for marks, fam in DETECT if all(mark in src for mark in marks)), HERMES_FAMILY)

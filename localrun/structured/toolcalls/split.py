@@ -75,7 +75,9 @@ def split(text: str, family: Family, functions: list[Function], *, final: bool =
         end = max(region.end, region.start + 1)
         checked = region.problem or _checked(region, declared)
         if isinstance(checked, str):
-            problems.append(f"{family.name}: a tool call left as text ({checked}): {_snippet(text[region.start : end])}")
+            problems.append(
+                f"{family.name}: a tool call left as text ({checked}): {_snippet(text[region.start : end])}"
+            )
         else:
             calls += checked
             spans.append((region.start, end))

@@ -224,7 +224,7 @@ def function_tags(text: str, pos: int, ctx: Context) -> Region | None:
             end = tail + len("</tool_call>")
         elif tail >= 0 and not text[end:tail].strip() and not ctx.final:
             return _open(start)
-        found = _xml_calls(text[start:close + len("</function>")], ctx)
+        found = _xml_calls(text[start : close + len("</function>")], ctx)
         return _bad(start, end, found) if isinstance(found, str) else Region(start, end, found)
 
 
@@ -347,12 +347,12 @@ def tool_code(text: str, pos: int, ctx: Context) -> Region | None:
 # ------------------------------------------------------ marker + JSON calls --
 
 
-def marker_then_json(marker: str, *, leading: bool = False) -> Finder:
+def marker_then_json(marker: str) -> Finder:  # noqa: C901  one way out for each way the text may stand
     """``MARKER`` then JSON calls (one object, a list, or several):
     Llama 3.1's ``<|python_tag|>``, Granite 3's ``<|tool_call|>``,
     Mistral Nemo's ``[TOOL_CALLS]``."""
 
-    def find(text: str, pos: int, ctx: Context) -> Region | None:
+    def find(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, PLR0911  one way out for each way the text may stand
         start, whole = find_marker(text, pos, marker)
         if start < 0:
             return None
@@ -409,7 +409,7 @@ def _mistral_head(text: str, at: int) -> tuple[str, int] | str:
     return end if isinstance(end, str) else (name.group(1), end)
 
 
-def mistral(text: str, pos: int, ctx: Context) -> Region | None:
+def mistral(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, PLR0911, PLR0912  one way out for each way the text may stand
     """``[TOOL_CALLS]`` then a JSON list of calls (Mistral Nemo), or
     ``NAME[ARGS]{...}`` with an optional ``[CALL_ID]id`` (Mistral Small 3.2,
     Devstral, Ministral 3), each call with its own marker or one for all."""
@@ -434,9 +434,11 @@ def mistral(text: str, pos: int, ctx: Context) -> Region | None:
             break
         found = read_object(text, head[1])
         if found == INCOMPLETE:
-            if ctx.final:
-                return _bad(start, len(text), "the call is cut short")
-            return _open(start)
+            if not ctx.final:
+                return _open(start)
+            if calls:  # the calls before it stand
+                break
+            return _bad(start, len(text), "the call is cut short")
         if isinstance(found, str):
             return _bad(start, len(text), "the arguments are not JSON")
         calls.append(Written(head[0], found[0]))
@@ -453,7 +455,7 @@ def mistral(text: str, pos: int, ctx: Context) -> Region | None:
     return Region(start, end, tuple(calls))
 
 
-def name_then_json(text: str, pos: int, ctx: Context) -> Region | None:
+def name_then_json(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: PLR0911  one way out for each way the text may stand
     """A declared NAME then its JSON arguments opening the reply: Mistral's
     ``NAME[ARGS]{...}`` where ``[TOOL_CALLS]`` and ``[ARGS]`` render as nothing."""
     start = skip_space(text, pos)
@@ -507,10 +509,9 @@ def _deepseek_call(body: str) -> Written | str:
     return Written(name, found[0])
 
 
-def deepseek(text: str, pos: int, ctx: Context) -> Region | None:
-    """DeepSeek R1 / V3 / V3.1: ``<｜tool▁calls▁begin｜>`` (left out at times),
-    calls between ``<｜tool▁call▁begin｜>`` and ``<｜tool▁call▁end｜>``, then
-    ``<｜tool▁calls▁end｜>``."""
+def deepseek(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, PLR0911, PLR0912  one way out for each way the text may stand
+    """DeepSeek R1 / V3 / V3.1: the calls' opening marker (left out at times),
+    each call between its own markers, then the calls' closing marker (`DS_*`)."""
     outer, outer_whole = find_marker(text, pos, DS_CALLS_BEGIN)
     inner, inner_whole = find_marker(text, pos, DS_CALL_BEGIN)
     candidates = [(at, whole) for at, whole in ((outer, outer_whole), (inner, inner_whole)) if at >= 0]
@@ -536,9 +537,11 @@ def deepseek(text: str, pos: int, ctx: Context) -> Region | None:
             break
         close, closed = find_marker(text, i, DS_CALL_END)
         if not closed:
-            if ctx.final:
-                return _bad(start, len(text), "the call is cut short")
-            return _open(start)
+            if not ctx.final:
+                return _open(start)
+            if calls:  # the calls before it stand
+                break
+            return _bad(start, len(text), "the call is cut short")
         found = _deepseek_call(text[i + len(DS_CALL_BEGIN) : close])
         if isinstance(found, str):
             return _bad(start, close + len(DS_CALL_END), found)
@@ -563,7 +566,7 @@ _HARMONY_CALL = re.compile(
 _HEADER_START = re.compile(r"<\|start\|>|<\|channel\|>")
 
 
-def harmony(text: str, pos: int, ctx: Context) -> Region | None:
+def harmony(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: PLR0911  one way out for each way the text may stand
     """gpt-oss: a commentary message to ``functions.NAME`` whose body is the
     JSON arguments (then ``<|call|>``, which ends the generation). Other
     channels (``analysis``, ``final``) are left as they are."""
@@ -612,7 +615,7 @@ def _harmony_held(text: str, pos: int) -> int | None:
 # --------------------------------------------------------------- Gemma 4 --
 
 
-def gemma4(text: str, pos: int, ctx: Context) -> Region | None:
+def gemma4(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, PLR0911  one way out for each way the text may stand
     """Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>``
     (its own notation, not JSON)."""
     opening = "<|tool_call>call:"
@@ -631,7 +634,11 @@ def gemma4(text: str, pos: int, ctx: Context) -> Region | None:
         name = text[i + len(opening) : brace].strip()
         found = gemma_value(text, brace)
         if found == INCOMPLETE:
-            return _bad(start, len(text), "the call is cut short") if ctx.final else _open(start)
+            if not ctx.final:
+                return _open(start)
+            if calls:  # the calls before it stand
+                break
+            return _bad(start, len(text), "the call is cut short")
         if isinstance(found, str):
             return _bad(start, len(text), "the arguments are not in Gemma's notation")
         calls.append(Written(name, found[0]))
@@ -645,4 +652,3 @@ def gemma4(text: str, pos: int, ctx: Context) -> Region | None:
         if not ctx.final and opening.startswith(text[i:]):
             return _open(start)  # another call may follow
     return Region(start, end, tuple(calls))
-

@@ -163,7 +163,7 @@ GEMMA_QUOTE = '<|"|>'
 _GEMMA_SCALAR = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?|true|false|null")
 
 
-def gemma_value(text: str, at: int) -> tuple[Any, int] | str:
+def gemma_value(text: str, at: int) -> tuple[Any, int] | str:  # noqa: PLR0911  one way out for each way the text may stand
     """One value of Gemma 4's call notation at ``at``, and where it ends."""
     at = skip_space(text, at)
     if at >= len(text):
@@ -182,13 +182,15 @@ def gemma_value(text: str, at: int) -> tuple[Any, int] | str:
     match = _GEMMA_SCALAR.match(text, at)
     if match is None:
         rest = text[at:]
-        return INCOMPLETE if rest == "-" or any(word.startswith(rest) for word in ("true", "false", "null")) else INVALID
+        return (
+            INCOMPLETE if rest == "-" or any(word.startswith(rest) for word in ("true", "false", "null")) else INVALID
+        )
     if match.end() == len(text):
         return INCOMPLETE  # a number may go on
     return json.loads(match.group()), match.end()
 
 
-def _gemma_items(text: str, at: int, close: str, *, keyed: bool) -> tuple[Any, int] | str:
+def _gemma_items(text: str, at: int, close: str, *, keyed: bool) -> tuple[Any, int] | str:  # noqa: PLR0911  one way out for each way the text may stand
     items: list[Any] = []
     keys: list[str] = []
     at = skip_space(text, at)
