@@ -6,6 +6,7 @@ until it is whole, and only what may be the start of one)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -97,19 +98,26 @@ def render_call(name: str, arguments: Any) -> str:
     return HERMES.each + json.dumps({"name": name, HERMES.key: arguments}, ensure_ascii=False) + HERMES.after_each
 
 
+def short_id(call_id: str) -> str:
+    """A call's id as Mistral's templates demand it: nine letters and digits
+    (the same for the call and its result)."""
+    return call_id if len(call_id) == 9 and call_id.isalnum() else hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
 def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[dict[str, Any]]:
     """The messages as the template takes them: calls and results as its own
     fields where it takes tools, else as Hermes-style text, with the tools
     described in the system prompt."""
     out: list[dict[str, Any]] = []
     native = use is None or use.native
+    short = use is not None and use.family.short_ids
     for m in messages:
         calls = m.get("tool_calls") or []
         if m["role"] == "assistant" and calls:
             if native:
                 converted = [
                     {
-                        "id": c["id"],
+                        "id": short_id(c["id"]) if short else c["id"],
                         "type": "function",
                         "function": {
                             "name": c["function"]["name"],
@@ -127,6 +135,8 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
                 out.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + text})
         elif m["role"] == "tool" and not native:
             out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        elif m["role"] == "tool" and short and m.get("tool_call_id"):
+            out.append(m | {"tool_call_id": short_id(m["tool_call_id"])})
         else:
             out.append({k: v for k, v in m.items() if k != "tool_calls" or v})
     if use is not None and not native and use.choice is not None:

@@ -18,7 +18,7 @@ from localrun.serve.tools import ToolStream, ToolUse, conversation, function_fro
 from localrun.structured.toolcalls.families import HERMES_FAMILY, MISTRAL_FAMILY
 from tests.serve.conftest import Server, start
 from tests.tinymodel import CHATML, write_tiny_model
-from tests.vendored import template
+from tests.vendored import template, templates
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -37,6 +37,12 @@ TOOLS: Any = [
 ]
 MODEL = "tiny-long"
 QUESTION: Any = [{"role": "user", "content": "What's the weather in Lisbon?"}]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def vendored() -> None:
+    """The templates read once, from the real cache (before a test sends the user's directories to tmp)."""
+    templates()
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +304,15 @@ def test_a_call_cut_short_is_text_and_a_warning_in_the_log(devstral: Server) -> 
     while "left as text" not in devstral.log and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "warning: " in devstral.log and "a tool call left as text" in devstral.log
+
+
+@pytest.mark.parametrize("name", ["Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407"])
+def test_mistral_templates_get_the_call_ids_they_demand(name: str) -> None:
+    """Their templates raise on an id that is not nine letters and digits; OpenAI's ids are longer."""
+    source = template(name)
+    use = tool_use(TOOLS, "auto", None, source)
+    assert use is not None and use.native
+    history: Any = [*HISTORY[:1], HISTORY[1] | {"tool_calls": [HISTORY[1]["tool_calls"][0] | {"id": "call_8f3a29c1"}]}]
+    history.append(HISTORY[2] | {"tool_call_id": "call_8f3a29c1"})
+    text = render_chat(source, conversation(history, use), bos_token="<s>", eos_token="</s>", tools=use.declared)
+    assert "get_weather" in text and "18 degrees" in text

@@ -112,6 +112,7 @@ class Family:
     own: tuple[Finder, ...]
     grammar: CallFormat | None
     preserved: tuple[str, ...] = ()
+    short_ids: bool = False  # its template refuses a call id that is not nine letters and digits
 
     @property
     def finders(self) -> tuple[Finder, ...]:
@@ -123,9 +124,13 @@ HERMES_FAMILY = Family("hermes", (syntax.tool_call_tags,), HERMES, _TOOL_CALL)
 QWEN3_CODER_FAMILY = Family("qwen3-coder", (syntax.tool_call_tags, syntax.function_tags), QWEN3_CODER, _TOOL_CALL)
 LLAMA3_FAMILY = Family("llama3", (syntax.marker_then_json("<|python_tag|>"),), LLAMA3, ("<|python_tag|>",))
 MISTRAL_FAMILY = Family(
-    "mistral", (syntax.mistral, syntax.name_then_json), MISTRAL_ARGS, ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    "mistral",
+    (syntax.mistral, syntax.name_then_json),
+    MISTRAL_ARGS,
+    ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    short_ids=True,
 )
-MISTRAL_NEMO_FAMILY = Family("mistral-nemo", (syntax.mistral,), MISTRAL_JSON, ("[TOOL_CALLS]",))
+MISTRAL_NEMO_FAMILY = Family("mistral-nemo", (syntax.mistral,), MISTRAL_JSON, ("[TOOL_CALLS]",), short_ids=True)
 GRANITE_FAMILY = Family("granite", (syntax.marker_then_json("<|tool_call|>"),), GRANITE, ("<|tool_call|>",))
 _DEEPSEEK = (DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP)
 DEEPSEEK_R1_FAMILY = Family("deepseek-r1", (syntax.deepseek,), DEEPSEEK_R1, _DEEPSEEK)

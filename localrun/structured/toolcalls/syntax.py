@@ -455,26 +455,42 @@ def mistral(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, 
     return Region(start, end, tuple(calls))
 
 
-def name_then_json(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: PLR0911  one way out for each way the text may stand
-    """A declared NAME then its JSON arguments opening the reply: Mistral's
-    ``NAME[ARGS]{...}`` where ``[TOOL_CALLS]`` and ``[ARGS]`` render as nothing."""
+def name_then_json(text: str, pos: int, ctx: Context) -> Region | None:
+    """Declared NAMEs each followed by its JSON arguments, opening the reply:
+    Mistral's ``[TOOL_CALLS]NAME[ARGS]{...}`` where ``[TOOL_CALLS]`` and
+    ``[ARGS]`` render as nothing. With any text after them they are not
+    calls, so they are held back to the end."""
     start = skip_space(text, pos)
     if text[:start].strip() or start >= len(text):
         return None
-    rest = text[start:]
-    for name in ctx.names:
-        if rest.startswith(name + "{") or rest.startswith(name + " {"):
-            found = read_object(text, start + len(name))
-            if found == INCOMPLETE:
-                return None if ctx.final else _open(start)
-            if isinstance(found, str):
-                return None
-            if skip_space(text, found[1]) < len(text):
-                return None  # text after it: not a call on its own
-            return Region(start, found[1], (Written(name, found[0]),))
-        if name.startswith(rest) and not ctx.final:
+    calls: list[Written] = []
+    i = start
+    while i < len(text):
+        head = _declared_name(text, i, ctx)
+        if head == INCOMPLETE and not ctx.final:
             return _open(start)
-    return None
+        if isinstance(head, str):
+            return None
+        found = read_object(text, head[1])
+        if found == INCOMPLETE:
+            return _bad(start, len(text), "the call is cut short") if ctx.final else _open(start)
+        if isinstance(found, str):
+            return None
+        calls.append(Written(head[0], found[0]))
+        i = skip_space(text, found[1])
+    return Region(start, len(text), tuple(calls)) if ctx.final else _open(start)
+
+
+def _declared_name(text: str, at: int, ctx: Context) -> tuple[str, int] | str:
+    """A declared name followed by ``{`` at ``at``: the name and where its ``{`` is."""
+    for name in ctx.names:
+        if text.startswith(name, at):
+            brace = skip_space(text, at + len(name))
+            if brace >= len(text):
+                return INCOMPLETE
+            if text[brace] == "{":
+                return name, brace
+    return INCOMPLETE if any(name.startswith(text[at:]) for name in ctx.names) else INVALID
 
 
 # ------------------------------------------------------- DeepSeek R1 and V3 --
