@@ -15,7 +15,7 @@ from typing import Any
 
 from localrun.errors import InvalidRequestError
 from localrun.structured.toolcalls.families import HERMES, Family, family
-from localrun.structured.toolcalls.split import Split, split
+from localrun.structured.toolcalls.split import Memo, Split, split
 from localrun.structured.tools import Call, Choice, Function, takes_tools, tools_prompt
 
 
@@ -197,11 +197,12 @@ class ToolStream:
         self.text = ""
         self.sent = 0  # characters of the content sent
         self.ids: list[str] = []  # of the calls sent
+        self.memo: Memo = {}  # the calls' checks, kept from one split of the reply to the next
 
     def feed(self, piece: str) -> tuple[str, list[CallDelta]]:
         """The content that can go out now, and the calls finished since."""
         self.text += piece
-        return self._out(split(self.text, self.use.family, self.use.functions, final=False))
+        return self._out(split(self.text, self.use.family, self.use.functions, final=False, memo=self.memo))
 
     def _out(self, found: Split) -> tuple[str, list[CallDelta]]:
         content = found.content[self.sent :]
@@ -215,7 +216,7 @@ class ToolStream:
 
     def finish(self) -> tuple[str, list[CallDelta], list[Call]]:
         """(the content not sent yet, the calls not sent yet, all the calls)."""
-        found = split(self.text, self.use.family, self.use.functions)
+        found = split(self.text, self.use.family, self.use.functions, memo=self.memo)
         self.use.note(found)
         content, deltas = self._out(found)
         return content, deltas, found.calls if self.use.parallel else found.calls[:1]

@@ -28,7 +28,10 @@ class Split:
     problems: list[str] = field(default_factory=list)
 
 
-def _checked(region: Region, declared: dict[str, Function]) -> list[Call] | str:
+Memo = dict[tuple[str, str], "str | None"]
+
+
+def _checked(region: Region, declared: dict[str, Function], memo: Memo) -> list[Call] | str:
     calls = []
     for written in region.calls:
         function = declared.get(written.name)
@@ -38,8 +41,10 @@ def _checked(region: Region, declared: dict[str, Function]) -> list[Call] | str:
         if not isinstance(args, dict):
             return f"{written.name}: the arguments are not an object"
         raw = json.dumps(args, ensure_ascii=False)
-        problem = json_problem(function.parameters, raw)
-        if problem is not None:
+        key = (written.name, raw)
+        if key not in memo:
+            memo[key] = json_problem(function.parameters, raw)
+        if (problem := memo[key]) is not None:
             return f"{written.name}: {problem}"
         calls.append(Call(written.name, args, raw))
     return calls
@@ -49,10 +54,14 @@ def _snippet(text: str) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def split(text: str, family: Family, functions: list[Function], *, final: bool = True) -> Split:
+def split(
+    text: str, family: Family, functions: list[Function], *, final: bool = True, memo: Memo | None = None
+) -> Split:
     """The content and the calls of ``text``; ``final`` False: more text may
     come, so what may still turn into a call is held back (and trailing
-    spaces: the spaces next to a call are the layout's, not content)."""
+    spaces: the spaces next to a call are the layout's, not content).
+    ``memo`` keeps the calls' checks for the next split of the same reply."""
+    memo = {} if memo is None else memo
     declared = {f.name: f for f in functions}
     schemas: dict[str, Any] = {f.name: f.parameters for f in functions}
     ctx = Context(frozenset(declared), schemas, final)
@@ -73,7 +82,7 @@ def split(text: str, family: Family, functions: list[Function], *, final: bool =
             pos = region.start + 1
             continue
         end = max(region.end, region.start + 1)
-        checked = region.problem or _checked(region, declared)
+        checked = region.problem or _checked(region, declared, memo)
         if isinstance(checked, str):
             problems.append(
                 f"{family.name}: a tool call left as text ({checked}): {_snippet(text[region.start : end])}"

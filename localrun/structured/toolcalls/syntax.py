@@ -586,7 +586,9 @@ def harmony(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: PLR091
     """gpt-oss: a commentary message to ``functions.NAME`` whose body is the
     JSON arguments (then ``<|call|>``, which ends the generation). Other
     channels (``analysis``, ``final``) are left as they are."""
-    match = _HARMONY_CALL.search(text, pos)
+    recipient = text.find("to=functions.", pos)
+    # the header's beginning is at most a few markers before its recipient
+    match = _HARMONY_CALL.search(text, max(pos, recipient - 64)) if recipient >= 0 else None
     if match is not None and skip_space(text, match.end()) >= len(text) and not ctx.final:
         return _open(match.start())
     if match is None or not text.startswith("{", skip_space(text, match.end())):
@@ -613,11 +615,10 @@ def _harmony_held(text: str, pos: int) -> int | None:
     ``<|message|>``, or a recipient whose JSON has not begun), or where a
     beginning of ``to=functions.`` ends the text."""
     held = []
-    for header in _HEADER_START.finditer(text, pos):
-        rest = text[header.start() :]
-        if "<|message|>" not in rest and "<|end|>" not in rest:
-            held.append(header.start())
-            break
+    after = max(pos, text.rfind("<|message|>") + 1, text.rfind("<|end|>") + 1)
+    header = _HEADER_START.search(text, after)
+    if header is not None:
+        held.append(header.start())
     for marker in ("<|start|>", "<|channel|>", "<|message|>"):
         at, whole = find_marker(text, pos, marker)
         if at >= 0 and not whole:
