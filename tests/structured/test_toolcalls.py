@@ -350,3 +350,13 @@ def test_the_calls_before_one_cut_short_stand() -> None:
         found = split(text, FAMILY[name], FUNCTIONS)
         assert parsed(found) == [("get_time", OSLO)], name
         assert found.content and text.endswith(found.content) and len(found.problems) == 1, (name, found)
+
+
+MARKER = re.compile(r"<\|[\w\"]+\|>|<\|\w+>|<\w+\|>|\[[A-Z_]+\]|<｜[^｜<>]+｜>|</?tool_call>")
+
+
+@pytest.mark.parametrize(("name", "expected", "parallel"), TEMPLATES, ids=[t[0] for t in TEMPLATES])
+def test_each_family_names_the_markers_its_calls_need_as_text(name: str, expected: str, parallel: bool) -> None:
+    """The markers in a family's calls (special tokens that a plain rendering drops) are its `preserved`."""
+    text = model_output(name, [("get_weather", LISBON)])
+    assert set(MARKER.findall(text)) <= set(family(template(name)).preserved), text
