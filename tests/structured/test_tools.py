@@ -18,7 +18,7 @@ from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.toolcalls.families import FAMILIES, GRAMMARS, HERMES, LLAMA3, MISTRAL_JSON, CallFormat, Family
 from localrun.structured.toolcalls.split import parse_calls
-from localrun.structured.toolcalls.syntax import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
+from localrun.structured.toolcalls.vendors import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
 from localrun.structured.tools import Call, Function, tool_grammar
 from tests.helpers import collect
 

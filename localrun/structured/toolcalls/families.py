@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from localrun.structured.toolcalls import syntax
-from localrun.structured.toolcalls.syntax import (
+from localrun.structured.toolcalls import syntax, vendors
+from localrun.structured.toolcalls.syntax import Finder
+from localrun.structured.toolcalls.vendors import (
     DS_CALL_BEGIN,
     DS_CALL_END,
     DS_CALLS_BEGIN,
     DS_CALLS_END,
     DS_SEP,
-    Finder,
 )
 
 
@@ -125,25 +125,25 @@ QWEN3_CODER_FAMILY = Family("qwen3-coder", (syntax.tool_call_tags, syntax.functi
 LLAMA3_FAMILY = Family("llama3", (syntax.marker_then_json("<|python_tag|>"),), LLAMA3, ("<|python_tag|>",))
 MISTRAL_FAMILY = Family(
     "mistral",
-    (syntax.mistral, syntax.name_then_json),
+    (vendors.mistral, vendors.name_then_json),
     MISTRAL_ARGS,
     ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
     short_ids=True,
 )
-MISTRAL_NEMO_FAMILY = Family("mistral-nemo", (syntax.mistral,), MISTRAL_JSON, ("[TOOL_CALLS]",), short_ids=True)
+MISTRAL_NEMO_FAMILY = Family("mistral-nemo", (vendors.mistral,), MISTRAL_JSON, ("[TOOL_CALLS]",), short_ids=True)
 GRANITE_FAMILY = Family("granite", (syntax.marker_then_json("<|tool_call|>"),), GRANITE, ("<|tool_call|>",))
 _DEEPSEEK = (DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP)
-DEEPSEEK_R1_FAMILY = Family("deepseek-r1", (syntax.deepseek,), DEEPSEEK_R1, _DEEPSEEK)
-DEEPSEEK_V31_FAMILY = Family("deepseek-v3.1", (syntax.deepseek,), DEEPSEEK_V31, _DEEPSEEK)
+DEEPSEEK_R1_FAMILY = Family("deepseek-r1", (vendors.deepseek,), DEEPSEEK_R1, _DEEPSEEK)
+DEEPSEEK_V31_FAMILY = Family("deepseek-v3.1", (vendors.deepseek,), DEEPSEEK_V31, _DEEPSEEK)
 # the channels and the end of the header are special tokens that free text
 # cannot write under a grammar: gpt-oss's calls are read, not constrained
 HARMONY_FAMILY = Family(
     "gpt-oss",
-    (syntax.harmony,),
+    (vendors.harmony,),
     None,
     ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>"),
 )
-GEMMA4_FAMILY = Family("gemma4", (syntax.gemma4,), None, ("<|tool_call>", "<tool_call|>", '<|"|>'))
+GEMMA4_FAMILY = Family("gemma4", (vendors.gemma4,), None, ("<|tool_call>", "<tool_call|>", '<|"|>'))
 
 FAMILIES: tuple[Family, ...] = (
     HERMES_FAMILY,
