@@ -15,7 +15,7 @@ from localrun.errors import InvalidRequestError
 from localrun.events import Stats
 from localrun.serve.errors import ApiError
 from localrun.serve.schemas import ChatRequest, json_object, media_refused, parse_data
-from localrun.serve.tools import ToolStream, ToolUse, new_id, split_reply
+from localrun.serve.tools import CallDelta, ToolStream, ToolUse, new_id, split_reply
 from localrun.structured.tools import Call
 
 # fields that change nothing here (prompt caching is always on)
@@ -264,20 +264,21 @@ class Message:
         if self.held is None:
             return self._text(piece)
         piece, deltas = self.held.feed(piece)
-        out = self._text(piece)
+        return self._text(piece) + self._calls(deltas)
+
+    def _calls(self, deltas: list[CallDelta]) -> list[str]:
+        out = []
         for d in deltas:
-            if d.id is not None:
-                out += self._open({"type": "tool_use", "id": "toolu_" + d.id, "name": d.name, "input": {}})
-            if d.arguments:
-                out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
+            out += self._open({"type": "tool_use", "id": "toolu_" + d.id, "name": d.name, "input": {}})
+            out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
         return out
 
     def finish(self, stats: Stats) -> list[str]:
         calls: list[Call] = []
         out = []
         if self.held is not None:
-            rest, calls = self.held.finish()
-            out += self._text(rest)
+            rest, deltas, calls = self.held.finish()
+            out += self._text(rest) + self._calls(deltas)
         out += self._close()
         end = {"stop_reason": _stop_reason(stats, calls), "stop_sequence": self._stop_sequence(stats)}
         out.append(event("message_delta", {"delta": end, "usage": _usage(stats)}))

@@ -16,7 +16,7 @@ import contextlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, InvalidRequestError, LocalrunError
-from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats
+from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats, TokenChoice
 from localrun.serve import anthropic
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
@@ -37,7 +37,7 @@ from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
 from localrun.serve.served import ModelTable, ServedModel
-from localrun.serve.tools import ToolStream, ToolUse, call_objects, split_reply
+from localrun.serve.tools import CallDelta, ToolStream, ToolUse, call_objects, split_reply
 from localrun.serve.worker import Failed, JobEvent
 
 MAX_BODY = 16 * 2**20  # bytes a request body may have
@@ -155,6 +155,11 @@ class Job:
         with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
+    def notice(self, text: str) -> None:
+        """Something of this request's the server's log should say (a tool call left as text)."""
+        if self.on_event is not None:
+            self.on_event(Notice(f"{self.model.id}: {text}"))
+
     def end(self, status: int, stats: Stats | None = None, outcome: str = "", text: str | None = None) -> None:
         if self.ended:
             return
@@ -235,9 +240,9 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
         elif isinstance(event, SequenceDone):
             reason = None
             if held is not None:
-                rest, found = held.finish()
-                if rest:
-                    yield reply.chunk(rest)
+                rest, deltas, found = held.finish()
+                for chunk in _pieces(reply, rest, deltas):
+                    yield chunk
                 reason = "tool_calls" if found else None
             yield reply.chunk(None, stats=event.stats, reason=reason)
             if include_usage:
@@ -257,8 +262,13 @@ def _chunks(reply: Reply, held: ToolStream | None, event: SequenceText | Sequenc
     if isinstance(event, SequenceReasoning):
         return [reply.chunk(None, reasoning=event.text)]
     text, deltas = held.feed(event.text) if held is not None else (event.text, [])
-    first = [reply.chunk(text, logprobs=event.logprobs)] if text or event.logprobs else []
-    return first + [reply.chunk(None, calls=[delta.openai()]) for delta in deltas]
+    return _pieces(reply, text, deltas, event.logprobs)
+
+
+def _pieces(reply: Reply, text: str, calls: list[CallDelta], logprobs: Sequence[TokenChoice] = ()) -> list[str]:
+    """The chunks for more of the reply: its text, then the calls finished with it."""
+    first = [reply.chunk(text, logprobs=logprobs)] if text or logprobs else []
+    return first + [reply.chunk(None, calls=[d.openai()]) for d in calls]
 
 
 Render = Callable[[SequenceDone], dict[str, Any]]
@@ -375,7 +385,7 @@ async def _admit_copies(
         for job in jobs:  # the copies admitted go too
             model.worker.cancel(job.index)
         raise
-    return jobs, use
+    return jobs, replace(use, warn=jobs[0].notice) if use is not None else None
 
 
 async def _respond(job: Job, request: Request, stream: AsyncIterator[str] | None, render: Render) -> Response:

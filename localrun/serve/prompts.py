@@ -101,7 +101,9 @@ def output_spec(
     if use is not None and use.choice is not None:
         if request.response_format is not None:
             raise InvalidRequestError("response_format and tools together are not supported", "response_format")
-        return tool_grammar(model.engine, use.functions, use.fmt, use.choice, parallel=use.parallel)
+        if use.family.grammar is None:  # a family whose calls are read, not constrained
+            return None
+        return tool_grammar(model.engine, use.functions, use.family.grammar, use.choice, parallel=use.parallel)
     if request.response_format is None:
         return None
     try:
