@@ -1,0 +1,174 @@
+"""Every architecture the catalogue names loads and decodes: a tiny random-weight
+model of each family (`tests.synthmodels`: its real tensor layout, tokenizer
+kind, special tokens and chat template) through `show`, `generate`, `chat` and
+`serve`, so that no first `pull` of a family meets a code path that never ran."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
+from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.prompt import build_prompt
+from localrun.runtime.templates import render_chat
+from tests.helpers import cli
+from tests.serve.conftest import Server, start
+from tests.synthmodels import BY_NAME, FAMILIES, N_CTX_TRAIN, N_EMBD, N_HEAD, N_HEAD_KV, Family, write_family_model
+
+NAMES = [f.name for f in FAMILIES]
+N = 6  # tokens to generate: enough to pass the prompt and decode a few steps
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("families")
+    return {f.name: write_family_model(f, directory / f"{f.name}.gguf") for f in FAMILIES}
+
+
+def events(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def written(evs: list[dict[str, Any]]) -> str:
+    """Everything the model wrote, whatever kind of text event carried it."""
+    return "".join(e.get("text", "") for e in evs if e["type"] != "done")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_show_reads_the_family(name: str, family_models: dict[str, Path]) -> None:
+    family = BY_NAME[name]
+    res = cli("show", str(family_models[name]), "--json", "--budget", "64MB")
+    assert res.returncode == 0, res.stderr
+    shown = json.loads(res.stdout)
+    assert shown["architecture"] == family.arch_name
+    assert (shown["layers"], shown["attention_heads"], shown["kv_heads"]) == (family.n_layer, N_HEAD, N_HEAD_KV)
+    assert shown["context_length"] == N_CTX_TRAIN and shown["chat_template"] is True
+    # keys and values of each KV head, in f16, in every layer (the head size written where it differs)
+    assert shown["kv_bytes_per_token"]["f16"] == family.n_layer * N_HEAD_KV * 2 * family.head_dim * 2
+    assert shown["max_context"]["f16"] == N_CTX_TRAIN  # a tiny model: the trained context fits in 64 MB
+    info = describe(read_gguf(family_models[name]))
+    assert shown["weights_bytes"] == info.weights_bytes == sum(t.n_bytes for t in read_gguf(info.path).tensors)
+    assert 0 < info.layer_bytes * family.n_layer == info.block_bytes < info.weights_bytes
+    assert info.output_bytes > 0  # tied families: the embeddings count as the output layer
+    human = cli("show", str(family_models[name]))
+    assert human.returncode == 0 and family.arch_name in human.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_template_renders_and_its_markers_tokenize_whole(name: str, family_models: dict[str, Path]) -> None:
+    """The family's own template, as the GGUF carries it, renders the prompt, and
+    each special token in the rendered text becomes that one token."""
+    family = BY_NAME[name]
+    with Engine(EngineConfig(model_path=family_models[name], n_ctx=2048)) as engine:
+        assert engine.info.chat_template == family.chat_template
+        # what the KV cache costs, as `show` and placement estimate it and as llama.cpp allocated it
+        # (a sliding-window model's two caches together: llama-cpp-python keeps the window layers' full size)
+        assert engine.kv_bytes_per_token == pytest.approx(describe(engine.info).kv_bytes_per_token("f16"), rel=0.01)
+        assert (engine.bos_token, engine.eos_token) == (family.bos, family.eos)
+        tokens = build_prompt(engine, "hello the world").tokens
+        rendered = render_chat(
+            family.chat_template, [{"role": "user", "content": "hello the world"}], bos_token=family.bos,
+            eos_token=family.eos,
+        )  # fmt: skip
+        assert "hello the world" in rendered
+        if engine.add_bos and not rendered.startswith(family.bos):
+            rendered = family.bos + rendered
+        ids = {engine.tokenize(text, add_special=False)[0]: text for text, _ in family.specials}
+        assert len(ids) == len(family.specials)
+        markers, plain = _split(rendered, sorted(ids.values(), key=len, reverse=True))
+        assert markers, "the template writes no special token"
+        assert [ids[t] for t in tokens if t in ids] == markers
+        assert b"".join(engine.piece(t) for t in tokens if t not in ids).decode() == plain
+
+
+def _split(text: str, markers: list[str]) -> tuple[list[str], str]:
+    """The markers in ``text`` from left to right (the longest where two start
+    at one place, as llama.cpp matches them), and the text between them."""
+    found, plain, i = [], [], 0
+    while i < len(text):
+        marker = next((m for m in markers if text.startswith(m, i)), None)
+        if marker is None:
+            plain.append(text[i])
+            i += 1
+        else:
+            found.append(marker)
+            i += len(marker)
+    return found, "".join(plain)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_generate(name: str, family_models: dict[str, Path]) -> None:
+    res = cli("generate", "-m", str(family_models[name]), "-n", str(N), "-t", "0", "--json", "hello the world")
+    assert res.returncode == 0, res.stderr
+    evs = events(res.stdout)
+    done = evs[-1]
+    assert done["type"] == "done" and done["stop_reason"] == "length"
+    assert done["generated_tokens"] == N and done["prompt_tokens"] > 3
+    assert written(evs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_chat_one_turn(name: str, family_models: dict[str, Path]) -> None:
+    res = cli("chat", "-m", str(family_models[name]), "-n", str(N), "-t", "0", "--json", input="hello the world\n")
+    assert res.returncode == 0, res.stderr
+    evs = events(res.stdout)
+    done = [e for e in evs if e["type"] == "done"]
+    assert len(done) == 1 and done[0]["generated_tokens"] == N and done[0]["stop_reason"] == "length"
+    assert written(evs)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def family_server(
+    request: pytest.FixtureRequest, family_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Server]]:
+    name = str(request.param)
+    home = tmp_path_factory.mktemp("home")
+    for server in start(home, "-m", str(family_models[name]), "--ctx", "8192"):
+        yield name, server
+
+
+def test_serve_one_chat_completion(family_server: tuple[str, Server], family_models: dict[str, Path]) -> None:
+    name, server = family_server
+    client = server.client()
+    messages: Any = [{"role": "user", "content": "hello the world"}]
+    reply = client.chat.completions.create(model=name, messages=messages, max_tokens=N, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == N
+    message = choice.message
+    assert (message.content or "") + str((message.model_extra or {}).get("reasoning_content") or "")
+    # the same template and tokenizer as the command line: the same prompt
+    res = cli("chat", "-m", str(family_models[name]), "-n", "1", "-t", "0", "--json", input="hello the world\n")
+    assert reply.usage.prompt_tokens == events(res.stdout)[-1]["prompt_tokens"]
+    chunks = list(
+        client.chat.completions.create(model=name, messages=messages, max_tokens=N, temperature=0, stream=True)
+    )
+    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
+    streamed = "".join(
+        (c.choices[0].delta.content or "") + str((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "")
+        for c in chunks
+        if c.choices
+    )
+    assert streamed == (message.content or "") + str((message.model_extra or {}).get("reasoning_content") or "")
+
+
+def test_every_family_has_its_own_layout() -> None:
+    """The families differ where their real files do (a guard on the synthesizer itself)."""
+    from tests.synthmodels import layer_specs, tensor_name
+
+    def names(family: Family) -> set[str]:
+        return {tensor_name(family, kind, suffix, 0) for kind, suffix, _ in layer_specs(family)}
+
+    assert "blk.0.attn_sinks.weight" in names(BY_NAME["gpt-oss"])
+    assert "blk.0.ffn_gate_exps.weight" in names(BY_NAME["qwen3moe"]) & names(BY_NAME["gpt-oss"])
+    assert "blk.0.attn_qkv.weight" in names(BY_NAME["phi3"])
+    assert "blk.0.attn_q.bias" in names(BY_NAME["qwen2"]) - names(BY_NAME["llama"])
+    assert "blk.0.post_ffw_norm.weight" in names(BY_NAME["gemma3"])
+    assert "blk.0.attn_k_norm.weight" in names(BY_NAME["qwen3"]) - names(BY_NAME["smollm3"])
+    assert BY_NAME["gemma3"].head_dim != N_EMBD // N_HEAD  # a head size apart from the width, as in Gemma and Qwen3
