@@ -107,10 +107,14 @@ class ChatSession:
     # -- conversation --
 
     def messages(self, turns: list[Turn] | None = None) -> list[Message]:
+        """The conversation as chat messages. Every answered turn has its reply,
+        an empty one too: templates expect user and assistant to alternate
+        (Gemma's refuses two user messages in a row)."""
+        turns = self.turns if turns is None else turns
         out: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
-        for turn in self.turns if turns is None else turns:
+        for i, turn in enumerate(turns, 1):
             out.append({"role": "user", "content": turn.user})
-            if turn.reply:
+            if turn.reply or i < len(turns):  # the last turn without a reply is the one to answer
                 out.append({"role": "assistant", "content": turn.reply})
         return out
 
