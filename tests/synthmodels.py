@@ -19,6 +19,10 @@ token limit and never stops in a template marker by chance.
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,7 @@ from gguf import (
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
 
-from tests.tinymodel import MERGES, byte_symbols
+from tests.tinymodel import byte_symbols
 from tests.vendored import template
 
 C, U = TokenType.CONTROL, TokenType.USER_DEFINED
@@ -67,6 +71,7 @@ class Family:
     experts: tuple[int, int, int] = (0, 0, 0)  # (experts, used per token, each one's feed-forward length)
     sliding_window: int = 0
     template_note: str = ""  # why the template is not the family's own
+    turn_end: str = ""  # the token a reply ends with, where it is not the end-of-text token
     extra: dict[str, Any] = field(default_factory=dict)  # further keys under the architecture's prefix
 
     @property
@@ -76,6 +81,15 @@ class Family:
     @property
     def chat_template(self) -> str:
         return template(self.template)
+
+    @property
+    def end(self) -> str:
+        return self.turn_end or self.eos
+
+    @property
+    def ordered_specials(self) -> list[tuple[str, TokenType]]:
+        """The special tokens, the one a reply ends with first (token 0)."""
+        return sorted(self.specials, key=lambda special: special[0] != self.end)
 
 
 QWEN_SPECIALS = (("<|endoftext|>", C), ("<|im_start|>", C), ("<|im_end|>", C))
@@ -147,6 +161,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gemma3", MODEL_ARCH.GEMMA3, "Gemma 3 270M-27B", "google-gemma-2-2b-it", GEMMA_SPECIALS,
         bos="<bos>", eos="<eos>", add_bos=True, spm=True, n_layer=6, head_dim=32, tied=True, sliding_window=32,
+        turn_end="<end_of_turn>",
         template_note="no Gemma 3 template is vendored: Gemma 2's has the same turns (it refuses a system message)",
     ),
     Family(
@@ -169,7 +184,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "phi3", MODEL_ARCH.PHI3, "Phi-4-mini", "microsoft-Phi-3.5-mini-instruct", PHI_SPECIALS,
-        bos="<|endoftext|>", eos="<|endoftext|>", add_bos=False, pre="gpt-4o", tied=True,
+        bos="<|endoftext|>", eos="<|endoftext|>", add_bos=False, pre="gpt-4o", tied=True, turn_end="<|end|>",
         template_note="no Phi-4 template is vendored: Phi-3.5-mini's has the same turns (<|user|> ... <|end|>)",
         extra={"rope.dimension_count": 12},  # partial rotary, as Phi-4-mini's 96 of 128
     ),
@@ -182,11 +197,51 @@ FAMILIES: tuple[Family, ...] = (
 BY_NAME = {f.name: f for f in FAMILIES}
 
 
+N_MERGES = 300
+
+
+@functools.cache
+def merges() -> list[str]:
+    """BPE merges learned from the families' templates (the Devstral and SmolLM3
+    ones carry long system prompts): a prompt takes a few times fewer tokens
+    than in bytes, so the tests spend little on prompts."""
+    symbols = byte_symbols()
+    words: collections.Counter[tuple[str, ...]] = collections.Counter()
+    for family in FAMILIES:
+        for word in re.findall(r" ?\w+| ?[^\w\s]+|\s+", family.chat_template):
+            words[tuple(symbols[b] for b in word.encode())] += 1
+    learned: list[str] = []
+    while len(learned) < N_MERGES:
+        pairs: collections.Counter[tuple[str, str]] = collections.Counter()
+        for word, count in words.items():
+            for pair in itertools.pairwise(word):
+                pairs[pair] += count
+        if not pairs:
+            break
+        (left, right), _ = pairs.most_common(1)[0]
+        learned.append(f"{left} {right}")
+        words = collections.Counter({(_merge(w, left, right) if left in w else w): c for w, c in words.items()})
+    return learned
+
+
+def _merge(word: tuple[str, ...], left: str, right: str) -> tuple[str, ...]:
+    out: list[str] = []
+    i = 0
+    while i < len(word):
+        if word[i] == left and word[i + 1 : i + 2] == (right,):
+            out.append(left + right)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
 def _bpe_vocabulary(family: Family) -> tuple[list[str], list[int], list[float] | None]:
-    tokens = [t for t, _ in family.specials] + byte_symbols()
-    types = [int(k) for _, k in family.specials] + [int(TokenType.NORMAL)] * 256
-    for merge in MERGES:
-        tokens.append(merge.replace(" ", ""))
+    tokens = [t for t, _ in family.ordered_specials] + byte_symbols()
+    types = [int(k) for _, k in family.ordered_specials] + [int(TokenType.NORMAL)] * 256
+    for token in dict.fromkeys(merge.replace(" ", "") for merge in merges()):  # two merges may make one token
+        tokens.append(token)
         types.append(int(TokenType.NORMAL))
     return tokens, types, None
 
@@ -197,8 +252,8 @@ SPM_PIECES = ["▁t", "he", "▁the", "in", "an", "▁a", "er", "on", "▁s", "r
 def _spm_vocabulary(family: Family) -> tuple[list[str], list[int], list[float] | None]:
     """Specials, the 256 byte-fallback tokens, the word boundary and the printable
     characters, then a few longer pieces (their scores say which merge first)."""
-    tokens = [t for t, _ in family.specials] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [int(k) for _, k in family.specials] + [int(TokenType.BYTE)] * 256
+    tokens = [t for t, _ in family.ordered_specials] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [int(k) for _, k in family.ordered_specials] + [int(TokenType.BYTE)] * 256
     scores = [-1000.0] * len(family.specials) + [0.0] * 256
     pieces = ["▁", *(chr(c) for c in range(0x21, 0x7F)), *SPM_PIECES]
     for rank, piece in enumerate(pieces):
@@ -326,7 +381,7 @@ def _write_tokenizer(writer: GGUFWriter, family: Family) -> tuple[list[str], lis
         writer.add_unk_token_id(tokens.index("<unk>"))
         writer.add_add_space_prefix(False)
     else:
-        writer.add_token_merges(MERGES)
+        writer.add_token_merges(merges())
     writer.add_bos_token_id(tokens.index(family.bos))
     writer.add_eos_token_id(tokens.index(family.eos))
     writer.add_add_bos_token(family.add_bos)
@@ -335,8 +390,10 @@ def _write_tokenizer(writer: GGUFWriter, family: Family) -> tuple[list[str], lis
     return tokens, types
 
 
-def write_family_model(family: Family, path: Path, *, seed: int = 0) -> Path:
-    """Write ``family``'s tiny model to ``path``."""
+def write_family_model(family: Family, path: Path, *, seed: int = 0, ends: bool = False) -> Path:
+    """Write ``family``'s tiny model to ``path``. ``ends``: the output
+    projection is zero, every logit ties and greedy decoding picks token 0,
+    the one the family ends a reply with: a reply ends at once."""
     rng = np.random.default_rng(seed)
     scale = 0.5 / np.sqrt(family.n_layer / 2)  # deeper stacks stay in range
 
@@ -351,6 +408,8 @@ def write_family_model(family: Family, path: Path, *, seed: int = 0) -> Path:
     embd = rand((len(tokens), N_EMBD))
     output = embd if family.tied else rand((len(tokens), N_EMBD))
     output[specials] = 0.0  # never written (tied: their embeddings are zero as well)
+    if ends:
+        output[:] = 0.0
     writer.add_tensor(tensor_name(family, MODEL_TENSOR.TOKEN_EMBD, "weight"), embd)
     writer.add_tensor(tensor_name(family, MODEL_TENSOR.OUTPUT_NORM, "weight"), np.ones(N_EMBD, dtype=np.float32))
     if not family.tied:
