@@ -174,7 +174,11 @@ FAMILIES: tuple[Family, ...] = (
         DEEPSEEK_SPECIALS, bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", add_bos=True, pre="llama-bpe",
     ),
     Family(
-        "mistral", MODEL_ARCH.LLAMA, "Mistral Small 3.2, Devstral Small (text)", "unsloth-mistral-Devstral-Small-2507",
+        "devstral", MODEL_ARCH.LLAMA, "Devstral Small 2507", "unsloth-mistral-Devstral-Small-2507",
+        MISTRAL_SPECIALS, bos="<s>", eos="</s>", add_bos=True, pre="tekken", head_dim=32,
+    ),
+    Family(
+        "mistral-small", MODEL_ARCH.LLAMA, "Mistral Small 3.2 24B (text)", "Mistral-Small-3.2-24B-Instruct-2506",
         MISTRAL_SPECIALS, bos="<s>", eos="</s>", add_bos=True, pre="tekken", head_dim=32,
     ),
     Family(
