@@ -48,6 +48,7 @@ C, U = TokenType.CONTROL, TokenType.USER_DEFINED
 
 # The dimensions of every family: 64 wide, 4 query heads over 2 KV heads.
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF = 64, 4, 2, 128
+WINDOW = 32  # the sliding window of the families that have one
 N_CTX_TRAIN = 8192  # room for the long system prompts of Devstral and SmolLM3 in a byte-level vocabulary
 
 
@@ -160,14 +161,14 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "gemma3", MODEL_ARCH.GEMMA3, "Gemma 3 270M-27B", "google-gemma-2-2b-it", GEMMA_SPECIALS,
-        bos="<bos>", eos="<eos>", add_bos=True, spm=True, n_layer=6, head_dim=32, tied=True, sliding_window=32,
+        bos="<bos>", eos="<eos>", add_bos=True, spm=True, n_layer=6, head_dim=32, tied=True, sliding_window=WINDOW,
         turn_end="<end_of_turn>",
         template_note="no Gemma 3 template is vendored: Gemma 2's has the same turns (it refuses a system message)",
     ),
     Family(
         "gpt-oss", MODEL_ARCH.GPT_OSS, "gpt-oss 20B, 120B", "openai-gpt-oss-120b", HARMONY_SPECIALS,
         bos="<|startoftext|>", eos="<|return|>", add_bos=False, pre="gpt-4o", head_dim=32, experts=(4, 2, 64),
-        sliding_window=32,
+        sliding_window=WINDOW,
     ),
     Family(
         "llama", MODEL_ARCH.LLAMA, "DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",

@@ -16,11 +16,26 @@ from gguf import GGUFReader
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt
+from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import render_chat
-from tests.helpers import cli
+from localrun.speculative import Speculation
+from localrun.speculative.control import FixedController
+from localrun.speculative.draftmodel import DraftModelDrafter
+from tests.helpers import cli, collect
 from tests.serve.conftest import Server, start
-from tests.synthmodels import BY_NAME, FAMILIES, N_CTX_TRAIN, N_EMBD, N_HEAD, N_HEAD_KV, Family, write_family_model
+from tests.synthmodels import (
+    BY_NAME,
+    FAMILIES,
+    N_CTX_TRAIN,
+    N_EMBD,
+    N_HEAD,
+    N_HEAD_KV,
+    WINDOW,
+    Family,
+    write_family_model,
+)
 
 NAMES = [f.name for f in FAMILIES]
 N = 6  # tokens to generate: enough to pass the prompt and decode a few steps
@@ -33,6 +48,13 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     models = {f.name: write_family_model(f, directory / f"{f.name}.gguf") for f in FAMILIES}
     ending = {f"{f.name}-ends": write_family_model(f, directory / f"{f.name}-ends.gguf", ends=True) for f in FAMILIES}
     return models | ending
+
+
+@pytest.fixture(scope="session")
+def unrelated_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each family again with other weights: its vocabulary, its drafts mostly wrong."""
+    directory = tmp_path_factory.mktemp("unrelated")
+    return {f.name: write_family_model(f, directory / f"{f.name}.gguf", seed=1) for f in FAMILIES}
 
 
 def events(stdout: str) -> list[dict[str, Any]]:
@@ -117,6 +139,25 @@ def test_generate(name: str, family_models: dict[str, Path]) -> None:
     assert done["type"] == "done" and done["stop_reason"] == "length"
     assert done["generated_tokens"] == N and done["prompt_tokens"] > 3
     assert written(evs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_speculation_is_lossless(name: str, family_models: dict[str, Path], unrelated_models: dict[str, Path]) -> None:
+    """A draft model of the family: its copy (every draft kept) and one with other
+    weights (drafts rolled back, the cache cut past Gemma's and gpt-oss's sliding
+    window): the text is plain greedy decoding's."""
+    greedy = SamplingParams(temperature=0.0)
+    with Engine(EngineConfig(model_path=family_models[name], n_ctx=N_CTX_TRAIN)) as engine:
+        prompt = engine.tokenize("hello the world")  # no template: this is about the architecture
+        plain, _ = collect(generate(engine, prompt, greedy, max_tokens=3 * WINDOW))
+        for draft_model in (family_models[name], unrelated_models[name]):
+            drafter = DraftModelDrafter(draft_model, engine, eager=True, p_min=0.0)
+            with Speculation([drafter], FixedController(0, 3)) as spec:
+                text, stats = collect(spec.generate(engine, prompt, greedy, max_tokens=3 * WINDOW))
+            assert text == plain
+            assert stats.draft is not None and stats.draft.proposed > 3 * WINDOW // 4
+            if draft_model == family_models[name]:
+                assert stats.draft.accepted == stats.draft.proposed
 
 
 @pytest.mark.parametrize("name", NAMES)
