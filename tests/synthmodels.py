@@ -179,7 +179,8 @@ FAMILIES: tuple[Family, ...] = (
         MISTRAL_SPECIALS, bos="<s>", eos="</s>", add_bos=True, pre="tekken", head_dim=32,
     ),
     Family(
-        "mistral-small", MODEL_ARCH.LLAMA, "Mistral Small 3.2 24B (text)", "Mistral-Small-3.2-24B-Instruct-2506",
+        # llama.cpp's converter writes Mistral3ForConditionalGeneration as mistral3 now (as llama before)
+        "mistral-small", MODEL_ARCH.MISTRAL3, "Mistral Small 3.2 24B (text)", "Mistral-Small-3.2-24B-Instruct-2506",
         MISTRAL_SPECIALS, bos="<s>", eos="</s>", add_bos=True, pre="tekken", head_dim=32,
     ),
     Family(
@@ -361,7 +362,7 @@ def _write_metadata(writer: GGUFWriter, family: Family) -> None:
     if family.head_dim != N_EMBD // N_HEAD:
         writer.add_key_length(family.head_dim)
         writer.add_value_length(family.head_dim)
-    if family.arch == MODEL_ARCH.LLAMA:  # llama.cpp checks the rotary size of a llama
+    if family.arch in (MODEL_ARCH.LLAMA, MODEL_ARCH.MISTRAL3):  # as their converter writes it
         writer.add_rope_dimension_count(family.head_dim)
     n_expert, n_used, n_ff_exp = family.experts
     if n_expert:
