@@ -10,11 +10,15 @@ tokenizer's kind, pre-tokenizer and special tokens, and its real chat
 template (vendored with llama.cpp: `tests.vendored`). The dimensions are tiny
 and the weights random, so a model loads and decodes in a fraction of a second.
 
-The vocabulary is `tests.tinymodel`'s byte-level BPE (every byte a token) with
-the family's special tokens; Gemma's is a SentencePiece vocabulary with byte
-fallback, as its real one. The output rows of the special tokens are zero:
-greedy and sampled decoding never write one, so a generation runs to its
-token limit and never stops in a template marker by chance.
+The vocabulary is `tests.tinymodel`'s byte-level BPE (every byte a token, with
+merges learned from the templates) and the family's special tokens; Gemma's is
+a SentencePiece vocabulary with byte fallback, as its real one. The output rows
+of the special tokens are zero: decoding never writes one, so a generation runs
+to its token limit and never stops in a template marker by chance (``ends``
+writes a model that ends every reply at once, with the family's own token).
+
+Where no template of the family is vendored, the closest one stands in
+(``template_note``): Gemma 2's for Gemma 3, Phi-3.5-mini's for Phi-4-mini.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ C, U = TokenType.CONTROL, TokenType.USER_DEFINED
 # The dimensions of every family: 64 wide, 4 query heads over 2 KV heads.
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF = 64, 4, 2, 128
 WINDOW = 32  # the sliding window of the families that have one
-N_CTX_TRAIN = 8192  # room for the long system prompts of Devstral and SmolLM3 in a byte-level vocabulary
+N_CTX_TRAIN = 8192  # room for the long system prompts of Devstral, Mistral Small and SmolLM3
 
 
 @dataclass(frozen=True)
