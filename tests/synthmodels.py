@@ -352,7 +352,7 @@ def tensor_name(family: Family, kind: MODEL_TENSOR, suffix: str, bid: int | None
     return f"{TENSOR_NAMES[kind].format(bid=bid)}.{suffix}"
 
 
-def _write_metadata(writer: GGUFWriter, family: Family) -> None:
+def _write_metadata(writer: GGUFWriter, family: Family, *, quantized: bool) -> None:
     arch = family.arch_name
     writer.add_name(f"{family.models} (random weights)")
     writer.add_context_length(N_CTX_TRAIN)
@@ -377,7 +377,8 @@ def _write_metadata(writer: GGUFWriter, family: Family) -> None:
         writer.add_sliding_window(family.sliding_window)
     for key, value in family.extra.items():
         writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_file_type(LlamaFileType.MOSTLY_MXFP4_MOE if family.arch == MODEL_ARCH.GPT_OSS else LlamaFileType.ALL_F32)
+    mxfp4 = quantized and family.arch == MODEL_ARCH.GPT_OSS
+    writer.add_file_type(LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4 else LlamaFileType.ALL_F32)
 
 
 def _write_tokenizer(writer: GGUFWriter, family: Family) -> tuple[list[str], list[int]]:
@@ -400,10 +401,13 @@ def _write_tokenizer(writer: GGUFWriter, family: Family) -> tuple[list[str], lis
     return tokens, types
 
 
-def write_family_model(family: Family, path: Path, *, seed: int = 0, ends: bool = False) -> Path:
+def write_family_model(
+    family: Family, path: Path, *, seed: int = 0, ends: bool = False, quantized: bool = True
+) -> Path:
     """Write ``family``'s tiny model to ``path``. ``ends``: the output
     projection is zero, every logit ties and greedy decoding picks token 0,
-    the one the family ends a reply with: a reply ends at once."""
+    the one the family ends a reply with: a reply ends at once. ``quantized``
+    False keeps gpt-oss's experts in F32 instead of MXFP4."""
     rng = np.random.default_rng(seed)
     scale = 0.5 / np.sqrt(family.n_layer / 2)  # deeper stacks stay in range
 
@@ -412,7 +416,7 @@ def write_family_model(family: Family, path: Path, *, seed: int = 0, ends: bool 
 
     writer = GGUFWriter(str(path), family.arch_name)
     tokens, types = _write_tokenizer(writer, family)
-    _write_metadata(writer, family)
+    _write_metadata(writer, family, quantized=quantized)
     specials = [i for i, t in enumerate(types) if t in (int(C), int(U), int(TokenType.UNKNOWN))]
 
     embd = rand((len(tokens), N_EMBD))
@@ -433,7 +437,7 @@ def write_family_model(family: Family, path: Path, *, seed: int = 0, ends: bool 
             name = tensor_name(family, kind, suffix, bid)
             if kind.name.endswith("NORM"):
                 writer.add_tensor(name, np.ones(shape, dtype=np.float32))
-            elif family.arch == MODEL_ARCH.GPT_OSS and kind.name.endswith("_EXP") and suffix == "weight":
+            elif quantized and family.arch == MODEL_ARCH.GPT_OSS and kind.name.endswith("_EXP") and suffix == "weight":
                 # the experts in MXFP4, as in the released files
                 blocks = quantize(rand(shape), GGMLQuantizationType.MXFP4)
                 writer.add_tensor(name, blocks, raw_dtype=GGMLQuantizationType.MXFP4)
