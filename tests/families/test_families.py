@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 from gguf import GGUFReader
 
@@ -243,6 +244,16 @@ def test_serve_one_chat_completion(name: str, family_server: Server, family_mode
     assert streamed == (message.content or "") + str((message.model_extra or {}).get("reasoning_content") or "")
     ends = client.chat.completions.create(model=f"{name}-ends", messages=messages, max_tokens=N, temperature=0)
     assert ends.choices[0].finish_reason == "stop" and not ends.choices[0].message.content
+    # the Anthropic API: the same prompt, the same stop
+    with anthropic.Anthropic(base_url=server.url, api_key=server.key, max_retries=0, timeout=120) as claude:
+        message = claude.messages.create(model=name, max_tokens=N, messages=messages, extra_body={"temperature": 0})
+        assert message.stop_reason == "max_tokens" and message.usage.output_tokens == N
+        usage = message.usage
+        assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == reply.usage.prompt_tokens
+        ended = claude.messages.create(
+            model=f"{name}-ends", max_tokens=N, messages=messages, extra_body={"temperature": 0}
+        )
+        assert ended.stop_reason == "end_turn" and not any(getattr(b, "text", "") for b in ended.content)
 
 
 def test_every_family_has_its_own_layout() -> None:
