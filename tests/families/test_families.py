@@ -246,9 +246,9 @@ def test_serve_one_chat_completion(name: str, family_server: Server, family_mode
     assert ends.choices[0].finish_reason == "stop" and not ends.choices[0].message.content
     # the Anthropic API: the same prompt, the same stop
     with anthropic.Anthropic(base_url=server.url, api_key=server.key, max_retries=0, timeout=120) as claude:
-        message = claude.messages.create(model=name, max_tokens=N, messages=messages, extra_body={"temperature": 0})
-        assert message.stop_reason == "max_tokens" and message.usage.output_tokens == N
-        usage = message.usage
+        answer = claude.messages.create(model=name, max_tokens=N, messages=messages, extra_body={"temperature": 0})
+        assert answer.stop_reason == "max_tokens" and answer.usage.output_tokens == N
+        usage = answer.usage
         assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == reply.usage.prompt_tokens
         ended = claude.messages.create(
             model=f"{name}-ends", max_tokens=N, messages=messages, extra_body={"temperature": 0}
