@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from localrun.cli import main
 from localrun.cli._env import Environment
-from localrun.events import Event, Stats, TokenEvent
+from localrun.events import DoneEvent, Event, Stats, TokenEvent
 
 
 @dataclass
@@ -100,7 +100,7 @@ def collect(events: Iterable[Event]) -> tuple[str, Stats]:
     for ev in events:
         if isinstance(ev, TokenEvent):
             text += ev.text
-        else:
+        elif isinstance(ev, DoneEvent):
             stats = ev.stats
     assert stats is not None
     return text, stats

@@ -24,24 +24,39 @@ def llama_cpp_version() -> str:
     return match.group(1)
 
 
-def wheelhouse() -> Path:
+def _wheelhouse() -> Path:
     if house := os.environ.get("LOCALRUN_WHEELHOUSE"):
         return Path(house)
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "localrun" / "wheelhouse"
 
 
+# Read once at import: the tests send XDG_CACHE_HOME to a temporary folder, and
+# scripts/setup's wheelhouse (with the sdist in it) is where the user's cache is.
+WHEELHOUSE = _wheelhouse()
+
+
 def sdist() -> Path:
     """The pinned sdist, where scripts/setup keeps it; downloaded once if missing."""
     version = llama_cpp_version()
-    home = wheelhouse() / "sdist"
+    home = WHEELHOUSE / "sdist"
     path = home / f"llama_cpp_python-{version}.tar.gz"
     if not path.is_file():
         home.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:", "-d", tmp,
-                 f"llama-cpp-python=={version}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--no-binary=:all:",
+                    "-d",
+                    tmp,
+                    f"llama-cpp-python=={version}",
+                ],
                 check=True,
             )
             Path(tmp, path.name).replace(path)

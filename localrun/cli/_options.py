@@ -20,6 +20,7 @@ from localrun.store import Target
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
@@ -149,6 +150,23 @@ GrammarFile = Annotated[
     typer.Option("--grammar", help="The output must follow this grammar file (GBNF or Lark).", show_default=False),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
+Think = Annotated[
+    str,
+    typer.Option(
+        "--think",
+        help="A reasoning model's thinking: auto (on a terminal in its own section, not into a pipe), show "
+        "(into a pipe too, marked off before the answer), on or off (asks the model to think or not, where its "
+        "chat template has a switch).",
+    ),
+]
+ReasoningBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--reasoning-budget",
+        help="End a reasoning model's thinking after this many tokens (its closing marker is forced).",
+        show_default=False,
+    ),
+]
 
 
 def sampling_params(
@@ -305,3 +323,44 @@ def load(resolved: Resolved) -> Engine:
     for notice in engine.notices:
         out().warn(notice)
     return engine
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """`--think` and `--reasoning-budget`, checked: the mode, the budget, and
+    the chat template switches that ask for the mode."""
+
+    mode: ThinkMode = "auto"
+    budget: int | None = None
+    switches: dict[str, Any] | None = None
+    template: str | None = None  # the chat template the run renders with (None: --raw, or none)
+
+    @property
+    def show(self) -> bool:
+        return self.mode == "show"
+
+    def reasoning(self, prompt: str) -> Reasoning | None:
+        """The run's thinking, from the rendered ``prompt`` (None: the model does not think)."""
+        from localrun.runtime.reasoning import reasoning_for
+
+        return reasoning_for(self.template, prompt, budget=self.budget, mode=self.mode)
+
+
+def refuse_thinking(mode: str, budget: int | None, elsewhere: bool) -> None:
+    """`--think` and `--reasoning-budget` for a run ``elsewhere`` (a remote, a batch): an error, never ignored."""
+    if elsewhere and (mode != "auto" or budget is not None):
+        raise UsageError("--think and --reasoning-budget apply to a local run of one prompt", hint="drop them")
+
+
+def thinking(mode: str, budget: int | None, template: str | None, model: str) -> Thinking:
+    """The run's thinking options against the model's chat template (None: no
+    template, or `--raw`): an option the template cannot honour is a usage
+    error (`--think off` where it has no switch), before the model loads."""
+    from localrun.runtime.reasoning import THINK_MODES, check_mode, switches_for
+
+    if mode not in THINK_MODES:
+        raise UsageError(f"--think {mode}: not a mode", hint=f"use one of {', '.join(THINK_MODES)}")
+    if budget is not None and budget < 0:
+        raise UsageError("--reasoning-budget must be 0 or more")
+    check_mode(template, mode, model=model, budget=budget)
+    return Thinking(mode, budget, switches_for(template, mode) or None, template)

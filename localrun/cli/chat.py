@@ -78,6 +78,8 @@ def chat(
     grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
+    think: opt.Think = "auto",
+    reasoning_budget: opt.ReasoningBudget = None,
     markdown: Annotated[
         bool | None,
         typer.Option(
@@ -121,6 +123,7 @@ def chat(
     continuing = load is not None or continue_last  # on the conversation's model unless -m is given
     remote = _remote.find(model if remote_url or continuing else model_name(model), remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
+        opt.refuse_thinking(think, reasoning_budget, True)
         _remote.refuse_local_options(options, offline=offline, load=load, template=template, grammar=grammar)
         return _remote.chat(
             remote,
@@ -141,6 +144,8 @@ def chat(
         saved = resumed[1]
     resolved = _resolve(model, saved, options, offline=offline, verbose=verbose)
     warn_past_training(resolved)
+    own = resolved.info.chat_template
+    thinking = opt.thinking(think, reasoning_budget, own if template is None else None, opt.title(resolved))
     env = current()
     with (
         opt.load(resolved) as engine,
@@ -155,6 +160,9 @@ def chat(
             speculation=speculation,
             output=output,
             model=opt.reference(resolved),
+            switches=thinking.switches,
+            think=thinking.mode,
+            reasoning_budget=thinking.budget,
         )
         if saved is not None:
             session.system = system if system is not None else saved.system
@@ -216,7 +224,7 @@ def run_piped(
         renderer: Renderer = (
             JsonRenderer(env.stdout, extra={"turn": turn}, settings=settings)
             if as_json
-            else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
+            else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats, show_thinking=session.think == "show")
         )
         with ctrl_c_stops(session.engine), finished(session.reply(plan)) as replies:
             final = renderer.render(recorder.watch_turn(session.turns, replies) if recorder else replies)

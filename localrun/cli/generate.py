@@ -221,6 +221,8 @@ def generate(
     grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
+    think: opt.Think = "auto",
+    reasoning_budget: opt.ReasoningBudget = None,
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
     batch: Annotated[
@@ -267,6 +269,7 @@ def generate(
     from localrun.cli import _remote
 
     remote = _remote.find(model if remote_url else model_name(model), remote_url)
+    opt.refuse_thinking(think, reasoning_budget, remote is not None or batch is not None)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         _remote.refuse_local_options(options, offline=offline, prompt_cache=prompt_cache, grammar=grammar)
         return _on_remote(
@@ -307,10 +310,13 @@ def generate(
     need, depth = run_extent(chars, max_tokens)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
     warn_past_training(resolved)
+    thinking = opt.thinking(think, reasoning_budget, None if raw else resolved.info.chat_template, opt.title(resolved))
     with opt.load(resolved) as engine:
-        built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
+        built = build_prompt(
+            engine, instruction, material, system=resolved.settings.system, raw=raw, switches=thinking.switches
+        )
         checkpoint = checkpoint_for(built, engine, prompt_cache)
-        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.report())
+        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.report(), show_thinking=thinking.show)
         recorder = _history.recorder(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
@@ -326,6 +332,7 @@ def generate(
                 stop=stops,
                 checkpoint=checkpoint,
                 constraint=constraint,
+                reasoning=thinking.reasoning(built.text),
             )
             with finished(events):
                 final = renderer.render(recorder.watch(events, compose(instruction, material)))

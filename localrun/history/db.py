@@ -88,6 +88,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # ended with, which says nothing of the steps the governor ran before it dropped a thread
         "ALTER TABLE runs ADD COLUMN thread_shares TEXT",
     ),
+    (
+        # of generated_tokens, those a reasoning model thought with (its thinking is not in `response`)
+        "ALTER TABLE runs ADD COLUMN reasoning_tokens INTEGER",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

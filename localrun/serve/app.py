@@ -28,7 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, LocalrunError
-from localrun.events import SequenceDone, SequenceText, Stats
+from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats
 from localrun.serve import anthropic
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import OnEvent, RequestDone
@@ -216,13 +216,10 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
     held = ToolStream(use) if use is not None and use.choice is not None else None
     while True:
         event = await job.queue.get()
-        if isinstance(event, SequenceText):
+        if isinstance(event, SequenceText | SequenceReasoning):
             job.generated = event.generated
-            text, deltas = held.feed(event.text) if held is not None else (event.text, [])
-            if text:
-                yield reply.chunk(text)
-            for delta in deltas:
-                yield reply.chunk(None, calls=[delta.openai()])
+            for chunk in _chunks(reply, held, event):
+                yield chunk
         elif isinstance(event, SequenceDone):
             reason = None
             if held is not None:
@@ -243,13 +240,20 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
             return
 
 
+def _chunks(reply: Reply, held: ToolStream | None, event: SequenceText | SequenceReasoning) -> list[str]:
+    """The chunks for more of the reply: thinking as `reasoning_content`, text, and calls as they are written."""
+    if isinstance(event, SequenceReasoning):
+        return [reply.chunk(None, reasoning=event.text)]
+    text, deltas = held.feed(event.text) if held is not None else (event.text, [])
+    return ([reply.chunk(text)] if text else []) + [reply.chunk(None, calls=[delta.openai()]) for delta in deltas]
+
+
 Render = Callable[[SequenceDone], dict[str, Any]]
 
 
 async def _whole(job: Job, request: Request, render: Render) -> Response:
     """Wait for the end (or the client leaving, which cancels the request)."""
     result: SequenceDone | Failed | None = None
-    parts: list[str] = []
     async with anyio.create_task_group() as group:
 
         async def watch() -> None:
@@ -259,9 +263,8 @@ async def _whole(job: Job, request: Request, render: Render) -> Response:
         group.start_soon(watch)
         while result is None:
             event = await job.queue.get()
-            if isinstance(event, SequenceText):
+            if isinstance(event, SequenceText | SequenceReasoning):
                 job.generated = event.generated
-                parts.append(event.text)
             else:
                 result = event
         group.cancel_scope.cancel()
@@ -337,7 +340,7 @@ async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: O
 
     def render(done: SequenceDone) -> dict[str, Any]:
         content, calls = split_reply(done.text, use)
-        return reply.whole(content, done.stats, call_objects(calls))
+        return reply.whole(content, done.stats, call_objects(calls), done.reasoning)
 
     include_usage = parsed.stream_options is not None and parsed.stream_options.include_usage
     return await _respond(job, request, _stream(job, reply, include_usage, use) if parsed.stream else None, render)
@@ -347,7 +350,11 @@ async def _message_stream(job: Job, message: anthropic.Message) -> AsyncIterator
     yield message.start()
     while True:
         event = await job.queue.get()
-        if isinstance(event, SequenceText):
+        if isinstance(event, SequenceReasoning):
+            job.generated = event.generated
+            for chunk in message.thinking(event.text):
+                yield chunk
+        elif isinstance(event, SequenceText):
             job.generated = event.generated
             for chunk in message.text(event.text):
                 yield chunk
@@ -369,7 +376,7 @@ async def _messages(table: ModelTable, request: Request, on_event: OnEvent | Non
     job, use = await _admit(table, request, parsed, on_event)
     message = anthropic.Message(job.model.id, parsed, use, job.prompt_tokens)
     stream = _message_stream(job, message) if parsed.stream else None
-    return await _respond(job, request, stream, lambda done: message.whole(done.text, done.stats))
+    return await _respond(job, request, stream, lambda done: message.whole(done.text, done.stats, done.reasoning))
 
 
 async def _count_tokens(table: ModelTable, request: Request) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 from localrun.errors import ContextOverflowError, InvalidRequestError, UsageError
 from localrun.runtime.batch.scheduler import BatchRequest
 from localrun.runtime.prompt import Prompt, render_messages, stable_prefix, tokenize_rendered
+from localrun.runtime.reasoning import reasoning_for, switches_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.serve.schemas import ChatRequest, CompletionRequest
 from localrun.serve.schemas import Message as ChatMessage
@@ -35,7 +36,24 @@ def _message(m: ChatMessage) -> dict[str, Any]:
         message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        message["reasoning_content"] = m.reasoning_content
     return message
+
+
+def switches(template: str, request: ChatRequest) -> dict[str, Any]:
+    """The template switches a request asks for: ``reasoning_effort`` (as is
+    where the template reads it, else "none" turns thinking off where it has
+    a switch; without it, the template's default as llama-server renders it),
+    then ``chat_template_kwargs`` as given."""
+    effort = request.reasoning_effort
+    out = switches_for(template, "auto")
+    if effort is not None:
+        if "reasoning_effort" in template:
+            out["reasoning_effort"] = "low" if effort in ("none", "minimal") else effort
+        else:
+            out = switches_for(template, "off" if effort == "none" else "on")
+    return out | (request.chat_template_kwargs or {})
 
 
 def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = None) -> Prompt:
@@ -50,10 +68,10 @@ def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = 
     if any(m["role"] == "tool" or "tool_calls" in m for m in messages) or use is not None:
         messages = conversation(messages, use)
     offered = use.declared if use is not None and use.native and use.choice is not None else None
-    full = render_messages(model.engine, model.template, messages, offered)
+    full = render_messages(model.engine, model.template, messages, offered, switches(model.template, request))
     tokens = tokenize_rendered(model.engine, full)
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
-    return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True))
+    return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True), full)
 
 
 def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[int]:
@@ -92,9 +110,12 @@ def prepare(
     naming the field: a prompt that does not fit its slot gets the numbers
     (nothing is cut silently)."""
     use = None
+    reasoning = None
     if isinstance(request, ChatRequest):
         use = tool_use(request.tools, request.tool_choice, request.parallel_tool_calls, model.template)
         prompt = chat_prompt(model, request, use)
+        if request.reasoning_format != "none":  # "none": the thinking stays in the content, markers and all
+            reasoning = reasoning_for(model.template, prompt.text, budget=request.reasoning_budget_tokens)
     else:
         prompt = Prompt(completion_prompt(model, request), 0)
     tokens = prompt.tokens
@@ -115,4 +136,5 @@ def prepare(
         stop=request.stops(),
         output=output_spec(model, request, use),
         shared=prompt.shared,
+        reasoning=reasoning,
     ), use

@@ -26,6 +26,7 @@ def usage(stats: Stats) -> dict[str, Any]:
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": stats.reasoning_tokens},
     }
 
 
@@ -66,12 +67,17 @@ class Reply:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, stats: Stats, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The non-streaming response (``calls``: OpenAI's `tool_calls`)."""
+    def whole(
+        self, text: str, stats: Stats, calls: list[dict[str, Any]] | None = None, reasoning: str = ""
+    ) -> dict[str, Any]:
+        """The non-streaming response (``calls``: OpenAI's `tool_calls`;
+        ``reasoning``: a reasoning model's thinking, as `reasoning_content`)."""
         reason = "tool_calls" if calls else finish_reason(stats)
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text or (None if calls else text)}
+            if reasoning:
+                choice["message"]["reasoning_content"] = reasoning
             if calls:
                 choice["message"]["tool_calls"] = calls
         else:
@@ -87,8 +93,10 @@ class Reply:
         only_usage: bool = False,
         calls: list[dict[str, Any]] | None = None,
         reason: str | None = None,
+        reasoning: str | None = None,
     ) -> str:
-        """One SSE event: new ``text`` (chat: the role first); with ``stats``
+        """One SSE event: new ``text`` or ``reasoning`` (thinking, as
+        `reasoning_content`; chat: the role first); with ``stats``
         the last choice chunk, carrying finish_reason, usage and timings; with
         ``only_usage`` the `include_usage` chunk (no choices)."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -101,6 +109,8 @@ class Reply:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if calls is not None:
                 delta["tool_calls"] = calls
             choice["delta"] = delta

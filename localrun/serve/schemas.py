@@ -45,6 +45,7 @@ class Message(_Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's past calls
     tool_call_id: str | None = None  # which call a tool message answers
+    reasoning_content: str | None = None  # an assistant's past thinking (the template keeps or drops it)
 
     def text(self) -> str:
         if self.content is None:
@@ -112,6 +113,12 @@ class ChatRequest(_Generation):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # a reasoning model's thinking: how much ("none" asks it not to think, where its template has a switch),
+    # the template's own switches (llama-server's chat_template_kwargs), and a budget of thinking tokens
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget_tokens: int | None = Field(None, ge=0)
+    reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server's: none keeps it in content
 
     def limit(self) -> int | None:
         if self.max_completion_tokens is not None and self.max_tokens is not None:
