@@ -18,7 +18,8 @@ to its token limit and never stops in a template marker by chance (``ends``
 writes a model that ends every reply at once, with the family's own token).
 
 Where no template of the family is vendored, the closest one stands in
-(``template_note``): Gemma 2's for Gemma 3, Phi-3.5-mini's for Phi-4-mini.
+(``template_note``): Gemma 2's for Gemma 3, Phi-3.5-mini's for Phi-4-mini, the
+Qwen-based R1 distills' for the Qwen3-based one.
 """
 
 from __future__ import annotations
@@ -114,6 +115,13 @@ DEEPSEEK_SPECIALS = (
         )
     ),
 )  # fmt: skip
+LLAMA3_SPECIALS = tuple(
+    (t, C)
+    for t in (
+        "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+        "<|eom_id|>", "<|python_tag|>",
+    )
+)  # fmt: skip
 HARMONY_SPECIALS = tuple(
     (t, C)
     for t in (
@@ -175,8 +183,19 @@ FAMILIES: tuple[Family, ...] = (
         sliding_window=WINDOW,
     ),
     Family(
-        "llama", MODEL_ARCH.LLAMA, "DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
-        DEEPSEEK_SPECIALS, bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", add_bos=True, pre="llama-bpe",
+        "llama3", MODEL_ARCH.LLAMA, "Llama 3.1 8B, 3.2 1B and 3B", "meta-llama-Llama-3.2-3B-Instruct", LLAMA3_SPECIALS,
+        bos="<|begin_of_text|>", eos="<|eot_id|>", add_bos=True, pre="llama-bpe", tied=True,
+    ),
+    Family(
+        "r1-distill-llama", MODEL_ARCH.LLAMA, "DeepSeek-R1-Distill-Llama-8B",
+        "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", DEEPSEEK_SPECIALS, bos="<｜begin▁of▁sentence｜>",
+        eos="<｜end▁of▁sentence｜>", add_bos=True, pre="llama-bpe",
+    ),
+    Family(  # a Qwen3 under DeepSeek's template (none of its own is vendored: the Qwen distills' stands in)
+        "r1-qwen3", MODEL_ARCH.QWEN3, "DeepSeek-R1-0528-Qwen3-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+        (*DEEPSEEK_SPECIALS, *QWEN_SPECIALS), bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>",
+        add_bos=True, pre="qwen2", head_dim=32,
+        template_note="no template of the Qwen3-based R1 is vendored: the Qwen-based distills' stands in",
     ),
     Family(
         "devstral", MODEL_ARCH.LLAMA, "Devstral Small 2507", "unsloth-mistral-Devstral-Small-2507",
@@ -401,6 +420,17 @@ def _write_tokenizer(writer: GGUFWriter, family: Family) -> tuple[list[str], lis
     return tokens, types
 
 
+def _write_rope_factors(writer: GGUFWriter, family: Family) -> None:
+    """Llama 3's rope scaling as frequency factors; Phi's longrope factors (one per rotary pair)."""
+    if family.name == "llama3":
+        freqs = np.ones(family.head_dim // 2, dtype=np.float32)
+        writer.add_tensor(tensor_name(family, MODEL_TENSOR.ROPE_FREQS, "weight"), freqs)
+    if family.arch == MODEL_ARCH.PHI3:
+        half = family.extra["rope.dimension_count"] // 2
+        for kind in (MODEL_TENSOR.ROPE_FACTORS_LONG, MODEL_TENSOR.ROPE_FACTORS_SHORT):
+            writer.add_tensor(tensor_name(family, kind, "weight"), np.ones(half, dtype=np.float32))
+
+
 def write_family_model(
     family: Family, path: Path, *, seed: int = 0, ends: bool = False, quantized: bool = True
 ) -> Path:
@@ -428,10 +458,7 @@ def write_family_model(
     writer.add_tensor(tensor_name(family, MODEL_TENSOR.OUTPUT_NORM, "weight"), np.ones(N_EMBD, dtype=np.float32))
     if not family.tied:
         writer.add_tensor(tensor_name(family, MODEL_TENSOR.OUTPUT, "weight"), output)
-    if family.arch == MODEL_ARCH.PHI3:  # longrope's factors, one per rotary pair
-        half = family.extra["rope.dimension_count"] // 2
-        for kind in (MODEL_TENSOR.ROPE_FACTORS_LONG, MODEL_TENSOR.ROPE_FACTORS_SHORT):
-            writer.add_tensor(tensor_name(family, kind, "weight"), np.ones(half, dtype=np.float32))
+    _write_rope_factors(writer, family)
     for bid in range(family.n_layer):
         for kind, suffix, shape in layer_specs(family):
             name = tensor_name(family, kind, suffix, bid)

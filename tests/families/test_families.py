@@ -266,7 +266,7 @@ def test_every_family_has_its_own_layout() -> None:
     assert "blk.0.attn_sinks.weight" in names(BY_NAME["gpt-oss"])
     assert "blk.0.ffn_gate_exps.weight" in names(BY_NAME["qwen3moe"]) & names(BY_NAME["gpt-oss"])
     assert "blk.0.attn_qkv.weight" in names(BY_NAME["phi3"])
-    assert "blk.0.attn_q.bias" in names(BY_NAME["qwen2"]) - names(BY_NAME["llama"])
+    assert "blk.0.attn_q.bias" in names(BY_NAME["qwen2"]) - names(BY_NAME["llama3"])
     assert "blk.0.post_ffw_norm.weight" in names(BY_NAME["gemma3"])
     assert "blk.0.attn_k_norm.weight" in names(BY_NAME["qwen3"]) - names(BY_NAME["smollm3"])
     assert BY_NAME["gemma3"].head_dim != N_EMBD // N_HEAD  # a head size apart from the width, as in Gemma and Qwen3
