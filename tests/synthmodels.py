@@ -78,6 +78,7 @@ class Family:
     sliding_window: int = 0
     template_note: str = ""  # why the template is not the family's own
     turn_end: str = ""  # the token a reply ends with, where it is not the end-of-text token
+    thinks: str = ""  # "opened": the generation prompt opens the thinking; "may": the model may think
     extra: dict[str, Any] = field(default_factory=dict)  # further keys under the architecture's prefix
 
     @property
@@ -165,7 +166,7 @@ GEMMA_SPECIALS = (
 FAMILIES: tuple[Family, ...] = (
     Family(
         "qwen3", MODEL_ARCH.QWEN3, "Qwen3 0.6B-32B", "Qwen-Qwen3-0.6B", QWEN3_SPECIALS,
-        bos="<|endoftext|>", eos="<|im_end|>", add_bos=False, pre="qwen2", head_dim=32, tied=True,
+        bos="<|endoftext|>", eos="<|im_end|>", add_bos=False, pre="qwen2", head_dim=32, tied=True, thinks="may",
     ),
     Family(
         "qwen3moe", MODEL_ARCH.QWEN3MOE, "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B", "Qwen3-Coder", QWEN3_SPECIALS,
@@ -180,7 +181,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpt-oss", MODEL_ARCH.GPT_OSS, "gpt-oss 20B, 120B", "openai-gpt-oss-120b", HARMONY_SPECIALS,
         bos="<|startoftext|>", eos="<|return|>", add_bos=False, pre="gpt-4o", head_dim=32, experts=(4, 2, 64),
-        sliding_window=WINDOW,
+        sliding_window=WINDOW, thinks="may",
     ),
     Family(
         "llama3", MODEL_ARCH.LLAMA, "Llama 3.1 8B, 3.2 1B and 3B", "meta-llama-Llama-3.2-3B-Instruct", LLAMA3_SPECIALS,
@@ -189,12 +190,13 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "r1-distill-llama", MODEL_ARCH.LLAMA, "DeepSeek-R1-Distill-Llama-8B",
         "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", DEEPSEEK_SPECIALS, bos="<｜begin▁of▁sentence｜>",
-        eos="<｜end▁of▁sentence｜>", add_bos=True, pre="llama-bpe",
+        eos="<｜end▁of▁sentence｜>", add_bos=True, pre="llama-bpe", thinks="opened",
     ),
     Family(  # a Qwen3 under DeepSeek's template (none of its own is vendored: the Qwen distills' stands in)
         "r1-qwen3", MODEL_ARCH.QWEN3, "DeepSeek-R1-0528-Qwen3-8B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
         (*DEEPSEEK_SPECIALS, *QWEN_SPECIALS), bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>",
         add_bos=True, pre="qwen2", head_dim=32,
+        thinks="opened",
         template_note="no template of the Qwen3-based R1 is vendored: the Qwen-based distills' stands in",
     ),
     Family(
@@ -209,7 +211,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "qwen2", MODEL_ARCH.QWEN2, "DeepSeek-R1-Distill-Qwen 1.5B-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
         (*DEEPSEEK_SPECIALS, *QWEN_SPECIALS), bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>",
-        add_bos=True, pre="deepseek-r1-qwen",
+        add_bos=True, pre="deepseek-r1-qwen", thinks="opened",
     ),
     Family(
         "phi3", MODEL_ARCH.PHI3, "Phi-4-mini", "microsoft-Phi-3.5-mini-instruct", PHI_SPECIALS,
@@ -219,7 +221,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "smollm3", MODEL_ARCH.SMOLLM3, "SmolLM3 3B", "HuggingFaceTB-SmolLM3-3B", SMOLLM3_SPECIALS,
-        bos="<|begin_of_text|>", eos="<|im_end|>", add_bos=False, pre="llama-bpe", n_layer=4, tied=True,
+        bos="<|begin_of_text|>", eos="<|im_end|>", add_bos=False, pre="llama-bpe", n_layer=4, tied=True, thinks="may",
     ),
 )  # fmt: skip
 

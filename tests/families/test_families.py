@@ -186,6 +186,25 @@ def test_batched_sequences_decode_as_each_alone(name: str, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_reasoning_budget_closes_the_thinking(name: str, family_models: dict[str, Path]) -> None:
+    """Where the template opens the thinking (DeepSeek's R1), a budget of 4 ends it
+    within 5 tokens and the answer follows; where the template has no thinking
+    markers at all, the budget is refused (exit 2)."""
+    family = BY_NAME[name]
+    res = cli(
+        "generate", "-m", str(family_models[name]), "-n", "12", "-t", "0", "--json", "--reasoning-budget", "4", "hi"
+    )
+    if not family.thinks:
+        assert res.returncode == 2 and "does not think" in res.stderr
+        return
+    assert res.returncode == 0, res.stderr
+    evs = events(res.stdout)
+    if family.thinks == "opened":
+        assert 0 < evs[-1]["reasoning_tokens"] <= 5
+        assert "".join(e["text"] for e in evs if e["type"] == "token")  # the answer
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_chat_one_turn(name: str, family_models: dict[str, Path]) -> None:
     res = cli("chat", "-m", str(family_models[name]), "-n", str(N), "-t", "0", "--json", input="hello the world\n")
     assert res.returncode == 0, res.stderr
