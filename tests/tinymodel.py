@@ -36,7 +36,7 @@ EOS_ID = 0
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "a n", "Ġ a", "e r", "o n", "Ġ s", "r e"]
 
 
-def _byte_symbols() -> list[str]:
+def byte_symbols() -> list[str]:
     """GPT-2's reversible byte -> printable unicode mapping, in byte order."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
     mapping: dict[int, int] = {b: b for b in printable}
@@ -50,7 +50,7 @@ def _byte_symbols() -> list[str]:
 
 def vocabulary(merges: list[str] = MERGES, extra: Sequence[str] = ()) -> tuple[list[str], list[int]]:
     """The tokens and their types; ``extra`` control tokens last (e.g. ``<think>``)."""
-    tokens = list(SPECIALS) + _byte_symbols()
+    tokens = list(SPECIALS) + byte_symbols()
     types = [int(TokenType.CONTROL)] * len(SPECIALS) + [int(TokenType.NORMAL)] * 256
     for merge in merges:
         left, right = merge.split(" ")

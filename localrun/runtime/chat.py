@@ -112,11 +112,15 @@ class ChatSession:
     # -- conversation --
 
     def messages(self, turns: list[Turn] | None = None) -> list[Message]:
+        """The conversation as chat messages. Every answered turn has its reply,
+        an empty one too: templates expect user and assistant to alternate
+        (Gemma's refuses two user messages in a row)."""
+        turns = self.turns if turns is None else turns
         out: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
-        for turn in self.turns if turns is None else turns:
+        for i, turn in enumerate(turns, 1):
             out.append({"role": "user", "content": turn.user})
-            if turn.reply or turn.reasoning:  # the thinking goes to the template, which keeps or drops it
-                reply = {"role": "assistant", "content": turn.reply}
+            if turn.reply or turn.reasoning or i < len(turns):  # the last one unanswered is the one to answer
+                reply = {"role": "assistant", "content": turn.reply}  # the template keeps or drops the thinking
                 out.append(reply | {"reasoning_content": turn.reasoning} if turn.reasoning else reply)
         return out
 
