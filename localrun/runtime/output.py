@@ -58,6 +58,7 @@ class TokenOutput:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         reasoning: Reasoning | None = None,
+        preserved: Sequence[str] = (),
     ) -> None:
         self.engine = engine
         self.n_prompt = n_prompt
@@ -77,7 +78,13 @@ class TokenOutput:
         self.splitter: Splitter | None = reasoning.splitter() if reasoning is not None else None
         self.reasoning_parts: list[str] = []
         self.n_reasoning = 0
-        self.markers: dict[int, bytes] = {}  # the thinking's markers, rendered even where they are control tokens
+        # the thinking's markers and ``preserved`` ones (a family's tool-call markers), each one token
+        # of this vocabulary: rendered as text even where they are control tokens, which render as nothing
+        self.markers: dict[int, bytes] = {}
+        for marker in preserved:
+            tokens = engine.tokenize(marker, add_special=False)
+            if len(tokens) == 1:
+                self.markers[tokens[0]] = marker.encode()
         if reasoning is not None:
             for marker in marker_tokens(reasoning.format, lambda t: engine.tokenize(t, add_special=False)):
                 (token,) = engine.tokenize(marker, add_special=False)

@@ -150,4 +150,5 @@ def prepare(
         shared=prompt.shared,
         reasoning=reasoning,
         logprobs=request.top_logprobs_wanted(),
+        preserved=use.family.preserved if use is not None else (),
     ), use

@@ -75,6 +75,7 @@ class BatchRequest:
     reasoning: Reasoning | None = None  # a reasoning model's thinking: apart from the text, before the grammar
     shared: int = 0  # leading tokens other requests are likely to share (a system prompt): what a prompt cache keeps
     logprobs: int | None = None  # each token's log-probability, with this many alternatives (None: none)
+    preserved: tuple[str, ...] = ()  # markers written as text though they are control tokens (tool-call markers)
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -114,6 +115,7 @@ class _Slot:
             stop=request.stop,
             ignore_eos=request.ignore_eos,
             reasoning=request.reasoning,
+            preserved=request.preserved,
         )
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
