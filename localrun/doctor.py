@@ -16,7 +16,7 @@ from localrun import store
 from localrun.config import UserConfig
 from localrun.errors import LocalrunError
 from localrun.runtime import devices as devices_module
-from localrun.runtime.devices import Device, gpu_vendor, offload_targets
+from localrun.runtime.devices import Device, gpu_vendor, local_gpus
 from localrun.runtime.placement import Placement
 from localrun.settings import Options, resolve
 from localrun.store.registry import Registry
@@ -81,8 +81,13 @@ class Report:
 
     @property
     def gpu_build(self) -> bool:
-        """Whether the build reaches a GPU: a device layers can be placed on."""
-        return bool(offload_targets(self.devices))
+        """Whether the build reaches a GPU of this machine's: a device layers can be placed on."""
+        return bool(local_gpus(self.devices))
+
+    @property
+    def rpc_devices(self) -> tuple[Device, ...]:
+        """The devices of RPC servers (`--rpc`), each described by its server's HOST:PORT."""
+        return tuple(d for d in self.devices if d.remote)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,7 +96,7 @@ class Report:
             "gpu_build": self.gpu_build,
             "devices": [
                 {"name": d.name, "description": d.description, "kind": d.kind}
-                | {"free_bytes": d.free, "total_bytes": d.total}
+                | {"free_bytes": d.free, "total_bytes": d.total, "rpc": d.remote}
                 for d in self.devices
             ],
             "default_model": self.model.to_json(),
@@ -171,5 +176,5 @@ def examine(registry: Registry, user: UserConfig | None = None) -> Report:
         backends=backends,
         devices=found,
         model=default_model(registry, user or UserConfig(), found),
-        hint=setup_hint(gpu_vendor(), offload_targets(found), backends),
+        hint=setup_hint(gpu_vendor(), local_gpus(found), backends),
     )

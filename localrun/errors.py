@@ -85,3 +85,7 @@ class RemoteUnavailableError(RemoteError):
 
 class StreamCutError(RemoteError):
     """A remote's answer stopped mid-way, after some of it came."""
+
+
+class RpcError(LocalrunError):
+    """An RPC server (llama.cpp's RPC backend) could not be reached, answered wrongly, or went away."""

@@ -48,6 +48,21 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class ReasoningEvent:
+    """New thinking text of a reasoning model (apart from the answer's `TokenEvent`s),
+    with the running figures: ``reasoning_tokens`` of the ``generated_tokens`` were thinking."""
+
+    text: str
+    generated_tokens: int
+    reasoning_tokens: int
+    ttft_s: float
+    elapsed_s: float
+    decode_tokens_per_s: float
+    draft: DraftStats | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
 class Stats:
     prompt_tokens: int
     generated_tokens: int
@@ -64,6 +79,7 @@ class Stats:
     forced_tokens: int | None = None  # tokens of the text the grammar left no choice about
     threads: int | None = None  # CPU threads decoding when the run ended
     thread_shares: dict[int, float] | None = None  # the share of decode steps run at each thread count
+    reasoning_tokens: int = 0  # of generated_tokens, those of the thinking (its markers among them)
 
 
 @dataclass(frozen=True)
@@ -71,7 +87,17 @@ class DoneEvent:
     stats: Stats
 
 
-Event = TokenEvent | DoneEvent
+Event = TokenEvent | ReasoningEvent | DoneEvent
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """A token sampled and its log-probability under the model, with the most
+    likely tokens there (`top`, each (token, logprob)): OpenAI's `logprobs`."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +107,8 @@ class SequenceDone:
     index: int
     text: str
     stats: Stats
+    reasoning: str = ""  # a reasoning model's thinking (``text`` is the answer)
+    logprobs: tuple[TokenChoice, ...] = ()  # each token's, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,16 @@ class SequenceText:
     index: int
     text: str
     generated: int = 0  # the prompt's tokens generated so far, this text's among them
+    logprobs: tuple[TokenChoice, ...] = ()  # the tokens' since the last text, when the request asked for them
+
+
+@dataclass(frozen=True)
+class SequenceReasoning:
+    """New thinking text of one prompt of a batch (a reasoning model's), apart from its `SequenceText`."""
+
+    index: int
+    text: str
+    generated: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ value remembers where it came from. `resolve` never reads the wisdom: what
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from localrun.config import FLASH_ATTN_MODES, KV_TYPES, UserConfig
@@ -67,9 +67,12 @@ class RunSettings:
     @property
     def kv_news(self) -> bool:
         """Whether the automatic KV cache type is worth a note at a terminal:
-        it is not f16 (the default, when the context fits at f16). `--json`
-        and `--verbose` give the reason every time."""
-        return "kv" in self.reasons and (self.type_k, self.type_v) != ("f16", "f16")
+        it is not f16 (the default) because the context does not fit at f16.
+        A type this machine's measurements found faster (source "wisdom") is
+        a default like the tuned thread count: said by `--json` and
+        `--verbose`, not on every run."""
+        chosen = "kv" in self.reasons and (self.type_k, self.type_v) != ("f16", "f16")
+        return chosen and self.sources.get("type_k") != "wisdom"
 
     def as_dict(self) -> dict[str, Any]:
         """Each setting with its value and source (and reason, where there is one): `--json`."""
@@ -191,3 +194,21 @@ def resolve(
         sample_on=picked["sample_on"][0],
         sources={name: source for name, (_, source) in picked.items()},
     )
+
+
+def layers_without_a_gpu(settings: RunSettings) -> tuple[RunSettings, str | None]:
+    """`--gpu-layers N` (or all) where no GPU can take a layer (a CPU-only
+    build, a machine without one): as llama.cpp does, the run goes on on the
+    CPU, with a warning (the settings, and the warning). A value that is not
+    a count stays, for the placement to refuse by name."""
+    asked = settings.gpu_layers
+    if settings.device is not None:  # one device named: the placement says it is not a GPU
+        return settings, None
+    try:
+        layers = 1 if asked == "all" else int(asked)
+    except ValueError:
+        return settings, None
+    if layers <= 0:
+        return settings, None
+    warning = f"--gpu-layers {asked}: this build or machine has no GPU, so the model runs on the CPU"
+    return replace(settings, gpu_layers=AUTO), warning

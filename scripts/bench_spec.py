@@ -69,7 +69,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localrun.events import DraftStats, Event, Stats, TokenEvent
+from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
 from localrun.openmp import others_environ
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
@@ -306,7 +306,7 @@ def run(events: Iterator[Event], decoder: Decoder | None = None, prompt: list[in
     for ev in events:
         if isinstance(ev, TokenEvent):
             parts.append(ev.text)
-        else:
+        elif isinstance(ev, DoneEvent):
             stats = ev.stats
     assert stats is not None
     tokens = tuple(decoder.tokens[len(prompt) :]) if decoder is not None and prompt is not None else ()

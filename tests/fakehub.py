@@ -7,7 +7,8 @@ sha256) and `X-Linked-Size`. The blob URL honours `Range`. `GET
 per test: drop the connection after N bytes (once), stall (headers, maybe some
 bytes, then silence), lie about the size (in `X-Linked-Size` or in a blob's
 `Content-Length`), append bytes past the file, corrupt the bytes, or 404. A
-`Range` past the end is answered 416, as real servers do.
+`Range` past the end is answered 416, as real servers do; a gated repo, 403
+with the hub's `GatedRepo` error code.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -28,6 +29,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @dataclass
 class HubState:
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # repo -> file -> data
+    gated: set[str] = field(default_factory=set)  # repos whose files and listing need accepted terms (403)
     drop_after: int | None = None  # close the connection after this many body bytes, once
     corrupt: bool = False  # serve altered bytes (the advertised sha256 stays)
     seconds_per_mb: float = 0.0  # throttle blob bodies
@@ -46,6 +48,36 @@ class HubState:
 
     def blobs(self) -> dict[str, bytes]:
         return {hashlib.sha256(d).hexdigest(): d for files in self.files.values() for d in files.values()}
+
+
+def _entry(name: str, data: bytes) -> dict[str, object]:
+    """A file as the hub's tree API lists it: a git oid and, for a model file, its LFS sha256."""
+    entry: dict[str, object] = {
+        "type": "file",
+        "path": name,
+        "size": len(data),
+        "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+    }
+    if name.endswith(".gguf"):
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+    return entry
+
+
+def _tree(files: dict[str, bytes], folder: str, recursive: bool) -> list[dict[str, object]]:
+    """The entries under ``folder``: every file below it (recursive), or its files and subfolders."""
+    prefix = f"{folder.strip('/')}/" if folder.strip("/") else ""
+    inside = {name: data for name, data in files.items() if name.startswith(prefix)}
+    if recursive:
+        return [_entry(name, data) for name, data in inside.items()]
+    listing: list[dict[str, object]] = []
+    folders: set[str] = set()
+    for name, data in inside.items():
+        rest = name[len(prefix) :]
+        if "/" in rest:
+            folders.add(prefix + rest.split("/")[0])
+        else:
+            listing.append(_entry(name, data))
+    return listing + [{"type": "directory", "path": f, "oid": "0" * 40} for f in sorted(folders)]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -75,6 +107,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(self.path.split("?")[0])
         state.requests.append((self.command, path, self.headers.get("Range")))
         parts = path.strip("/").split("/")
+        if {"/".join(parts[:2]), "/".join(parts[2:4])} & state.gated:
+            self._send(403, {"X-Error-Code": "GatedRepo", "X-Repo-Commit": COMMIT}, b"gated", head)
+            return
         if len(parts) >= 5 and parts[2] == "resolve":
             repo, name = "/".join(parts[:2]), "/".join(parts[4:])
             data = state.files.get(repo, {}).get(name)
@@ -100,14 +135,32 @@ class _Handler(BaseHTTPRequestHandler):
         if len(parts) == 2 and parts[0] == "blobs":
             self._blob(parts[1], head)
             return
-        if len(parts) >= 5 and parts[:1] == ["api"] and parts[4] == "tree":
+        if len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "tree":
             repo = "/".join(parts[2:4])
-            listing = [
-                {"type": "file", "path": n, "size": len(d), "oid": "x"} for n, d in state.files.get(repo, {}).items()
-            ]
+            if repo not in state.files:
+                self._send(404, {"X-Error-Code": "RepoNotFound"}, b"repository not found", head)
+                return
+            query = parse_qs(urlsplit(self.path).query)
+            recursive = query.get("recursive", ["false"])[0].lower() == "true"
+            listing = _tree(state.files[repo], "/".join(parts[6:]), recursive)
             self._send(200, {"Content-Type": "application/json"}, json.dumps(listing).encode(), head)
             return
         self._send(404, {}, b"no route", head)
+
+    def do_POST(self) -> None:
+        """`POST /api/models/{owner}/{repo}/paths-info/{revision}`: what the tree says of the paths asked."""
+        state = self.server.state
+        path = unquote(self.path.split("?")[0])
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0)).decode()
+        state.requests.append(("POST", path, None))
+        parts = path.strip("/").split("/")
+        repo = "/".join(parts[2:4])
+        if len(parts) < 6 or parts[:2] != ["api", "models"] or parts[4] != "paths-info" or repo not in state.files:
+            self._send(404, {}, b"no route")
+            return
+        asked = parse_qs(body).get("paths", [])
+        listing = [e for e in _tree(state.files[repo], "", True) if e["path"] in asked]
+        self._send(200, {"Content-Type": "application/json"}, json.dumps(listing).encode())
 
     def _blob(self, sha: str, head: bool) -> None:
         state = self.server.state

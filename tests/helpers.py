@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from localrun.cli import main
 from localrun.cli._env import Environment
-from localrun.events import Event, Stats, TokenEvent
+from localrun.events import DoneEvent, Event, Stats, TokenEvent
 
 
 @dataclass
@@ -65,10 +65,12 @@ def cli_process(
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m localrun ARGS` in a subprocess: for signals, llama.cpp's
     own log on the real stderr, and the Hugging Face client, which reads its
-    environment once per process."""
+    environment once per process. Without ``input`` stdin is /dev/null (an
+    empty pipe is text piped in that has none)."""
     return subprocess.run(
         [sys.executable, "-m", "localrun", *args],
-        input=input if input is not None else "",
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -100,7 +102,7 @@ def collect(events: Iterable[Event]) -> tuple[str, Stats]:
     for ev in events:
         if isinstance(ev, TokenEvent):
             text += ev.text
-        else:
+        elif isinstance(ev, DoneEvent):
             stats = ev.stats
     assert stats is not None
     return text, stats

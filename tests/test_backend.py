@@ -82,6 +82,51 @@ def test_rocm_and_vulkan_are_found_by_their_tools(tools: Path, tmp_path: Path) -
     assert _detect(vulkan)[0::2] == ("vulkan", "-DGGML_VULKAN=ON")
 
 
+LLVMPIPE = """\
+Devices:
+========
+GPU{n}:
+\tapiVersion         = 1.3.230
+\tvendorID           = 0x10005
+\tdeviceType         = PHYSICAL_DEVICE_TYPE_CPU
+\tdeviceName         = llvmpipe (LLVM 15.0.6, 256 bits)
+\tdriverName         = llvmpipe
+"""
+RADEON = """\
+GPU{n}:
+\tapiVersion         = 1.3.246
+\tvendorID           = 0x1002
+\tdeviceType         = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU
+\tdeviceName         = AMD Radeon RX 7900 XTX (RADV NAVI31)
+\tdriverName         = radv
+"""
+
+
+def _vulkaninfo(folder: Path, summary: str) -> None:
+    _tool(folder, "vulkaninfo", f"[ \"$1\" = --summary ] && printf '%s' '{summary}'")
+    _tool(folder, "glslc", "exit 0")
+
+
+def test_a_cpu_type_vulkan_device_alone_is_no_gpu(tools: Path) -> None:
+    _vulkaninfo(tools, LLVMPIPE.format(n=0))
+    backend, why, flags = _detect(tools)
+    assert (backend, flags) == ("cpu", "")
+    assert "llvmpipe (LLVM 15.0.6, 256 bits)" in why and "runs on the CPU" in why
+
+
+def test_a_gpu_beside_llvmpipe_builds_for_vulkan(tools: Path) -> None:
+    _vulkaninfo(tools, LLVMPIPE.format(n=0) + RADEON.format(n=1))
+    backend, why, flags = _detect(tools)
+    assert (backend, flags) == ("vulkan", "-DGGML_VULKAN=ON")
+    assert "AMD Radeon RX 7900 XTX" in why and "llvmpipe" not in why
+
+
+def test_llvmpipe_without_glslc_is_the_plain_cpu_case(tools: Path) -> None:
+    _vulkaninfo(tools, LLVMPIPE.format(n=0))
+    (tools / "glslc").unlink()
+    assert _detect(tools) == ("cpu", "no GPU toolkit with a GPU found", "")
+
+
 def test_the_cpu_can_be_forced_and_a_wrong_name_is_refused(tools: Path) -> None:
     _tool(tools, "nvcc", "exit 0")
     _tool(tools, "nvidia-smi", "echo 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'")

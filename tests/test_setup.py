@@ -100,3 +100,49 @@ def test_setup_stops_before_building_when_a_new_version_moved_a_patched_line(tmp
     assert done.returncode != 0
     assert "patch 'LLAMA_BUILD_COMMON off'" in done.stderr
     assert not list(house.glob("llama-cpp-python-*/*.whl"))
+
+
+def _stub(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+
+
+def test_detect_prints_the_backend_and_why_and_builds_nothing(tmp_path: Path) -> None:
+    """`scripts/setup --detect` on a copy of the project whose PATH has only
+    stubs of the GPU tools (llvmpipe, Mesa's CPU-type Vulkan driver, beside
+    glslc) and the shell tools setup reads with: no .venv, no wheelhouse."""
+    import shutil
+
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    for name in ("scripts/setup", "scripts/_backend.py", "scripts/_patch_sdist.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, project / name)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "sed", "grep", "cut", "cat", "dirname", "ls", "sha256sum", "nproc", "getconf"):
+        found = shutil.which(tool)
+        if found:
+            (tools / tool).symlink_to(found)
+    _stub(tools, "uname", 'case "$1" in -s) echo Linux;; -m) echo x86_64;; esac')
+    _stub(tools, "glslc", "exit 0")
+    summary = "GPU0:\n\tdeviceType = PHYSICAL_DEVICE_TYPE_CPU\n\tdeviceName = llvmpipe (LLVM 15.0.6, 256 bits)\n"
+    _stub(tools, "vulkaninfo", f"printf '{summary}'")
+    house = tmp_path / "wheelhouse"
+    env = {"PATH": str(tools), "PYTHON": sys.executable, "LOCALRUN_WHEELHOUSE": str(house), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", str(project / "scripts" / "setup"), "--detect"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(None, 1) for line in done.stdout.splitlines())
+    assert lines["backend"] == "cpu"
+    assert "llvmpipe" in lines["why"]
+    assert "-DGGML_RPC=ON" in lines["cmake"] and "-DGGML_VULKAN=ON" not in lines["cmake"]
+    assert lines["wheel"].startswith("not built yet")
+    assert not (project / ".venv").exists()
+    assert not house.exists()

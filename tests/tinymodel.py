@@ -7,6 +7,7 @@ detokenizes and applies the chat template exactly as it would for a real model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,23 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# a reasoning model's: ChatML whose generation prompt opens the thinking (as DeepSeek-R1's distills do), with
+# Qwen3's switch that closes it at once; earlier replies lose their thinking
+THINKING_TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n{% endfor %}"
+)
+THINKING_CHATML = (
+    THINKING_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}\n</think>\n\n{% endif %}{% endif %}"
+)
+THINK_TOKENS = ("<think>", "</think>")
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_ID = 0
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "a n", "Ġ a", "e r", "o n", "Ġ s", "r e"]
 
 
-def _byte_symbols() -> list[str]:
+def byte_symbols() -> list[str]:
     """GPT-2's reversible byte -> printable unicode mapping, in byte order."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
     mapping: dict[int, int] = {b: b for b in printable}
@@ -36,13 +48,16 @@ def _byte_symbols() -> list[str]:
     return [chr(mapping[b]) for b in range(256)]
 
 
-def vocabulary(merges: list[str] = MERGES) -> tuple[list[str], list[int]]:
-    tokens = list(SPECIALS) + _byte_symbols()
+def vocabulary(merges: list[str] = MERGES, extra: Sequence[str] = ()) -> tuple[list[str], list[int]]:
+    """The tokens and their types; ``extra`` control tokens last (e.g. ``<think>``)."""
+    tokens = list(SPECIALS) + byte_symbols()
     types = [int(TokenType.CONTROL)] * len(SPECIALS) + [int(TokenType.NORMAL)] * 256
     for merge in merges:
         left, right = merge.split(" ")
         tokens.append(left + right)
         types.append(int(TokenType.NORMAL))
+    tokens += extra
+    types += [int(TokenType.CONTROL)] * len(extra)
     return tokens, types
 
 
@@ -61,6 +76,7 @@ def write_tiny_model(  # noqa: PLR0915  one writer call per GGUF key
     bigram: bool = False,
     merges: list[str] | None = None,
     loop: str = "",
+    extra_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a model to ``path``.
 
@@ -73,9 +89,11 @@ def write_tiny_model(  # noqa: PLR0915  one writer call per GGUF key
     loop, which prompt lookup can predict. ``loop`` (with ``bigram``; distinct
     characters that no merge joins) makes that loop this text: each of its
     byte tokens is followed by the next, cyclically. ``merges`` replaces the
-    BPE merges (a different vocabulary)."""
+    BPE merges (a different vocabulary). ``extra_tokens`` adds control
+    tokens (a reasoning model's ``<think>``, ``</think>``) whose logits are 0,
+    as the other control tokens' are: greedy decoding never samples them."""
     rng = np.random.default_rng(seed)
-    tokens, types = vocabulary(MERGES if merges is None else merges)
+    tokens, types = vocabulary(MERGES if merges is None else merges, extra_tokens)
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
 
@@ -110,6 +128,7 @@ def write_tiny_model(  # noqa: PLR0915  one writer call per GGUF key
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     output = np.zeros((n_vocab, n_embd), dtype=np.float32) if eos_first else rand(n_vocab, n_embd)
     output[: len(SPECIALS)] = 0.0
+    output[n_vocab - len(extra_tokens) :] = 0.0
     ids = [len(SPECIALS) + b for b in loop.encode()]
     assert len(set(ids)) == len(ids), "a loop's characters must be distinct"
     for current, following in zip(ids, ids[1:] + ids[:1], strict=True):

@@ -24,14 +24,16 @@ def llama_cpp_version() -> str:
     return match.group(1)
 
 
-def wheelhouse() -> Path:
+def _wheelhouse() -> Path:
     if house := os.environ.get("LOCALRUN_WHEELHOUSE"):
         return Path(house)
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "localrun" / "wheelhouse"
 
 
-WHEELHOUSE = wheelhouse()  # at import: tests run with their cache directories moved to a temporary one
+# Read once at import: the tests send XDG_CACHE_HOME to a temporary folder, and
+# scripts/setup's wheelhouse (with the sdist in it) is where the user's cache is.
+WHEELHOUSE = _wheelhouse()
 
 
 def sdist() -> Path:

@@ -12,7 +12,22 @@ from typing import Annotated
 import typer
 
 from localrun import __version__
-from localrun.cli import _completion, _env, bench, cache, chat, doctor, generate, logs, models, quantize, serve, tune
+from localrun.cli import (
+    _completion,
+    _env,
+    bench,
+    cache,
+    chat,
+    doctor,
+    generate,
+    logs,
+    models,
+    quantize,
+    rpc_server,
+    run,
+    serve,
+    tune,
+)
 from localrun.cli import template as template_cli
 from localrun.cli._errors import ExitCode, bounded, parsing_error, report, set_debug
 from localrun.cli._help import plain_help
@@ -27,6 +42,7 @@ app = typer.Typer(
 )
 app.command("generate")(bounded(generate.generate))
 app.command("chat")(bounded(chat.chat))
+app.command("run", context_settings=run.CONTEXT)(bounded(run.run_command))
 app.command("serve")(bounded(serve.serve_command))
 app.command("pull")(bounded(models.pull))
 app.command("list")(bounded(models.list_models))
@@ -38,6 +54,7 @@ app.command("bench")(bounded(bench.bench_command))
 app.command("tune")(bounded(tune.tune_command))
 app.command("quantize")(bounded(quantize.quantize_command))
 app.command("doctor")(bounded(doctor.doctor_command))
+app.command("rpc-server")(bounded(rpc_server.rpc_server_command))
 app.command("template")(bounded(template_cli.template_command))
 
 

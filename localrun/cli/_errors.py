@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import typer
 
+from localrun.cli import _aliases
 from localrun.cli._env import current
 from localrun.errors import (
     BadModelError,
@@ -24,6 +25,7 @@ from localrun.errors import (
     ModelNotFoundError,
     RegistryError,
     RemoteError,
+    RpcError,
     StreamCutError,
     UsageError,
 )
@@ -43,6 +45,7 @@ class ExitCode(IntEnum):
     INVALID_OUTPUT = 9  # --schema/--grammar: the text does not follow it (cut by --max-tokens, or failed the check)
     REMOTE_FAILED = 10  # a remote server: unreachable, timed out, refused the API key, or failed
     STREAM_CUT = 11  # a remote's answer stopped mid-way (the text before it was written)
+    RPC_FAILED = 12  # --rpc: an RPC server unreachable, of another version, or lost mid-run
     INTERRUPTED = 130
 
 
@@ -57,6 +60,7 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     DownloadError: ExitCode.DOWNLOAD_FAILED,
     RemoteError: ExitCode.REMOTE_FAILED,
     StreamCutError: ExitCode.STREAM_CUT,
+    RpcError: ExitCode.RPC_FAILED,
 }
 
 
@@ -167,11 +171,15 @@ def parsing_error(exc: Exception) -> LocalrunError:
         text = f"no such option {exc.option_name}"
         if exc.possibilities:
             hint = f"did you mean {' or '.join(sorted(exc.possibilities))}? {hint}"
+        hint = _aliases.hint_for(ctx.info_name if ctx is not None else "", exc.option_name) or hint
     elif message.startswith(_EXTRA):
         extra = message[len(_EXTRA) : -1]
         text = f"unexpected extra argument{'s' if ' ' in extra else ''}: {extra}"
         prompt = ctx.params.get("prompt") if ctx is not None else None
-        if prompt:
+        meant_ctx = _aliases.continue_hint(extra) if ctx is not None and ctx.params.get("continue_last") else None
+        if meant_ctx:
+            hint = meant_ctx
+        elif prompt:
             import shlex
 
             hint = f"quote the prompt as one argument: {command} {shlex.quote(f'{prompt} {extra}')}"

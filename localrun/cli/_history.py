@@ -145,6 +145,8 @@ class ServeLog:
                     elapsed_s=ev.elapsed_s,
                     stop_reason=ev.outcome,
                     exit_status=ev.status,  # a request's: its HTTP status
+                    prompt=ev.prompt,
+                    response=ev.response,
                 )
 
         return handle

@@ -6,6 +6,8 @@ from piped lines, for local and remote chats alike."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator
 
 from localrun.cli._env import current
@@ -44,6 +46,17 @@ def read_stdin() -> str:
     if buffer is not None:  # the bytes as they came, whatever the locale's decoding
         return _decoded(buffer.read(), "stdin")
     return checked(stdin.read(), "stdin")
+
+
+def stdin_is_piped() -> bool:
+    """Whether stdin is a pipe or a file another command or a redirection gave
+    (`cat notes.txt |`, `< notes.txt`), as opposed to a terminal or
+    /dev/null: an empty one there means that command failed or the file is empty."""
+    try:
+        mode = os.fstat(current().stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a StringIO): nothing piped in
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
 
 
 def read_turns(lines: Iterator[str]) -> Iterator[tuple[int, str]]:

@@ -3,6 +3,7 @@ run settings, a loaded engine and sampling parameters."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,7 +20,9 @@ from localrun.store import Target
 
 if TYPE_CHECKING:
     from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime.devices import Device as Place  # `Device` here is the --device option
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
@@ -72,9 +75,9 @@ System = Annotated[
     str | None,
     typer.Option("-s", "--system", help="System prompt (config.toml: system).", show_default=False),
 ]
-Ctx = Annotated[
-    str | None, typer.Option("--ctx", help="Context size in tokens, or auto: the longest that fits in memory.")
-]
+CTX_HELP = "Context size in tokens, or auto: the longest that fits in memory."
+Ctx = Annotated[str | None, typer.Option("--ctx", help=CTX_HELP)]
+CtxOrC = Annotated[str | None, typer.Option("--ctx", "-c", help=CTX_HELP)]  # -c as llama.cpp spells it, where free
 Threads = Annotated[
     int | None,
     typer.Option(
@@ -100,6 +103,17 @@ Device = Annotated[
         "--device",
         envvar="LOCALRUN_DEVICE",
         help="Put the model on this device only (a name `localrun doctor` lists, e.g. CUDA0). Default: every GPU.",
+        show_default=False,
+    ),
+]
+Rpc = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        envvar="LOCALRUN_RPC",
+        help="llama.cpp RPC servers (HOST:PORT, comma-separated; `localrun rpc-server` starts one): their "
+        "devices join this machine's as GPUs, for --gpu-layers and --device. For a model larger than one "
+        "machine's memory; on one machine it is slower than the CPU.",
         show_default=False,
     ),
 ]
@@ -149,6 +163,56 @@ GrammarFile = Annotated[
     typer.Option("--grammar", help="The output must follow this grammar file (GBNF or Lark).", show_default=False),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
+Think = Annotated[
+    str,
+    typer.Option(
+        "--think",
+        help="A reasoning model's thinking: auto (on a terminal in its own section, not into a pipe), show "
+        "(into a pipe too, marked off before the answer), on or off (asks the model to think or not, where its "
+        "chat template has a switch).",
+    ),
+]
+ReasoningBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--reasoning-budget",
+        help="End a reasoning model's thinking after this many tokens (its closing marker is forced).",
+        show_default=False,
+    ),
+]
+
+
+def use_rpc(servers: str | None) -> None:
+    """Add the devices of the RPC servers `--rpc` (LOCALRUN_RPC) names to
+    this process's, before any device is probed; a server lost later ends
+    the run with its error and exit code."""
+    if not servers:
+        return
+    from localrun.runtime import rpc
+
+    rpc.register(rpc.parse_servers(servers), on_lost=_rpc_lost)
+
+
+def _rpc_lost(servers: str) -> None:
+    """llama.cpp lost an RPC server and is about to abort the process (from
+    whatever thread noticed): say so as any error is said, and end it now."""
+    import os
+
+    from localrun.cli._errors import report
+    from localrun.cli._signals import restore_terminal
+    from localrun.errors import RpcError
+
+    env = current()
+    restore_terminal(env.stdin, env.stdout, env.stderr)  # as a live panel or a prompt would in its `finally`
+    error = RpcError(
+        f"lost the RPC server ({servers}) mid-run: it stopped, or the network to it failed",
+        hint="restart `localrun rpc-server` there, or drop --rpc",
+    )
+    code = report(error)
+    for stream in (env.stdout, env.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(int(code))
 
 
 def sampling_params(
@@ -172,6 +236,14 @@ def sampling_params(
     return SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed
     )
+
+
+def checked_sampling(params: SamplingParams) -> SamplingParams:
+    """``params`` checked as the options are (chat's `/set parameter`)."""
+    sampling_params(params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty, params.seed)
+    if params.repeat_last_n < 0:
+        raise UsageError("repeat_last_n must be 0 or more")
+    return params
 
 
 def check_stops(stops: list[str] | None) -> tuple[str, ...]:
@@ -228,6 +300,7 @@ def resolve_engine(
     with_draft: bool = True,
     need: int | None = None,
     depth: int | None = None,
+    grows: bool = False,
 ) -> Resolved:
     """Settle the run's settings, then resolve the model (pulled on first use,
     with its matched draft when ``with_draft`` and speculation is auto), then
@@ -235,8 +308,12 @@ def resolve_engine(
     automatic from this machine's wisdom; ``need``: the context the run
     needs, ``depth``: the depth it mostly decodes at, when known); the model
     is not loaded. Says on a terminal which KV cache type auto chose and why
-    when it is not f16 (always with ``verbose``)."""
+    when it is not f16 (always with ``verbose``). ``grows``: a conversation,
+    which fills the context it gets: on the CPU with no --ctx, the run needs
+    the model's trained context, the context it will have (on a GPU the
+    placement sizes the context)."""
     from localrun.assemble import assemble
+    from localrun.runtime import devices
 
     check_positive(threads=options.threads)
     env = current()
@@ -247,7 +324,22 @@ def resolve_engine(
     drafting = with_draft and settings.draft == "auto"
     draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
     notes = bool(env.stderr_isatty)
-    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=notes, draft=draft)
+    found_devices = devices.probe()  # once, for the run
+    settings = without_a_gpu(settings, found_devices)
+    if grows and need is None and settings.n_ctx is None and not devices.offload_targets(found_devices):
+        from localrun.gguf.reader import read_gguf  # its context: the longest that fits, up to the trained one
+
+        need = read_gguf(found.path).context_length  # the header alone
+    run = assemble(
+        found.path,
+        settings,
+        need=need,
+        depth=depth,
+        verbose=verbose,
+        hint_once=notes,
+        draft=draft,
+        devices=found_devices,
+    )
     for warning in run.warnings:
         out().warn(warning)
     if run.hint:
@@ -257,6 +349,20 @@ def resolve_engine(
     if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
     return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
+
+
+def without_a_gpu(settings: RunSettings, found: tuple[Place, ...]) -> RunSettings:
+    """``settings`` for the devices ``found``: `--gpu-layers N` where no GPU
+    can take a layer is a warning and the CPU, as in llama.cpp's tools."""
+    from localrun.runtime.devices import offload_targets
+    from localrun.settings import layers_without_a_gpu
+
+    if offload_targets(found):
+        return settings
+    settings, warning = layers_without_a_gpu(settings)
+    if warning:
+        out().warn(warning)
+    return settings
 
 
 def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:
@@ -305,3 +411,44 @@ def load(resolved: Resolved) -> Engine:
     for notice in engine.notices:
         out().warn(notice)
     return engine
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """`--think` and `--reasoning-budget`, checked: the mode, the budget, and
+    the chat template switches that ask for the mode."""
+
+    mode: ThinkMode = "auto"
+    budget: int | None = None
+    switches: dict[str, Any] | None = None
+    template: str | None = None  # the chat template the run renders with (None: --raw, or none)
+
+    @property
+    def show(self) -> bool:
+        return self.mode == "show"
+
+    def reasoning(self, prompt: str) -> Reasoning | None:
+        """The run's thinking, from the rendered ``prompt`` (None: the model does not think)."""
+        from localrun.runtime.reasoning import reasoning_for
+
+        return reasoning_for(self.template, prompt, budget=self.budget, mode=self.mode)
+
+
+def refuse_thinking(mode: str, budget: int | None, elsewhere: bool) -> None:
+    """`--think` and `--reasoning-budget` for a run ``elsewhere`` (a remote, a batch): an error, never ignored."""
+    if elsewhere and (mode != "auto" or budget is not None):
+        raise UsageError("--think and --reasoning-budget apply to a local run of one prompt", hint="drop them")
+
+
+def thinking(mode: str, budget: int | None, template: str | None, model: str) -> Thinking:
+    """The run's thinking options against the model's chat template (None: no
+    template, or `--raw`): an option the template cannot honour is a usage
+    error (`--think off` where it has no switch), before the model loads."""
+    from localrun.runtime.reasoning import THINK_MODES, check_mode, switches_for
+
+    if mode not in THINK_MODES:
+        raise UsageError(f"--think {mode}: not a mode", hint=f"use one of {', '.join(THINK_MODES)}")
+    if budget is not None and budget < 0:
+        raise UsageError("--reasoning-budget must be 0 or more")
+    check_mode(template, mode, model=model, budget=budget)
+    return Thinking(mode, budget, switches_for(template, mode) or None, template)

@@ -52,8 +52,17 @@ def out() -> Output:
     return Output(current())
 
 
-def pick_renderer(as_json: bool, show_stats: bool, title: str, settings: dict[str, object] | None = None) -> Renderer:
-    """How generated text is shown, for local and remote runs alike: JSON, a live view on a terminal, or plain text."""
+def pick_renderer(
+    as_json: bool,
+    show_stats: bool,
+    title: str,
+    settings: dict[str, object] | None = None,
+    *,
+    show_thinking: bool = False,
+) -> Renderer:
+    """How generated text is shown, for local and remote runs alike: JSON, a
+    live view on a terminal (a reasoning model's thinking in its own dimmed
+    section), or plain text (the answer alone unless ``show_thinking``)."""
     from rich.console import Console
 
     from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
@@ -63,4 +72,4 @@ def pick_renderer(as_json: bool, show_stats: bool, title: str, settings: dict[st
         return JsonRenderer(env.stdout, settings=settings)
     if env.stdout_isatty:
         return LiveRenderer(Console(file=env.stdout), title=title)
-    return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
+    return PlainRenderer(env.stdout, env.stderr, show_stats=show_stats, show_thinking=show_thinking)

@@ -11,7 +11,7 @@ from localrun.cli._env import current
 from localrun.cli._errors import ExitCode, as_user_error, describe
 from localrun.cli._input import read_turns
 from localrun.cli._output import out, pick_renderer
-from localrun.cli._signals import ctrl_c_stops
+from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
 from localrun.errors import UsageError
 from localrun.events import Stats
 from localrun.remote.config import Remote, find_remote
@@ -116,7 +116,7 @@ def generate(
         renderer = pick_renderer(as_json, show_stats, model.title, _settings(remote, model))
         run = _history.remote_context("generate", remote, model.model_id, _settings(remote, model), output, system)
         recorder = _history.recorder(run, no_log=no_log)
-        with ctrl_c_stops(model):
+        with ctrl_c_stops(model), no_echo(terminal()):
             final = renderer.render(recorder.watch(model.generate(request), text))
         recorder.flush(_history.exit_status(final))
         return _finish(final, model, output)
@@ -196,7 +196,7 @@ def _interactive(session: RemoteChat, recorder: Recorder, *, markdown: bool = Tr
             continue
         session.model.abort_requested = False
         try:
-            with ctrl_c_stops(session.model):
+            with ctrl_c_stops(session.model), no_echo(terminal()):
                 panel = LiveRenderer(console, title=session.model.title, markdown=markdown)
                 final = panel.render(recorder.watch(session.reply(text), text))
             recorder.flush(_history.exit_status(final))

@@ -9,6 +9,7 @@ from pathlib import Path
 from localrun import store
 from localrun.cli._env import current
 from localrun.cli._output import out
+from localrun.units import human_bytes
 
 
 def pull_with_progress(target: store.Target, source: store.Source = "auto") -> store.Pulled:
@@ -22,7 +23,9 @@ def pull_with_progress(target: store.Target, source: store.Source = "auto") -> s
 
 
 def _pull_missing(target: store.Target) -> Path:
-    current().stderr.write(f"{target.label} is not downloaded yet: pulling it\n")
+    size = target.entry.size if target.entry is not None else None
+    about = f" ({human_bytes(size)})" if size else ""
+    current().stderr.write(f"{target.label} is not downloaded yet: pulling it{about}\n")
     return pull_with_progress(target).path
 
 

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol, TextIO
 
+from localrun.cli._env import current
+
 
 class Abortable(Protocol):
     """What a loop checks between steps: a local engine, or a remote model."""
@@ -56,3 +58,40 @@ def no_echo(stream: TextIO | None) -> Iterator[None]:
     finally:
         with contextlib.suppress(OSError):
             termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def terminal() -> TextIO | None:
+    """The stream whose terminal the live panel is drawn on and keys are typed
+    at: stdin when it is one, else stdout (`cat notes | localrun generate ...`
+    on a terminal); None when neither is."""
+    env = current()
+    if env.stdin_isatty:
+        return env.stdin
+    return env.stdout if env.stdout_isatty else None
+
+
+def restore_terminal(keys: TextIO | None, *screens: TextIO | None) -> None:
+    """Before an exit that runs no `finally` (os._exit): the terminal behind
+    ``keys`` echoes again (as `no_echo` would have left it), and those
+    behind ``screens`` show the cursor a live panel hid; the last one goes on
+    to a new line, where a message can follow."""
+    _echo_on(keys)
+    for i, screen in enumerate(screens):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if screen is not None and screen.isatty():
+                screen.write("\x1b[?25h" + ("\n" if i == len(screens) - 1 else ""))
+                screen.flush()
+
+
+def _echo_on(keys: TextIO | None) -> None:
+    try:
+        import termios
+    except ImportError:  # not a POSIX system
+        return
+    try:
+        fd = keys.fileno() if keys is not None else -1
+        attrs = termios.tcgetattr(fd)
+        attrs[3] |= termios.ECHO | termios.ECHOCTL
+        termios.tcsetattr(fd, termios.TCSANOW, attrs)
+    except (termios.error, OSError, ValueError, AttributeError):  # not a terminal
+        return

@@ -48,6 +48,7 @@ def bench_command(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     budget: Annotated[
         str | None, typer.Option("--budget", help="Memory budget for the KV fits column, e.g. 4GiB.")
     ] = None,
@@ -66,6 +67,7 @@ def bench_command(
     from localrun import bench as core
     from localrun import store
     from localrun.config import save_defaults
+    from localrun.runtime import devices
     from localrun.ui import bench as benchview
 
     if rounds is not None and rounds < 1:
@@ -80,6 +82,7 @@ def bench_command(
     if chart is not None:  # before the run, not after it
         opt.check_output_file("--chart", chart)
     env = current()
+    opt.use_rpc(rpc)
     found = resolve_model(model, offline=offline)
     entry = found.target.entry
     settings = resolve(
@@ -87,6 +90,7 @@ def bench_command(
         entry.defaults if entry else None,
         env.config,
     )
+    settings = opt.without_a_gpu(settings, devices.probe()) if settings.gpu_layers != "auto" else settings
     draft_path = (
         resolve_model(draft_model, offline=offline).path
         if draft_model

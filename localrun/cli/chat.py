@@ -66,6 +66,7 @@ def chat(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     sample_on: opt.SampleOn = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
@@ -78,6 +79,8 @@ def chat(
     grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="In a pipe: a summary per turn on stderr.")] = False,
+    think: opt.Think = "auto",
+    reasoning_budget: opt.ReasoningBudget = None,
     markdown: Annotated[
         bool | None,
         typer.Option(
@@ -121,6 +124,7 @@ def chat(
     continuing = load is not None or continue_last  # on the conversation's model unless -m is given
     remote = _remote.find(model if remote_url or continuing else model_name(model), remote_url)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
+        opt.refuse_thinking(think, reasoning_budget, True)
         _remote.refuse_local_options(options, offline=offline, load=load, template=template, grammar=grammar)
         return _remote.chat(
             remote,
@@ -139,8 +143,11 @@ def chat(
     resumed = _history.last_conversation() if continue_last else None
     if resumed is not None:
         saved = resumed[1]
+    opt.use_rpc(rpc)
     resolved = _resolve(model, saved, options, offline=offline, verbose=verbose)
     warn_past_training(resolved)
+    own = resolved.info.chat_template
+    thinking = opt.thinking(think, reasoning_budget, own if template is None else None, opt.title(resolved))
     env = current()
     with (
         opt.load(resolved) as engine,
@@ -155,6 +162,9 @@ def chat(
             speculation=speculation,
             output=output,
             model=opt.reference(resolved),
+            switches=thinking.switches,
+            think=thinking.mode,
+            reasoning_budget=thinking.budget,
         )
         if saved is not None:
             session.system = system if system is not None else saved.system
@@ -185,9 +195,9 @@ def _resolve(
 
     depth = conversation_depth(parse_ctx(options.ctx) if options.ctx else None)
     if model is not None or saved is None or saved.model is None:
-        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth)
+        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
     try:
-        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth)
+        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
     except ModelNotFoundError as exc:  # moved or removed since: say where the name came from
         exc.hint = "it is the conversation's model; to go on with another, name it with -m"
         raise
@@ -216,10 +226,11 @@ def run_piped(
         renderer: Renderer = (
             JsonRenderer(env.stdout, extra={"turn": turn}, settings=settings)
             if as_json
-            else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats)
+            else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats, show_thinking=session.think == "show")
         )
         with ctrl_c_stops(session.engine), finished(session.reply(plan)) as replies:
-            final = renderer.render(recorder.watch_turn(session.turns, replies) if recorder else replies)
+            watched = recorder.watch_turn(session.turns, replies, system=session.system) if recorder else replies
+            final = renderer.render(watched)
         if recorder is not None:
             recorder.flush(_history.exit_status(final))  # after the reply is shown
         if final.stop_reason == "interrupted":

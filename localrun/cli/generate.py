@@ -28,7 +28,7 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     """(instruction, material): PROMPT from the argument, or stdin when it is
     `-` or stdin is piped; with both, the argument is the instruction and stdin
     the material."""
-    from localrun.cli._input import checked, read_stdin
+    from localrun.cli._input import checked, read_stdin, stdin_is_piped
     from localrun.runtime.prompt import compose
 
     env = current()
@@ -39,8 +39,32 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     if argument is not None:
         argument = checked(argument, "the prompt argument")
     material = None if env.stdin is None or env.stdin_isatty else read_stdin()
+    if argument is not None and material is not None and not material.strip() and stdin_is_piped():
+        # `cat missing.txt | localrun generate "Summarize"`: the instruction alone would get an answer about nothing
+        raise UsageError(
+            "stdin is empty: the text piped in for this prompt has none",
+            hint="check the command before the pipe; to send the prompt alone, do not pipe anything",
+        )
     compose(argument, material)  # an empty prompt fails here, before a model loads
     return argument, material
+
+
+def one_prompt(argument: str | None, option: str | None, file: Path | None) -> str | None:
+    """The prompt given as PROMPT, `-p TEXT` or `-f FILE` (llama.cpp's
+    spellings): at most one of them."""
+    from localrun.cli._input import checked
+    from localrun.paths import why_failed
+
+    given = [name for name, value in (("PROMPT", argument), ("-p", option), ("-f", file)) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both give the prompt", hint="give it once")
+    if file is None:
+        return option if option is not None else argument
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"-f {file}: {why_failed(exc)}") from None
+    return checked(raw.decode("utf-8", errors="surrogateescape"), f"-f {file}")
 
 
 def warn_past_training(resolved: opt.Resolved) -> None:
@@ -195,10 +219,17 @@ def generate(
     seed: opt.Seed = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     system: opt.System = None,
-    ctx: opt.Ctx = None,
+    prompt_option: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="The prompt, in place of PROMPT.", show_default=False)
+    ] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Read the prompt from this file.", show_default=False)
+    ] = None,
+    ctx: opt.CtxOrC = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     sample_on: opt.SampleOn = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
@@ -221,6 +252,8 @@ def generate(
     grammar: opt.GrammarFile = None,
     as_json: opt.Json = False,
     stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr.")] = False,
+    think: opt.Think = "auto",
+    reasoning_budget: opt.ReasoningBudget = None,
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
     batch: Annotated[
@@ -243,6 +276,7 @@ def generate(
     ] = None,
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
+    prompt = one_prompt(prompt, prompt_option, prompt_file)
     opt.check_positive(max_tokens=max_tokens, parallel=parallel)
     refuse_stats_with_json(stats, as_json)
     temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
@@ -267,6 +301,7 @@ def generate(
     from localrun.cli import _remote
 
     remote = _remote.find(model if remote_url else model_name(model), remote_url)
+    opt.refuse_thinking(think, reasoning_budget, remote is not None or batch is not None)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         _remote.refuse_local_options(options, offline=offline, prompt_cache=prompt_cache, grammar=grammar)
         return _on_remote(
@@ -286,16 +321,16 @@ def generate(
             resume,
             no_log,
         )
+    opt.use_rpc(rpc)
     if batch is not None:  # many prompts: localrun/cli/batch.py
         _refuse_with_batch(speculation, prompt_cache, as_json)
         resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
         return _local_batch(
             batch, resolved, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log
         )
-    if parallel is not None or unordered or resume is not None:
-        raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
+    _refuse_batch_options(parallel, unordered, resume)
 
-    from localrun.cli._signals import ctrl_c_stops
+    from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
     from localrun.runtime.generate import PLAIN, Decoding, finished
     from localrun.runtime.placement import run_extent
     from localrun.runtime.prompt import build_prompt, compose
@@ -307,15 +342,18 @@ def generate(
     need, depth = run_extent(chars, max_tokens)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
     warn_past_training(resolved)
+    thinking = opt.thinking(think, reasoning_budget, None if raw else resolved.info.chat_template, opt.title(resolved))
     with opt.load(resolved) as engine:
-        built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
+        built = build_prompt(
+            engine, instruction, material, system=resolved.settings.system, raw=raw, switches=thinking.switches
+        )
         checkpoint = checkpoint_for(built, engine, prompt_cache)
-        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.report())
+        renderer = pick_renderer(as_json, stats, opt.title(resolved), resolved.report(), show_thinking=thinking.show)
         recorder = _history.recorder(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
         drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
-        with ctrl_c_stops(engine), drafting as speculative:
+        with ctrl_c_stops(engine), no_echo(terminal()), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             constraint = Constraint(engine, output) if output is not None else None
             events = decoding.generate(
@@ -326,6 +364,7 @@ def generate(
                 stop=stops,
                 checkpoint=checkpoint,
                 constraint=constraint,
+                reasoning=thinking.reasoning(built.text),
             )
             with finished(events):
                 final = renderer.render(recorder.watch(events, compose(instruction, material)))
@@ -337,6 +376,11 @@ def generate(
     if draft_model is not None and final.draft is not None and not final.draft.proposed:
         out().note(f"note: {draft_model} drafted nothing: plain decoding measured faster at every step")
     return _exit_code(final, output, as_json)
+
+
+def _refuse_batch_options(parallel: int | None, unordered: bool, resume: Path | None) -> None:
+    if parallel is not None or unordered or resume is not None:
+        raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
 
 def _exit_code(final: Stats, output: OutputSpec | None, as_json: bool) -> ExitCode:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 import typer
 
 from localrun import store
+from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.cli._resolve import model_name, pull_with_progress
@@ -39,8 +40,9 @@ def pull(
     name: Annotated[
         str | None,
         typer.Argument(
-            help="Alias (family:tag), hf://owner/repo/file.gguf, owner/repo:QUANT or a path. Default: "
-            "config.toml's model, else the registry's default.",
+            help="Alias (family:tag), owner/repo[:QUANT] (Q4_K_M unless named), hf.co/owner/repo[:QUANT], "
+            "hf://owner/repo/file.gguf, a hub file's address, or a path. Default: config.toml's model, "
+            "else the registry's default.",
             show_default=False,
         ),
     ] = None,
@@ -88,14 +90,17 @@ def _tune_once(path: Path) -> None:
 @dataclass(frozen=True)
 class ListRow:
     alias: str
+    family: str
     present: bool
-    size_bytes: int
+    size_bytes: int  # on disk; 0 when not downloaded
+    download_bytes: int | None  # the catalogue's size of the download, when models.toml gives it
     quant: str
     draft: str | None
     source: str
     mirrors: int
     default: bool
     path: str | None
+    description: str
 
 
 def _default_alias() -> str | None:
@@ -109,36 +114,64 @@ def _default_alias() -> str | None:
     return entry.alias if entry is not None else None
 
 
-def list_models(
-    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
-) -> None:
-    """The registry's models: present or not, size on disk, quantization, draft, source."""
+def _rows() -> list[ListRow]:
+    """Every registry entry, grouped by family in the order models.toml first names each."""
     reg = current().registry
     default = _default_alias()
+    families = list(dict.fromkeys(e.group for e in reg.entries.values()))
+    entries = sorted(reg.entries.values(), key=lambda e: families.index(e.group))
     rows = []
-    for entry in reg.entries.values():
+    for entry in entries:
         path = store.locate(store.Target.from_entry(entry))
         rows.append(
             ListRow(
                 alias=entry.alias,
+                family=entry.group,
                 present=path is not None,
-                size_bytes=path.stat().st_size if path else 0,
+                size_bytes=store.size_on_disk(path) if path else 0,
+                download_bytes=entry.size,
                 quant=entry.quant,
                 draft=entry.draft,
                 source=f"hf://{entry.repo}/{entry.file}",
                 mirrors=len(entry.mirrors),
                 default=entry.alias == default,
                 path=str(path) if path else None,
+                description=entry.description,
             )
         )
-    total = sum(r.size_bytes for r in rows)
+    return rows
+
+
+def list_models(
+    catalogue: Annotated[
+        bool,
+        typer.Option("--all", "-a", "--catalogue", help="The whole catalogue, grouped by family, with download sizes."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+) -> None:
+    """The models on this machine (and the default one); --all: every model
+    the registry knows, grouped by family, marking what is downloaded."""
+    everything = _rows()
+    rows = everything if catalogue else [r for r in everything if r.present or r.default]
+    total = sum(r.size_bytes for r in everything)
     remotes = _remote_rows()
     if as_json:
-        record = {"models": [asdict(r) for r in rows], "total_bytes": total}
+        record: dict[str, object] = {"models": [asdict(r) for r in rows], "total_bytes": total}
+        if catalogue:
+            record["families"] = list(dict.fromkeys(r.family for r in rows))
         if remotes:
             record["remotes"] = [asdict(r) for r in remotes]
         out().json(record, indent=2)
         return
+    footer = f"total on disk: {human_bytes(total)}"
+    if not catalogue:
+        footer += f"; `localrun list --all` shows the catalogue ({count(len(everything), 'model')})"
+    out().table(_catalogue_table(rows) if catalogue else _local_table(rows), footer)
+    if remotes:
+        out().table("", _remote_table(remotes))
+
+
+def _local_table(rows: list[ListRow]) -> object:
     from localrun.ui.table import Column, FitTable
 
     # the alias (what -m takes) is never cut; the source wraps, and goes first on a narrow terminal
@@ -160,9 +193,37 @@ def list_models(
             r.draft or "-",
             r.source + (f" +{r.mirrors} mirror" if r.mirrors else ""),
         )
-    out().table(table, f"total on disk: {human_bytes(total)}")
-    if remotes:
-        out().table("", _remote_table(remotes))
+    return table
+
+
+def _catalogue_table(rows: list[ListRow]) -> object:
+    """A line per family, its models under it: downloaded or not, the download's size, the draft."""
+    from localrun.ui.table import Column, FitTable
+
+    columns = (
+        Column("MODEL"),
+        Column("PULLED", drop=2),
+        Column("SIZE", justify="right", drop=1),
+        Column("QUANT", drop=3),
+        Column("DRAFT", drop=4),
+        Column("ABOUT", wrap=24, drop=5),
+    )
+    table = FitTable(columns, box=None, pad_edge=False)
+    family = None
+    for r in rows:
+        if r.family != family:
+            family = r.family
+            table.add_row(family, "", "", "", "", "", style="bold")
+        size = r.size_bytes if r.present else r.download_bytes
+        table.add_row(
+            f"  {r.alias}" + (" (default)" if r.default else ""),
+            "yes" if r.present else "-",
+            human_bytes(size) if size else "?",
+            r.quant,
+            r.draft or "-",
+            r.description,
+        )
+    return table
 
 
 @dataclass(frozen=True)
@@ -227,7 +288,7 @@ def rm(
     if not yes:
         if not current().stdin_isatty:
             raise UsageError(f"refusing to delete {target.label} without --yes (stdin is not a terminal)")
-        if not typer.confirm(f"delete {target.label} ({human_bytes(found.stat().st_size)})?", err=True):
+        if not typer.confirm(f"delete {target.label} ({human_bytes(store.size_on_disk(found))})?", err=True):
             out().note(f"kept {target.label}")
             return
     freed = store.remove(target)
@@ -235,7 +296,9 @@ def rm(
 
 
 def show(
-    name: Annotated[str, typer.Argument(help="Alias, owner/repo:QUANT, hf://... or a GGUF path.")],
+    name: Annotated[
+        str, typer.Argument(help="Alias, owner/repo[:QUANT], hf.co/..., a hub file's address or a GGUF path.")
+    ],
     budget: Annotated[
         str | None,
         typer.Option(
@@ -243,6 +306,7 @@ def show(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+    rpc: opt.Rpc = None,
 ) -> None:
     """What the model file says: architecture, size, attention, context, KV cache cost."""
     from localrun.gguf.info import KV_BYTES_PER_ELEMENT, describe
@@ -254,12 +318,15 @@ def show(
     target = store.parse(name, reg)
     path = store.locate(target) if target.path is None else target.path
     if path is None:
-        raise ModelNotFoundError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}")
+        size = f" ({human_bytes(target.entry.size)})" if target.entry and target.entry.size else ""
+        raise ModelNotFoundError(f"{target.label} is not downloaded", hint=f"localrun pull {target.label}{size}")
+    checksum = store.checksum(target, path)
     try:
         budget_given = parse_size(budget) if budget else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     info = describe(read_gguf(path))
+    opt.use_rpc(rpc)
     found = devices.probe()
     placement = place(found, memory_budget=budget_given, shape=info)
     per_device = device_fits(info, found)
@@ -270,6 +337,10 @@ def show(
     record = {
         "name": info.name,
         "path": str(info.path),
+        "source": _source(target, path),
+        "family": target.entry.group if target.entry else None,
+        "sha256": checksum.sha256,
+        "checksum": checksum.origin,
         "architecture": info.architecture,
         "parameters": info.parameters,
         "weights_bytes": info.weights_bytes,
@@ -303,6 +374,8 @@ def show(
     gqa = shared.get(info.attention, "")
     lines = [
         f"{info.name}  {info.path}",
+        f"  source           {_source(target, path)}",
+        f"  checksum         {_checksum_text(checksum)}",
         f"  architecture     {info.architecture}",
         f"  parameters       {info.parameters / 1e9:.2f} B"
         if info.parameters >= 1e8
@@ -320,6 +393,20 @@ def show(
         *(_gpu_line(f, info.layers) for f in per_device),
     ]
     out().result("\n".join(lines))
+
+
+def _source(target: store.Target, path: Path) -> str:
+    """Where the model came from: the hub file a name points at (or its
+    quantization picked), or the path given."""
+    if target.path is not None:
+        return str(target.path)
+    file = target.file or path.name
+    at = f"@{target.revision}" if target.revision else ""
+    return f"hf://{target.repo}/{file}{at}"
+
+
+def _checksum_text(checksum: store.Checksum) -> str:
+    return f"sha256 {checksum.sha256}, {checksum.origin}" if checksum.sha256 else checksum.origin
 
 
 def _gpu_line(fit: DeviceFit, layers: int) -> str:

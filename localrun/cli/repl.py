@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -16,6 +17,7 @@ from localrun import paths
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode, as_user_error, describe
 from localrun.cli._history import exit_status
+from localrun.cli._options import checked_sampling
 from localrun.cli._signals import ctrl_c_stops, no_echo
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import Stats
@@ -27,6 +29,20 @@ from localrun.ui.text import oldest_turns, session_line, stats_line
 from localrun.units import count
 
 MULTILINE = '"""'
+QUIT_WORDS = frozenset({"exit", "quit"})  # a line of only one of these ends the session, as in a shell
+
+# `/set parameter NAME VALUE` (ollama's names): the sampling field each sets, and its type
+PARAMETERS: dict[str, tuple[str, type[int] | type[float]]] = {
+    "temperature": ("temperature", float),
+    "top_k": ("top_k", int),
+    "top_p": ("top_p", float),
+    "min_p": ("min_p", float),
+    "repeat_penalty": ("repeat_penalty", float),
+    "repeat_last_n": ("repeat_last_n", int),
+    "seed": ("seed", int),
+    "num_predict": ("max_tokens", int),
+}
+AT_START = {"num_ctx": "--ctx", "num_gpu": "--gpu-layers", "num_thread": "--threads"}  # fixed once loaded
 
 
 def line_editing(history: Path | None = None) -> None:
@@ -85,8 +101,12 @@ class Repl:
             "/markdown": Command("/markdown on|off", "replies shown as Markdown, or as written", self._markdown),
             "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
             "/load": Command("/load FILE", "load a saved conversation", self._load),
-            "/exit": Command("/exit", "end the session (also Ctrl-D)", lambda _: False),
+            "/set": Command(
+                "/set parameter NAME VALUE", "a sampling setting (temperature, top_k, ...); /set system TEXT", self._set
+            ),
+            "/exit": Command("/exit", "end the session (also /bye, exit, quit or Ctrl-D)", lambda _: False),
         }
+        self.aliases = {"/bye": "/exit", "/?": "/help"}  # ollama's spellings
 
     # -- input --
 
@@ -104,10 +124,13 @@ class Repl:
 
     def read_message(self) -> str:
         """One message: a line, a paste (several lines at once), or a block
-        between two `\"\"\"` lines."""
+        between two `\"\"\"` lines. A line of only `exit` or `quit` ends the
+        session (EOFError, as Ctrl-D)."""
         line = input(">>> ")
         if "\n" in line:  # a paste: its last line break is not part of the message
             line = line.rstrip("\n")
+        if line.strip().lower() in QUIT_WORDS:  # a word to the shell, as Ctrl-D; in a """ block it is a message
+            raise EOFError
         if not line.strip().startswith(MULTILINE):
             return line
         first = line.strip()[len(MULTILINE) :]
@@ -151,22 +174,25 @@ class Repl:
                         self.console.print("(Ctrl-D or /exit ends the session)", style="dim")
                         told_how_to_quit = True
                     continue
-                if not text.strip():
-                    continue
-                if text.startswith("/"):
-                    if not self._command(text):
-                        break
-                    continue
-                self._turn(text)
+                if not self._handle(text):
+                    break
         finally:
             self._save_history()
         if self.session.totals.turns:  # nothing to sum up when nothing was asked
             current().stderr.write(f"session: {session_line(self.session.totals)}\n")
         return ExitCode.OK
 
+    def _handle(self, text: str) -> bool:
+        """A message or a command; False to end the session."""
+        if text.startswith("/"):
+            return self._command(text)
+        if text.strip():
+            self._turn(text)
+        return True
+
     def _command(self, text: str) -> bool:
         name, _, arg = text.partition(" ")
-        command = self.commands.get(name)
+        command = self.commands.get(self.aliases.get(name, name))
         if command is None:
             self.console.print(f"unknown command {name}; /help lists the commands", style="yellow")
             return True
@@ -196,7 +222,12 @@ class Repl:
             no_echo(current().stdin),
             finished(self.session.reply(plan)) as replies,
         ):
-            final = renderer.render(self.recorder.watch_turn(self.session.turns, replies) if self.recorder else replies)
+            watched = (
+                self.recorder.watch_turn(self.session.turns, replies, system=self.session.system)
+                if self.recorder
+                else replies
+            )
+            final = renderer.render(watched)
         if self.recorder is not None:
             self.recorder.flush(exit_status(final))
         if final.stop_reason == "interrupted":
@@ -230,6 +261,36 @@ class Repl:
         self.session.set_system(arg)
         self.session.clear()
         self.console.print("system prompt set; new conversation", style="dim")
+        return True
+
+    def _set(self, arg: str) -> bool:
+        """ollama's `/set`: `parameter NAME VALUE` and `system TEXT`; what only a
+        start can change names the option that does."""
+        what, _, rest = arg.partition(" ")
+        if what == "system":
+            return self._system(rest.strip())
+        if what != "parameter":
+            raise UsageError(
+                f"/set {what or '...'} is not a setting here", hint="/set parameter NAME VALUE or /set system TEXT"
+            )
+        name, _, value = rest.strip().partition(" ")
+        if name in AT_START:
+            raise UsageError(f"{name} is fixed once the model is loaded", hint=f"start chat with {AT_START[name]}")
+        if name not in PARAMETERS:
+            raise UsageError(f"unknown parameter {name!r}", hint=f"one of {', '.join(PARAMETERS)}")
+        field_name, kind = PARAMETERS[name]
+        try:
+            number = kind(value.strip())
+        except ValueError:
+            raise UsageError(f"/set parameter {name} takes a number, not {value.strip()!r}") from None
+        if field_name == "max_tokens":
+            if number < 1:
+                raise UsageError("num_predict must be at least 1")
+            self.session.max_tokens = int(number)
+        else:
+            changed: dict[str, Any] = {field_name: number}
+            self.session.sampling = checked_sampling(replace(self.session.sampling, **changed))
+        self.console.print(f"{name} set to {number}", style="dim")
         return True
 
     def _retry(self, _: str) -> bool:

@@ -155,6 +155,7 @@ def serve_command(
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = None,
     device: opt.Device = None,
+    rpc: opt.Rpc = None,
     kv: opt.Kv = None,
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
@@ -197,6 +198,7 @@ def serve_command(
     if template is not None and template not in BUILTIN_TEMPLATES:
         raise UsageError(f"unknown chat template {template!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
     check_exposure(host, api_key, no_auth)
+    opt.use_rpc(rpc)
     env = current()
     names: list[str | None] = list(model) if model else [os.environ.get("LOCALRUN_MODEL") or None]
     options = Options(

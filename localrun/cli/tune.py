@@ -41,6 +41,7 @@ def tune_command(
         typer.Option("--kv", help="Tune for this KV cache type (K and V, or K/V): default f16.", show_default=False),
     ] = None,
     offline: opt.Offline = False,
+    rpc: opt.Rpc = None,
 ) -> None:
     """Measure on this machine which threads, flash attention, KV cache type,
     verify batches and parallel sequences are fastest for a model, and keep it
@@ -49,6 +50,7 @@ def tune_command(
         _show(model, as_json=as_json)
         return
     types = _kv_types(kv)
+    opt.use_rpc(rpc)
     found = resolve_model(model, offline=offline, tune_hint=False)
     wisdom = run_tune(found.path, seconds=seconds, kv=types)
     if as_json:

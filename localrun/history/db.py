@@ -88,6 +88,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # ended with, which says nothing of the steps the governor ran before it dropped a thread
         "ALTER TABLE runs ADD COLUMN thread_shares TEXT",
     ),
+    (
+        # of generated_tokens, those a reasoning model thought with (its thinking is not in `response`)
+        "ALTER TABLE runs ADD COLUMN reasoning_tokens INTEGER",
+    ),
+    (
+        # the turns a conversation began with that none of its runs answered (`chat --load FILE`),
+        # as JSON [{"user", "reply", "interrupted"}]: `chat --continue` starts from them
+        "ALTER TABLE conversations ADD COLUMN carried TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

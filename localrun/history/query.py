@@ -389,8 +389,9 @@ def last_conversation(conn: sqlite3.Connection) -> tuple[int, str | None, list[L
     if found is None:
         return None
     conversation_id = found[0]
-    system_row = conn.execute("SELECT system FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-    turns: list[LoggedTurn] = []
+    head = conn.execute("SELECT system, carried FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+    system_row = (head[0],) if head else None
+    turns = _carried_turns(head[1] if head else None)
     for r in conn.execute(
         "SELECT prompt, response, retry, stop_reason FROM runs WHERE conversation_id = ? ORDER BY id",
         (conversation_id,),
@@ -399,6 +400,19 @@ def last_conversation(conn: sqlite3.Connection) -> tuple[int, str | None, list[L
             turns.pop()
         turns.append(LoggedTurn(r["prompt"] or "", r["response"] or "", r["stop_reason"] == "interrupted"))
     return conversation_id, (system_row[0] if system_row else None), turns
+
+
+def _carried_turns(text: str | None) -> list[LoggedTurn]:
+    """The turns a conversation began with (`chat --load`), as its record keeps them."""
+    try:
+        items = json.loads(text) if text else []
+    except json.JSONDecodeError:
+        return []
+    return [
+        LoggedTurn(str(t.get("user", "")), str(t.get("reply", "")), bool(t.get("interrupted")))
+        for t in items
+        if isinstance(t, dict)
+    ]
 
 
 def conversation_model(conn: sqlite3.Connection, conversation_id: int) -> str | None:

@@ -120,6 +120,7 @@ COLUMNS: tuple[str, ...] = (
     "prompt_tokens",
     "cached_tokens",
     "generated_tokens",
+    "reasoning_tokens",
     "ttft_s",
     "decode_tps",
     "prompt_tps",
@@ -149,6 +150,7 @@ class Conversation:
 
     id: int | None = None
     turns: list[Any] = field(default_factory=list)
+    carried: list[Any] = field(default_factory=list)  # turns it began with that no run of it answered (/load)
 
 
 def row(
@@ -174,6 +176,7 @@ def row(
             "prompt_tokens": stats.prompt_tokens,
             "cached_tokens": stats.cached_tokens,
             "generated_tokens": stats.generated_tokens,
+            "reasoning_tokens": stats.reasoning_tokens or None,
             "ttft_s": stats.ttft_s if stats.generated_tokens else None,
             "decode_tps": stats.decode_tokens_per_s or None,
             "prompt_tps": stats.prompt_tokens_per_s or None,
@@ -229,24 +232,27 @@ class Recorder:
                 self.pending.append(row(self.context, ev.stats, prompt=prompt, response=response, tokens=seen, **extra))
             yield ev
 
-    def watch_turn(self, turns: Sequence[_Turn], events: Iterable[Event]) -> Iterable[Event]:
+    def watch_turn(self, turns: Sequence[_Turn], events: Iterable[Event], *, system: str | None) -> Iterable[Event]:
         """A chat turn: the reply to ``turns[-1]`` (the session's turns, the last
-        one just planned). The turns before it tell whether this continues the
-        conversation, retries its last reply, or starts a new one (after /clear,
-        /system or /load)."""
+        one just planned), under the session's ``system`` prompt. The turns
+        before it tell whether this continues the conversation, retries its
+        last reply, or starts a new one (after /clear, /system or /load); a
+        new one that starts from turns no run answered (`chat --load`, /load)
+        carries them, so that `chat --continue` finds them."""
         if not self.enabled or not turns:
             return events
         current = turns[-1]
         before = list(turns[:-1])
         conversation = self.conversation
         if conversation is None or not _continues(conversation.turns, before):
-            conversation = self.conversation = Conversation()
+            conversation = self.conversation = Conversation(turns=list(before), carried=list(before))
         # a retry replaces the last reply: the turn it answered is gone from the session
         retry = bool(conversation.turns) and (not before or conversation.turns[-1] is not before[-1])
         if retry:
             conversation.turns.pop()
         conversation.turns.append(current)
-        return self._watch(events, current.user, {"_conversation": conversation, "retry": int(retry)})
+        extra = {"_conversation": conversation, "retry": int(retry), "system": system}
+        return self._watch(events, current.user, extra)
 
     def resume(self, conversation_id: int, turns: Sequence[_Turn]) -> None:
         """Turns taken from the history (`chat --continue`): the next ones continue that conversation."""
@@ -296,8 +302,8 @@ class Recorder:
                     conversation = values.get("_conversation")
                     if conversation is not None and conversation.id is None:
                         conversation.id = conn.execute(
-                            "INSERT INTO conversations (started, model, system) VALUES (?, ?, ?)",
-                            (values["time"], values["model"], values["system"]),
+                            "INSERT INTO conversations (started, model, system, carried) VALUES (?, ?, ?, ?)",
+                            (values["time"], values["model"], values["system"], _carried(conversation.carried)),
                         ).lastrowid
                         started.append(conversation)
                     if conversation is not None:
@@ -319,6 +325,16 @@ def _value(values: dict[str, Any], name: str, exit_status: int | None) -> Any:
     if name == "exit_status" and values.get(name) is None:
         return exit_status
     return values.get(name)
+
+
+def _carried(turns: list[Any]) -> str | None:
+    """A conversation's carried turns as the database keeps them (JSON), None for none."""
+    if not turns:
+        return None
+    return json.dumps(
+        [{"user": t.user, "reply": t.reply, "interrupted": bool(getattr(t, "interrupted", False))} for t in turns],
+        ensure_ascii=False,
+    )
 
 
 def _continues(recorded: list[Any], before: list[Any]) -> bool:
@@ -356,7 +372,8 @@ class BackgroundRecorder:
 
     def add(self, context: RunContext, stats: Stats | None, **values: Any) -> None:
         if self.recorder.enabled:
-            self.queue.put(row(context, stats, prompt=values.pop("prompt", None), response=None, **values))
+            prompt, response = values.pop("prompt", None), values.pop("response", None)
+            self.queue.put(row(context, stats, prompt=prompt, response=response, **values))
 
     def _run(self) -> None:
         while True:

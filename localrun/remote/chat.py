@@ -23,10 +23,9 @@ class RemoteChat:
 
     def messages(self, text: str) -> list[Message]:
         messages: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
-        for user, assistant in self.turns:
+        for user, assistant in self.turns:  # an empty reply too: user and assistant alternate
             messages.append({"role": "user", "content": user})
-            if assistant:
-                messages.append({"role": "assistant", "content": assistant})
+            messages.append({"role": "assistant", "content": assistant})
         return [*messages, {"role": "user", "content": text}]
 
     def reply(self, text: str) -> Iterator[Event]:

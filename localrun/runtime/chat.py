@@ -18,11 +18,12 @@ from typing import Any, NamedTuple
 
 from localrun import paths
 from localrun.errors import UsageError
-from localrun.events import DoneEvent, Event, Stats, TokenEvent
+from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, TokenEvent
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import PLAIN, Decoding
 from localrun.runtime.prompt import render_messages, tokenize_rendered
+from localrun.runtime.reasoning import ThinkMode, reasoning_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import Message
 from localrun.structured.constraint import Constraint
@@ -37,9 +38,10 @@ class Turn:
     """One user message and the reply to it."""
 
     user: str
-    reply: str = ""
+    reply: str = ""  # the answer (a reasoning model's thinking is apart)
     interrupted: bool = False
     stats: Stats | None = None
+    reasoning: str = ""
 
 
 @dataclass
@@ -93,6 +95,9 @@ class ChatSession:
     use_draft: bool = True
     output: OutputSpec | None = None  # every reply follows this schema or grammar (--schema, /schema)
     model: str | None = None  # what -m takes to load this model again: /save writes it
+    switches: dict[str, Any] | None = None  # the chat template's switches (enable_thinking, reasoning_effort)
+    think: ThinkMode = "auto"
+    reasoning_budget: int | None = None  # a reasoning model's thinking ends after this many tokens
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.engine)
@@ -107,11 +112,16 @@ class ChatSession:
     # -- conversation --
 
     def messages(self, turns: list[Turn] | None = None) -> list[Message]:
+        """The conversation as chat messages. Every answered turn has its reply,
+        an empty one too: templates expect user and assistant to alternate
+        (Gemma's refuses two user messages in a row)."""
+        turns = self.turns if turns is None else turns
         out: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
-        for turn in self.turns if turns is None else turns:
+        for i, turn in enumerate(turns, 1):
             out.append({"role": "user", "content": turn.user})
-            if turn.reply:
-                out.append({"role": "assistant", "content": turn.reply})
+            if turn.reply or turn.reasoning or i < len(turns):  # the last one unanswered is the one to answer
+                reply = {"role": "assistant", "content": turn.reply}  # the template keeps or drops the thinking
+                out.append(reply | {"reasoning_content": turn.reasoning} if turn.reasoning else reply)
         return out
 
     def clear(self) -> None:
@@ -131,7 +141,7 @@ class ChatSession:
         reserve = min(self.max_tokens or REPLY_RESERVE, REPLY_RESERVE)
         dropped = 0
         while True:
-            text = render_messages(self.engine, self.template, self.messages())
+            text = render_messages(self.engine, self.template, self.messages(), switches=self.switches)
             tokens = self._tokens_for(text)
             if len(tokens) + reserve <= self.engine.n_ctx or len(self.turns) == 1:
                 break
@@ -155,6 +165,7 @@ class ChatSession:
         turn = self.turns[-1]
         self.engine.abort_requested = False
         constraint = Constraint(self.engine, self.output) if self.output is not None else None
+        reasoning = reasoning_for(self.template, self._pending_text, budget=self.reasoning_budget, mode=self.think)
         events = self.decoding.generate(
             self.engine,
             plan.tokens,
@@ -162,10 +173,13 @@ class ChatSession:
             max_tokens=self.max_tokens,
             decoder=self.decoder,
             constraint=constraint,
+            reasoning=reasoning,
         )
         for event in events:
             if isinstance(event, TokenEvent):
                 turn.reply += event.text
+            elif isinstance(event, ReasoningEvent):
+                turn.reasoning += event.text
             elif isinstance(event, DoneEvent):
                 turn.stats = event.stats
                 turn.interrupted = event.stats.stop_reason == "interrupted"

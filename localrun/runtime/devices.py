@@ -1,6 +1,7 @@
 """What the build and the machine offer a run: the host (its CPUs and the
 memory the OS says is available) and every device llama.cpp's backends
-report (a CUDA, ROCm, Metal or Vulkan GPU when the build has that backend).
+report (a CUDA, ROCm, Metal or Vulkan GPU when the build has that backend,
+and the devices of the RPC servers `localrun.runtime.rpc` registered).
 
 `probe()` is the one seam: placement reads devices only through it, and
 tests hand placement fake device lists instead. llama-cpp-python does not
@@ -40,21 +41,34 @@ class Device:
 
     @property
     def offloads(self) -> bool:
-        """Whether layers can be placed on it (a GPU, discrete or integrated)."""
+        """Whether layers can be placed on it (a GPU, discrete or integrated, or an RPC server's device)."""
         return self.kind in ("gpu", "igpu")
+
+    @property
+    def remote(self) -> bool:
+        """An RPC server's device (`localrun.runtime.rpc`): llama.cpp calls
+        them GPUs, names them RPC0, RPC1, ... and describes them by HOST:PORT."""
+        return self.name.startswith("RPC")
 
 
 _DYNAMIC = ("libggml-cuda", "libggml-hip", "libggml-vulkan", "libggml-metal")  # GGML_BACKEND_DL builds
 
 
-def _lib_dir() -> Path:
+def lib_dir() -> Path:
     import llama_cpp  # its lib/ folder holds the ggml libraries libllama is linked with
 
     return Path(llama_cpp.__file__).parent / "lib"
 
 
-def _library(name: str) -> ctypes.CDLL:
-    return ctypes.CDLL(str(_lib_dir() / name))
+def library(name: str) -> ctypes.CDLL:
+    """The ggml library ``name`` ("libggml.so") as libllama loaded it. The
+    wheel holds copies, not links (libggml.so, libggml.so.0, ...), and each
+    copy loaded is a library of its own, with its own device registry and
+    abort callback: the one libllama links is named by its soname (the
+    shortest name with a version), which the loader finds already loaded."""
+    folder = lib_dir()
+    versioned = [p for p in folder.glob(f"{name}.*") if p.name[len(name) + 1 :].split(".")[0].isdigit()]
+    return ctypes.CDLL(str(min(versioned, key=lambda p: len(p.name), default=folder / name)))
 
 
 @functools.cache
@@ -63,11 +77,11 @@ def load_dynamic_backends() -> None:
     are separate libraries that nothing links: once per process, before
     llama.cpp's backend starts. A build that links its backends (the default)
     has nothing to load."""
-    folder = _lib_dir()
+    folder = lib_dir()
     if not any(p.name.startswith(_DYNAMIC) for p in folder.glob("libggml-*")):
         return
     try:
-        registry = _library("libggml.so")
+        registry = library("libggml.so")
         registry.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
         registry.ggml_backend_load_all_from_path.restype = None
     except (OSError, AttributeError):
@@ -87,7 +101,7 @@ def _api() -> _Api | None:
     """ggml's device calls with their C types; None when the libraries lack them."""
     load_dynamic_backends()
     try:
-        registry, base = _library("libggml.so"), _library("libggml-base.so")
+        registry, base = library("libggml.so"), library("libggml-base.so")
         registry.ggml_backend_dev_count.restype = ctypes.c_size_t
         registry.ggml_backend_dev_count.argtypes = []
         registry.ggml_backend_dev_get.restype = ctypes.c_void_p
@@ -197,13 +211,18 @@ def setup_hint(vendor: str | None, gpus: Sequence[Device]) -> str | None:
 
 def unused_gpu(found: tuple[Device, ...]) -> str | None:
     """`setup_hint` for a run: the GPU seen from device nodes only (no
-    `nvidia-smi` call on every run)."""
-    return setup_hint(gpu_vendor(run_smi=lambda: False), offload_targets(found))
+    `nvidia-smi` call on every run); an RPC server's device is no GPU of this machine's."""
+    return setup_hint(gpu_vendor(run_smi=lambda: False), local_gpus(found))
 
 
 def host(devices: tuple[Device, ...]) -> Device:
     """The CPU and its memory: the first device of a probe."""
     return next((d for d in devices if d.kind == "cpu"), Device(HOST, "", "cpu", 0, 0))
+
+
+def local_gpus(devices: tuple[Device, ...]) -> tuple[Device, ...]:
+    """The offload targets of this machine's own (no RPC server's)."""
+    return tuple(d for d in offload_targets(devices) if not d.remote)
 
 
 def offload_targets(devices: tuple[Device, ...]) -> tuple[Device, ...]:

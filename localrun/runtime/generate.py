@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
-from localrun.events import Event, StopReason, TokenEvent
+from localrun.events import Event, ReasoningEvent, StopReason, TokenEvent
 from localrun.runtime.decoder import Checkpoint, Decoder
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.output import TokenOutput
+from localrun.runtime.reasoning import AnswerGuard, Reasoning
 from localrun.runtime.sampling import Sampler, SamplingParams
 from localrun.runtime.threads import ThreadMeter
 
@@ -35,6 +36,7 @@ class GenerateOptions(TypedDict, total=False):
     decoder: Decoder | None
     checkpoint: Checkpoint | None
     constraint: Constraint | None
+    reasoning: Reasoning | None
 
 
 class Generation:
@@ -55,16 +57,20 @@ class Generation:
         decoder: Decoder | None = None,
         checkpoint: Checkpoint | None = None,
         constraint: Constraint | None = None,
+        reasoning: Reasoning | None = None,
         sample_on_device: bool = False,
     ) -> None:
         engine.check_fits(len(prompt_tokens))
-        self.constraint = constraint
+        # the grammar applies to the answer: after the thinking, where there is one
+        self.guard = AnswerGuard(constraint, reasoning, lambda t: engine.tokenize(t, add_special=False))
         self.engine = engine
         self.prompt_tokens = prompt_tokens
         self.checkpoint = checkpoint
         self.decoder = decoder or Decoder(engine)
-        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and constraint is None else None)
-        self.out = TokenOutput(engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos)
+        self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and not self.guard.masks else None)
+        self.out = TokenOutput(
+            engine, n_prompt=len(prompt_tokens), stop=stop, ignore_eos=ignore_eos, reasoning=reasoning
+        )
         limit = engine.n_ctx - len(prompt_tokens)
         self.limit = min(limit, max_tokens) if max_tokens is not None else limit
         self.reason: StopReason = "length"
@@ -78,31 +84,35 @@ class Generation:
             self.out.prompt_done(cached)
         return self.note(status)
 
+    @property
+    def constraint(self) -> Constraint | None:
+        """The grammar, once it applies: from the answer's first token on."""
+        return self.guard.constraint
+
     def sample(self, row: int = -1) -> int:
         """The next token from ``row`` of the last batch: masked first to what
-        the grammar allows, when there is one (which then takes the token)."""
-        if self.constraint is None:
+        may come (`AnswerGuard`), which then follows the token."""
+        if not self.guard.masks:
             return self.decoder.sample(self.sampler, row)
-        self.constraint.apply(self.decoder.logits(row))
+        self.guard.mask(self.decoder.logits(row))
         token = self.decoder.sample(self.sampler, row)
-        self.constraint.consume(token)
+        self.guard.accepted(token)
         return token
 
     def emit(self, tokens: Sequence[int]) -> Iterator[Event]:
         """Put ``tokens`` in the output, with their text events, until it ends."""
         for token in tokens:
-            event = self.out.push(token, self.threads)
-            if event is not None:
-                yield event
+            yield from self.out.push_events(token, self.threads)
             if self.ended():
                 return
 
     def fast_forward(self) -> list[int]:
         """The tokens that must follow, where the grammar leaves exactly one way
         on (jump-forward); at most as many as the output may still take."""
-        if self.constraint is None:
+        grammar = self.constraint
+        if grammar is None:
             return []
-        return self.constraint.fast_forward(self.limit - self.out.n_gen)
+        return grammar.fast_forward(self.limit - self.out.n_gen)
 
     def step(self, tokens: Sequence[int]) -> DecodeStatus:
         """Evaluate decided tokens (one, or one and those the grammar forced
@@ -132,12 +142,12 @@ class Generation:
         threads = self.threads
         shares = self.meter.shares or None
         for event in self.out.finish(self.reason, prompt_cache=outcome, threads=threads, thread_shares=shares, **extra):
-            if isinstance(event, TokenEvent):
+            if isinstance(event, TokenEvent | ReasoningEvent):
                 yield replace(event, threads=threads)
-            elif self.constraint is not None:  # the whole text is known now: check it
-                checked = self.constraint.check(self.out.text)
+            elif (grammar := self.guard.grammar) is not None:  # the whole answer is known now: check it
+                checked = grammar.check(self.out.text)
                 stats = replace(event.stats, valid=checked.valid, invalid=checked.error)
-                yield replace(event, stats=replace(stats, forced_tokens=self.constraint.forced))
+                yield replace(event, stats=replace(stats, forced_tokens=grammar.forced))
             else:
                 yield event
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from localrun.runtime import devices
+from localrun.runtime import devices, rpc
 from localrun.runtime.llama import native_call
 
 LEVEL_WARN = 3  # GGML_LOG_LEVEL_WARN in ggml.h
@@ -117,7 +117,11 @@ class DeviceBuffers:
 def buffer_device(name: str) -> str:
     """The device a buffer type of llama.cpp's allocates on: `CUDA0` and
     `CUDA0_Split` on CUDA0, `MTL0_Private` on MTL0, `CUDA_Host`, `Vulkan_Host`,
-    `CPU_Mapped` and `CPU_REPACK` on the host (`CPU`)."""
+    `CPU_Mapped` and `CPU_REPACK` on the host (`CPU`), an RPC server's
+    `RPC0[HOST:PORT]` on the device this process registered for it (`RPC0`, `RPC1`...)."""
+    remote = rpc.buffer_device(name)
+    if remote is not None:
+        return remote
     base, _, suffix = name.partition("_")
     if suffix == "Host" or base == "CPU":
         return "CPU"
@@ -170,15 +174,18 @@ def device_buffers() -> tuple[DeviceBuffers, ...]:
 
 def logged_buffers() -> tuple[int | None, int | None, int | None]:
     """(KV cache bytes, KV cells, compute buffer bytes) from the log of the
-    last context creation; the compute buffer is the host's (``CPU``)."""
+    last context creation; the compute buffer is the host's (``CPU``). A
+    sliding-window model's context has two caches (its full-attention layers'
+    and its window layers'): the bytes are both caches', the cells the larger one's."""
     with _lock:
         text = "".join(_recent_log)
         _recent_log.clear()
-    kv = _KV_SIZE.findall(text)
+    start = text.rfind(" output buffer size =")  # a context's first buffer line
+    kv = _KV_SIZE.findall(text[start:]) if start >= 0 else _KV_SIZE.findall(text)[-1:]
     compute = [size for name, what, size in _buffer_lines(text) if name == "CPU" and what == "compute"]
     return (
-        round(float(kv[-1][0]) * _MIB) if kv else None,
-        int(kv[-1][1]) if kv else None,
+        round(sum(float(mib) for mib, _ in kv) * _MIB) if kv else None,
+        max(int(cells) for _, cells in kv) if kv else None,
         compute[0] if compute else None,
     )
 

@@ -8,7 +8,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from localrun.events import DoneEvent, Event, Stats, StopReason, TokenEvent
+from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, StopReason, TokenEvent
+from localrun.runtime.reasoning import Piece, Reasoning, Splitter, marker_tokens
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
@@ -49,7 +50,16 @@ class TokenOutput:
     across token boundaries), stop strings, counts, timing and the final Stats.
     Every loop (plain, speculative, batched) feeds it the tokens it accepts."""
 
-    def __init__(self, engine: Engine, *, n_prompt: int, stop: Sequence[str] = (), ignore_eos: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        n_prompt: int,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        reasoning: Reasoning | None = None,
+        preserved: Sequence[str] = (),
+    ) -> None:
         self.engine = engine
         self.n_prompt = n_prompt
         self.ignore_eos = ignore_eos
@@ -64,6 +74,21 @@ class TokenOutput:
         self.ttft = 0.0
         self.text_parts: list[str] = []
         self.tokens: list[int] = []  # the generated tokens, end of generation excluded
+        # a reasoning model: its thinking goes apart from the answer (text, stop strings and the grammar's check)
+        self.splitter: Splitter | None = reasoning.splitter() if reasoning is not None else None
+        self.reasoning_parts: list[str] = []
+        self.n_reasoning = 0
+        # the thinking's markers and ``preserved`` ones (a family's tool-call markers), each one token
+        # of this vocabulary: rendered as text even where they are control tokens, which render as nothing
+        self.markers: dict[int, bytes] = {}
+        for marker in preserved:
+            tokens = engine.tokenize(marker, add_special=False)
+            if len(tokens) == 1:
+                self.markers[tokens[0]] = marker.encode()
+        if reasoning is not None:
+            for marker in marker_tokens(reasoning.format, lambda t: engine.tokenize(t, add_special=False)):
+                (token,) = engine.tokenize(marker, add_special=False)
+                self.markers[token] = marker.encode()
 
     def prompt_done(self, n_cached: int = 0) -> None:
         """The prompt is evaluated (``n_cached`` of its tokens were already in the cache)."""
@@ -72,8 +97,13 @@ class TokenOutput:
 
     def push(self, token: int, threads: int | None = None) -> TokenEvent | None:
         """Account for one accepted token; sets `reason` when it ends the sequence
-        (end of generation or a stop string). Returns the text event, if any,
-        saying ``threads`` decode."""
+        (end of generation or a stop string). Returns the answer's text event,
+        if any, saying ``threads`` decode (thinking: see `push_events`)."""
+        events = self.push_events(token, threads)
+        return next((e for e in events if isinstance(e, TokenEvent)), None)
+
+    def push_events(self, token: int, threads: int | None = None) -> list[TokenEvent | ReasoningEvent]:
+        """`push`, with the thinking's events besides the answer's, in order."""
         now = time.perf_counter()
         if self.n_gen == 0 and self.reason is None:
             self.t_first = now
@@ -81,16 +111,51 @@ class TokenOutput:
         self.t_last = now
         if self.engine.is_eog(token) and not self.ignore_eos:
             self.reason = "eos"
-            return None
+            return []
         self.n_gen += 1
         self.tokens.append(token)
-        text, hit = self.matcher.feed(self.utf8.decode(self.engine.piece(token)))
+        piece = self.markers.get(token)
+        text = self.utf8.decode(piece if piece is not None else self.engine.piece(token))
+        if self.splitter is None:
+            return self._answer(text, threads)
+        thinking = self.splitter.thinking
+        pieces = self.splitter.feed(text)
+        if thinking or self.splitter.thinking:
+            self.n_reasoning += 1
+        return self._pieces(pieces, threads)
+
+    def _pieces(self, pieces: list[Piece], threads: int | None) -> list[TokenEvent | ReasoningEvent]:
+        events: list[TokenEvent | ReasoningEvent] = []
+        for kind, text in pieces:
+            if kind == "content":
+                events.extend(self._answer(text, threads))
+            else:
+                self.reasoning_parts.append(text)
+                events.append(
+                    ReasoningEvent(
+                        text,
+                        self.n_gen,
+                        self.n_reasoning,
+                        self.ttft,
+                        self.t_last - self.t_start,
+                        self.decode_rate(),
+                        threads=threads,
+                    )
+                )
+        return events
+
+    def _answer(self, text: str, threads: int | None) -> list[TokenEvent | ReasoningEvent]:
+        if self.reason == "stop":  # a stop string ended it: nothing after it
+            return []
+        text, hit = self.matcher.feed(text)
         if hit:
             self.reason = "stop"
         if not text:
-            return None
+            return []
         self.text_parts.append(text)
-        return TokenEvent(text, self.n_gen, self.ttft, now - self.t_start, self.decode_rate(), threads=threads)
+        return [
+            TokenEvent(text, self.n_gen, self.ttft, self.t_last - self.t_start, self.decode_rate(), threads=threads)
+        ]
 
     def decode_rate(self) -> float:
         span = self.t_last - self.t_first
@@ -104,10 +169,23 @@ class TokenOutput:
         if final in ("length", "interrupted"):  # a character cut in two: its first bytes go, not a U+FFFD
             self.utf8.reset()
         if final != "stop":
-            tail = self.matcher.flush() + self.utf8.decode(b"", final=True)
+            rest = self.utf8.decode(b"", final=True)
+            if self.splitter is not None:  # what the splitter held: thinking cut off stays thinking
+                pieces = self.splitter.feed(rest) + self.splitter.flush()
+                rest = "".join(text for kind, text in pieces if kind == "content")
+                for kind, text in pieces:
+                    if kind == "reasoning":
+                        self.reasoning_parts.append(text)
+                        yield ReasoningEvent(
+                            text, self.n_gen, self.n_reasoning, self.ttft, self.t_last - self.t_start, 0.0
+                        )
+            tail, hit = self.matcher.feed(rest)
+            tail += "" if hit else self.matcher.flush()
             if tail:
                 self.text_parts.append(tail)
                 yield TokenEvent(tail, self.n_gen, self.ttft, self.t_last - self.t_start, 0.0)
+            if hit:
+                final = "stop"
         evaluated = self.n_prompt - self.n_cached
         yield DoneEvent(
             Stats(
@@ -119,10 +197,16 @@ class TokenOutput:
                 stop_reason=final,
                 prompt_tokens_per_s=evaluated / self.t_prompt if evaluated and self.t_prompt > 0 else 0.0,
                 cached_tokens=self.n_cached,
+                reasoning_tokens=self.n_reasoning,
                 **extra,
             )
         )
 
     @property
     def text(self) -> str:
+        """The answer (a reasoning model's thinking is `reasoning`)."""
         return "".join(self.text_parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)

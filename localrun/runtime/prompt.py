@@ -63,6 +63,7 @@ def compose(instruction: str | None, material: str | None) -> str:
 class Prompt:
     tokens: list[int]
     shared: int  # leading tokens other runs are likely to share: the system prompt and piped material
+    text: str = ""  # the rendered prompt (where a reasoning model's thinking may already be open)
 
 
 def build_prompt(
@@ -72,6 +73,7 @@ def build_prompt(
     *,
     system: str | None = None,
     raw: bool = False,
+    switches: Mapping[str, Any] | None = None,
 ) -> Prompt:
     """The prompt's tokens (the chat template unless ``raw``), and how many of
     them stand for the system prompt and the material, which a prompt cache can
@@ -84,10 +86,10 @@ def build_prompt(
     else:
         messages: list[Message] = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": text})
-        full = render_messages(engine, template, messages)
+        full = render_messages(engine, template, messages, switches=switches)
         tokens = tokenize_rendered(engine, full)
     stable = material.rstrip("\n") if material and material.strip() else system
-    return Prompt(tokens, stable_prefix(engine, full, tokens, stable, templated=template is not None))
+    return Prompt(tokens, stable_prefix(engine, full, tokens, stable, templated=template is not None), full)
 
 
 def stable_prefix(engine: Engine, full: str, tokens: list[int], stable: str | None, *, templated: bool) -> int:
@@ -110,7 +112,16 @@ def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: 
 def chat_tokens(engine: Engine, messages: list[Message], *, raw: bool = False) -> list[int]:
     """A conversation through the model's chat template; without one (or with
     ``raw``), the messages' contents joined by blank lines."""
+    return chat_prompt(engine, messages, raw=raw).tokens
+
+
+def chat_prompt(
+    engine: Engine, messages: list[Message], *, raw: bool = False, switches: Mapping[str, Any] | None = None
+) -> Prompt:
+    """`chat_tokens`, with the rendered text (``shared`` is not worked out: 0)."""
     template = None if raw else engine.info.chat_template
     if template is None:
-        return engine.tokenize("\n\n".join(m["content"] for m in messages), add_special=engine.add_bos)
-    return tokenize_rendered(engine, render_messages(engine, template, messages))
+        text = "\n\n".join(m["content"] for m in messages)
+        return Prompt(engine.tokenize(text, add_special=engine.add_bos), 0, text)
+    text = render_messages(engine, template, messages, switches=switches)
+    return Prompt(tokenize_rendered(engine, text), 0, text)

@@ -11,6 +11,7 @@ import llama_cpp
 import numpy as np
 
 from localrun.errors import EngineError
+from localrun.events import TokenChoice
 
 if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
@@ -25,10 +26,46 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
+    frequency_penalty: float = 0.0  # OpenAI's: less of a token the more often it came (over repeat_last_n)
+    presence_penalty: float = 0.0  # OpenAI's: less of a token once it came
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether llama.cpp's penalties sampler changes anything."""
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        )
+
+    @property
+    def speculable(self) -> bool:
+        """Whether speculative sampling's own model of the chain
+        (`localrun.speculative.sampling`) is this chain: no logit bias, no
+        frequency or presence penalty."""
+        return not self.logit_bias and self.frequency_penalty == 0.0 and self.presence_penalty == 0.0
+
+    @property
+    def plain_argmax(self) -> bool:
+        """Greedy with nothing that moves a logit first: the maximum of the raw row."""
+        return self.greedy and not self.penalized and not self.logit_bias
+
+
+def log_probabilities(row: Any, token: int, top: int) -> TokenChoice:
+    """``token``'s log-probability in the logits ``row`` (log-softmax, as
+    llama-server reports it) and the ``top`` most likely tokens'."""
+    values = np.asarray(row, dtype=np.float32)
+    peak = float(values.max())
+    log_total = peak + float(np.log(np.exp(values - peak, dtype=np.float64).sum()))
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = np.argpartition(values, -top)[-top:] if top < len(values) else np.arange(len(values))
+        ids = ids[np.argsort(-values[ids], kind="stable")]
+        best = tuple((int(i), float(values[i]) - log_total) for i in ids if np.isfinite(values[i]))  # not masked
+    return TokenChoice(token, float(values[token]) - log_total, best)
 
 
 @functools.cache
@@ -70,12 +107,21 @@ class Sampler:
     def __init__(self, params: SamplingParams, n_vocab: int, on_device: Engine | None = None) -> None:
         self.handle: Any = None
         self._engine: Engine | None = None  # the engine whose context the chain is attached to, while it is
-        self.argmax = params.greedy and params.repeat_penalty == 1.0
+        self.argmax = params.plain_argmax
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
-        if params.repeat_penalty != 1.0:
+        if params.logit_bias:  # first, as in llama.cpp's common sampler: the rest see the biased logits
+            biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))(
+                *(llama_cpp.llama_logit_bias(token, bias) for token, bias in params.logit_bias)
+            )
+            add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases))
+        if params.penalized:
             penalties = llama_cpp.llama_sampler_init_penalties(
-                n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
+                n_vocab,
+                params.repeat_last_n,
+                params.repeat_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
             )
             add(chain, penalties)
         if params.greedy:

@@ -14,15 +14,15 @@ from typing import Any
 from localrun.errors import InvalidRequestError
 from localrun.events import Stats
 from localrun.serve.errors import ApiError
-from localrun.serve.schemas import ChatRequest, json_object, parse_data
-from localrun.serve.tools import ToolStream, ToolUse, new_id, split_reply
+from localrun.serve.schemas import ChatRequest, json_object, media_refused, parse_data
+from localrun.serve.tools import CallDelta, ToolStream, ToolUse, new_id, split_reply
 from localrun.structured.tools import Call
 
 # fields that change nothing here (prompt caching is always on)
 IGNORED = frozenset({"metadata", "service_tier", "cache_control", "inference_geo", "user_profile_id", "workspace_id"})
 KNOWN = frozenset(
     {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream"}
-    | {"tools", "tool_choice"}
+    | {"tools", "tool_choice", "thinking"}
 )
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -63,11 +63,13 @@ def _turn(m: Any, where: str, out: list[dict[str, Any]]) -> None:
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     if not isinstance(blocks, list):
         raise InvalidRequestError(f"{where}.content: a string or a list of blocks", where)
-    text, calls, results = [], [], []
+    text, calls, results, thought = [], [], [], []
     for block in blocks:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             text.append(str(block.get("text", "")))
+        elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+            thought.append(str(block.get("thinking", "")))  # a redacted block's is not for us to read
         elif kind == "tool_use" and m["role"] == "assistant":
             arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
             function = {"name": block["name"], "arguments": arguments}
@@ -76,12 +78,13 @@ def _turn(m: Any, where: str, out: list[dict[str, Any]]) -> None:
             result = _text(block.get("content", ""), f"{where}.content")
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": result})
         else:
-            raise InvalidRequestError(f"{where}.content: a {kind} block is not supported", where)
+            raise InvalidRequestError(media_refused(kind) or f"{where}.content: a {kind} block is not supported", where)
     out += results
+    reasoning = {"reasoning_content": "".join(thought)} if any(thought) else {}
     if calls:
-        out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls})
-    elif text or not results:
-        out.append({"role": m["role"], "content": "".join(text)})
+        out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls, **reasoning})
+    elif text or reasoning or not results:
+        out.append({"role": m["role"], "content": "".join(text), **reasoning})
 
 
 def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -145,7 +148,25 @@ def chat_request(body: bytes, *, counting: bool = False) -> ChatRequest:
         chat |= {"max_tokens": data["max_tokens"], "stream": bool(data.get("stream"))}
     if data.get("stop_sequences"):
         chat["stop"] = data["stop_sequences"]
+    chat |= _thinking(data.get("thinking"))
     return parse_data(ChatRequest, chat)
+
+
+def _thinking(thinking: Any) -> dict[str, Any]:
+    """``thinking: {type: enabled, budget_tokens: N}`` (a budget of thinking
+    tokens) or ``{type: disabled}`` (no thinking, where the template has a
+    switch) as the chat request's fields."""
+    if thinking is None:
+        return {}
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return {"reasoning_effort": "none"}
+    if kind != "enabled":
+        raise InvalidRequestError("thinking.type: enabled or disabled", "thinking")
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise InvalidRequestError("thinking.budget_tokens: a count of tokens is required", "thinking.budget_tokens")
+    return {"reasoning_budget_tokens": budget}
 
 
 # ------------------------------------------------------------- the reply --
@@ -190,9 +211,11 @@ class Message:
     def _stop_sequence(self, stats: Stats) -> str | None:
         return self.stops[0] if stats.stop_reason == "stop" and len(self.stops) == 1 else None
 
-    def whole(self, text: str, stats: Stats) -> dict[str, Any]:
+    def whole(self, text: str, stats: Stats, reasoning: str = "") -> dict[str, Any]:
         content, calls = split_reply(text, self.use)
         blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content else []
+        if reasoning:  # the thinking first, as a thinking block (unsigned: nothing here checks signatures)
+            blocks.insert(0, {"type": "thinking", "thinking": reasoning, "signature": ""})
         return self._head() | {
             "content": blocks + _tool_blocks(calls),
             "stop_reason": _stop_reason(stats, calls),
@@ -216,8 +239,9 @@ class Message:
     def _close(self) -> list[str]:
         if self.block < 0:
             return []
-        closed, self.block = self.block, -1
-        return [event("content_block_stop", {"index": closed})]
+        out = [self._delta({"type": "signature_delta", "signature": ""})] if self.kind == "thinking" else []
+        closed, self.block, self.kind = self.block, -1, ""
+        return [*out, event("content_block_stop", {"index": closed})]
 
     def _delta(self, delta: dict[str, Any]) -> str:
         return event("content_block_delta", {"index": self.block, "delta": delta})
@@ -228,25 +252,33 @@ class Message:
         out = self._open({"type": "text", "text": ""}) if self.block < 0 or self.kind != "text" else []
         return [*out, self._delta({"type": "text_delta", "text": piece})]
 
+    def thinking(self, piece: str) -> list[str]:
+        """The events for more of the thinking: a thinking block, its deltas."""
+        if not piece:
+            return []
+        out = self._open({"type": "thinking", "thinking": "", "signature": ""}) if self.kind != "thinking" else []
+        return [*out, self._delta({"type": "thinking_delta", "thinking": piece})]
+
     def text(self, piece: str) -> list[str]:
         """The events for more of the reply: text, and calls as they are written."""
         if self.held is None:
             return self._text(piece)
         piece, deltas = self.held.feed(piece)
-        out = self._text(piece)
+        return self._text(piece) + self._calls(deltas)
+
+    def _calls(self, deltas: list[CallDelta]) -> list[str]:
+        out = []
         for d in deltas:
-            if d.id is not None:
-                out += self._open({"type": "tool_use", "id": "toolu_" + d.id, "name": d.name, "input": {}})
-            if d.arguments:
-                out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
+            out += self._open({"type": "tool_use", "id": "toolu_" + d.id, "name": d.name, "input": {}})
+            out.append(self._delta({"type": "input_json_delta", "partial_json": d.arguments}))
         return out
 
     def finish(self, stats: Stats) -> list[str]:
         calls: list[Call] = []
         out = []
         if self.held is not None:
-            rest, calls = self.held.finish()
-            out += self._text(rest)
+            rest, deltas, calls = self.held.finish()
+            out += self._text(rest) + self._calls(deltas)
         out += self._close()
         end = {"stop_reason": _stop_reason(stats, calls), "stop_sequence": self._stop_sequence(stats)}
         out.append(event("message_delta", {"delta": end, "usage": _usage(stats)}))

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -27,16 +28,16 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from localrun.errors import AuthenticationError, LocalrunError
-from localrun.events import SequenceDone, SequenceText, Stats
+from localrun.errors import AuthenticationError, InvalidRequestError, LocalrunError
+from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats, TokenChoice
 from localrun.serve import anthropic, apply_template
 from localrun.serve.errors import ApiError, api_error, http_error
-from localrun.serve.events import OnEvent, RequestDone
+from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
 from localrun.serve.served import ModelTable, ServedModel
-from localrun.serve.tools import ToolStream, ToolUse, call_objects, split_reply
+from localrun.serve.tools import CallDelta, ToolStream, ToolUse, call_objects, split_reply
 from localrun.serve.worker import Failed, JobEvent
 
 MAX_BODY = 16 * 2**20  # bytes a request body may have
@@ -128,11 +129,19 @@ class Job:
     """One admitted request: its events from the engine thread, and its end, reported once."""
 
     def __init__(
-        self, model: ServedModel, index: int, prompt_tokens: int, request: Request, on_event: OnEvent | None
+        self,
+        model: ServedModel,
+        index: int,
+        prompt_tokens: int,
+        request: Request,
+        on_event: OnEvent | None,
+        prompt: str | None = None,
     ) -> None:
         self.model = model
         self.index = index
         self.prompt_tokens = prompt_tokens
+        self.prompt = prompt  # what the run history keeps of the request (its last user message)
+        self.stats: Stats | None = None  # its figures, once it ended with them
         self.generated = 0  # tokens so far: what the log says of a request that ends without its stats
         self.queue: asyncio.Queue[JobEvent] = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
@@ -146,10 +155,16 @@ class Job:
         with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
-    def end(self, status: int, stats: Stats | None = None, outcome: str = "") -> None:
+    def notice(self, text: str) -> None:
+        """Something of this request's the server's log should say (a tool call left as text)."""
+        if self.on_event is not None:
+            self.on_event(Notice(f"{self.model.id}: {text}"))
+
+    def end(self, status: int, stats: Stats | None = None, outcome: str = "", text: str | None = None) -> None:
         if self.ended:
             return
         self.ended = True
+        self.stats = stats
         if stats is None:  # disconnected or failed: its slot goes to the next request
             self.model.worker.cancel(self.index)
         if self.on_event is not None:
@@ -165,6 +180,8 @@ class Job:
                     stats.decode_tokens_per_s if stats else 0.0,
                     time.perf_counter() - self.t0,
                     outcome or (stats.stop_reason if stats else ""),
+                    prompt=self.prompt,
+                    response=text,
                 )
             )
 
@@ -216,25 +233,22 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
     held = ToolStream(use) if use is not None and use.choice is not None else None
     while True:
         event = await job.queue.get()
-        if isinstance(event, SequenceText):
+        if isinstance(event, SequenceText | SequenceReasoning):
             job.generated = event.generated
-            text, deltas = held.feed(event.text) if held is not None else (event.text, [])
-            if text:
-                yield reply.chunk(text)
-            for delta in deltas:
-                yield reply.chunk(None, calls=[delta.openai()])
+            for chunk in _chunks(reply, held, event):
+                yield chunk
         elif isinstance(event, SequenceDone):
             reason = None
             if held is not None:
-                rest, found = held.finish()
-                if rest:
-                    yield reply.chunk(rest)
+                rest, deltas, found = held.finish()
+                for chunk in _pieces(reply, rest, deltas):
+                    yield chunk
                 reason = "tool_calls" if found else None
             yield reply.chunk(None, stats=event.stats, reason=reason)
             if include_usage:
                 yield reply.chunk(None, stats=event.stats, only_usage=True)
             yield DONE
-            job.end(200, event.stats)
+            job.end(200, event.stats, text=event.text)
             return
         else:
             error = api_error(event.error)
@@ -243,13 +257,26 @@ async def _stream(job: Job, reply: Reply, include_usage: bool, use: ToolUse | No
             return
 
 
+def _chunks(reply: Reply, held: ToolStream | None, event: SequenceText | SequenceReasoning) -> list[str]:
+    """The chunks for more of the reply: thinking as `reasoning_content`, text, and calls as they are written."""
+    if isinstance(event, SequenceReasoning):
+        return [reply.chunk(None, reasoning=event.text)]
+    text, deltas = held.feed(event.text) if held is not None else (event.text, [])
+    return _pieces(reply, text, deltas, event.logprobs)
+
+
+def _pieces(reply: Reply, text: str, calls: list[CallDelta], logprobs: Sequence[TokenChoice] = ()) -> list[str]:
+    """The chunks for more of the reply: its text, then the calls finished with it."""
+    first = [reply.chunk(text, logprobs=logprobs)] if text or logprobs else []
+    return first + [reply.chunk(None, calls=[d.openai()]) for d in calls]
+
+
 Render = Callable[[SequenceDone], dict[str, Any]]
 
 
 async def _whole(job: Job, request: Request, render: Render) -> Response:
     """Wait for the end (or the client leaving, which cancels the request)."""
     result: SequenceDone | Failed | None = None
-    parts: list[str] = []
     async with anyio.create_task_group() as group:
 
         async def watch() -> None:
@@ -259,9 +286,8 @@ async def _whole(job: Job, request: Request, render: Render) -> Response:
         group.start_soon(watch)
         while result is None:
             event = await job.queue.get()
-            if isinstance(event, SequenceText):
+            if isinstance(event, SequenceText | SequenceReasoning):
                 job.generated = event.generated
-                parts.append(event.text)
             else:
                 result = event
         group.cancel_scope.cancel()
@@ -272,7 +298,7 @@ async def _whole(job: Job, request: Request, render: Render) -> Response:
         error = api_error(result.error)
         job.end(error.status, outcome=error.message)
         return _error_response(error, request.url.path)
-    job.end(200, result.stats)
+    job.end(200, result.stats, text=result.text)
     return JSONResponse(render(result))
 
 
@@ -307,12 +333,59 @@ async def _admit(
     table: ModelTable, request: Request, parsed: ChatRequest | CompletionRequest, on_event: OnEvent | None
 ) -> tuple[Job, ToolUse | None]:
     """Prepare the request off the event loop and hand it to its model's worker."""
+    jobs, use = await _admit_copies(table, request, parsed, on_event, 1)
+    return jobs[0], use
+
+
+_NOTED: set[str] = set()  # the ignored fields said so far (once each, per server)
+
+
+def _note_ignored(parsed: ChatRequest | CompletionRequest, on_event: OnEvent | None) -> None:
+    """Fields that change nothing here (`schemas.IGNORED`) are taken; the server says so once for each."""
+    fresh = [name for name in parsed.ignored() if name not in _NOTED]
+    if fresh and on_event is not None:
+        _NOTED.update(fresh)
+        on_event(Notice(f"ignored in requests: {', '.join(fresh)} (nothing here changes with it)"))
+
+
+async def _admit_copies(
+    table: ModelTable,
+    request: Request,
+    parsed: ChatRequest | CompletionRequest,
+    on_event: OnEvent | None,
+    copies: int,
+) -> tuple[list[Job], ToolUse | None]:
+    """The request prepared once and submitted ``copies`` times (`n`), each
+    copy a job of its own with its own seed; the first reports the request."""
+    _note_ignored(parsed, on_event)
     model = table.find(parsed.model)
+    room = model.worker.parallel + model.worker.max_queue
+    if copies > room:
+        raise InvalidRequestError(f"n: at most {room} here ({model.worker.parallel} slots and the queue)", "n")
     index = model.worker.next_index()
     batch_request, use = await run_in_threadpool(prepare, model, parsed, index)
-    job = Job(model, index, len(batch_request.tokens), request, on_event)
-    model.worker.submit(batch_request, job.deliver)
-    return job, use
+    jobs: list[Job] = []
+    try:
+        for copy in range(copies):
+            if copy:
+                seed = batch_request.sampling.seed
+                sampling = replace(batch_request.sampling, seed=None if seed is None else (seed + copy) % 2**32)
+                batch_request = replace(batch_request, index=model.worker.next_index(), sampling=sampling)
+            job = Job(
+                model,
+                batch_request.index,
+                len(batch_request.tokens),
+                request,
+                on_event if not copy else None,
+                prompt=parsed.logged_prompt(),
+            )
+            model.worker.submit(batch_request, job.deliver)
+            jobs.append(job)
+    except BaseException:
+        for job in jobs:  # the copies admitted go too
+            model.worker.cancel(job.index)
+        raise
+    return jobs, replace(use, warn=jobs[0].notice) if use is not None else None
 
 
 async def _respond(job: Job, request: Request, stream: AsyncIterator[str] | None, render: Render) -> Response:
@@ -332,29 +405,121 @@ async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: O
     parsed: ChatRequest | CompletionRequest = (
         parse(ChatRequest, body) if kind == "chat" else parse(CompletionRequest, body)
     )
-    job, use = await _admit(table, request, parsed, on_event)
-    reply = Reply(kind, job.model.id)
+    jobs, use = await _admit_copies(table, request, parsed, on_event, parsed.choices())
+    job = jobs[0]
+    piece = job.model.engine.piece if parsed.top_logprobs_wanted() is not None else None
+    replies = [Reply(kind, job.model.id, piece=piece)]
+    replies += [replace(replies[0], choice=copy) for copy in range(1, len(jobs))]
 
-    def render(done: SequenceDone) -> dict[str, Any]:
-        content, calls = split_reply(done.text, use)
-        return reply.whole(content, done.stats, call_objects(calls))
+    def renderer(reply: Reply) -> Render:
+        def render(done: SequenceDone) -> dict[str, Any]:
+            content, calls = split_reply(done.text, use)
+            return reply.whole(content, done.stats, call_objects(calls), done.logprobs, done.reasoning)
+
+        return render
 
     include_usage = parsed.stream_options is not None and parsed.stream_options.include_usage
-    return await _respond(job, request, _stream(job, reply, include_usage, use) if parsed.stream else None, render)
+    if len(jobs) > 1:
+        return await _several(jobs, replies, request, parsed.stream, include_usage, use, renderer)
+    reply = replies[0]
+    stream = _stream(job, reply, include_usage, use) if parsed.stream else None
+    return await _respond(job, request, stream, renderer(reply))
+
+
+# ------------------------------------------------------------- n choices --
+
+
+def _summed(stats: list[Stats]) -> Stats:
+    """The figures of several completions of one prompt: the prompt counted once."""
+    return replace(stats[0], generated_tokens=sum(s.generated_tokens for s in stats))
+
+
+async def _merged(
+    jobs: list[Job], streams: list[AsyncIterator[str]], reply: Reply, include_usage: bool
+) -> AsyncIterator[str]:
+    """The choices' events as they come, then one usage chunk (asked for) and one [DONE]."""
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[str]) -> None:
+        try:
+            async for chunk in stream:
+                if chunk != DONE:
+                    queue.put_nowait(chunk)
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        left = len(tasks)
+        while left:
+            chunk = await queue.get()
+            if chunk is None:
+                left -= 1
+            else:
+                yield chunk
+        ended = [job.stats for job in jobs if job.stats is not None]
+        if include_usage and ended:
+            yield reply.chunk(None, stats=_summed(ended), only_usage=True)
+        yield DONE
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _several(
+    jobs: list[Job],
+    replies: list[Reply],
+    request: Request,
+    stream: bool,
+    include_usage: bool,
+    use: ToolUse | None,
+    renderer: Callable[[Reply], Render],
+) -> Response:
+    """`n` choices: the copies' events merged (streaming), or their responses
+    as one, the prompt counted once in `usage`; the first error is the answer."""
+    if stream:
+        streams = [_stream(job, reply, False, use) for job, reply in zip(jobs, replies, strict=True)]
+
+        def close(gone: bool) -> None:
+            for job in jobs:
+                job.end(499, outcome="disconnected") if gone else job.end(503, outcome="cancelled")
+
+        return EventStream(_merged(jobs, streams, replies[0], include_usage), close)
+    answers = await asyncio.gather(
+        *(_respond(job, request, None, renderer(reply)) for job, reply in zip(jobs, replies, strict=True))
+    )
+    failed = next((answer for answer in answers if answer.status_code != 200), None)
+    if failed is not None:
+        return failed
+    bodies = [json.loads(bytes(answer.body)) for answer in answers]
+    merged = bodies[0]
+    merged["choices"] = [body["choices"][0] for body in bodies]
+    completion = sum(body["usage"]["completion_tokens"] for body in bodies)
+    merged["usage"] |= {"completion_tokens": completion, "total_tokens": merged["usage"]["prompt_tokens"] + completion}
+    return JSONResponse(merged)
 
 
 async def _message_stream(job: Job, message: anthropic.Message) -> AsyncIterator[str]:
     yield message.start()
     while True:
         event = await job.queue.get()
-        if isinstance(event, SequenceText):
+        if isinstance(event, SequenceReasoning):
+            job.generated = event.generated
+            for chunk in message.thinking(event.text):
+                yield chunk
+        elif isinstance(event, SequenceText):
             job.generated = event.generated
             for chunk in message.text(event.text):
                 yield chunk
         elif isinstance(event, SequenceDone):
             for chunk in message.finish(event.stats):
                 yield chunk
-            job.end(200, event.stats)
+            job.end(200, event.stats, text=event.text)
             return
         else:
             error = api_error(event.error)
@@ -369,7 +534,7 @@ async def _messages(table: ModelTable, request: Request, on_event: OnEvent | Non
     job, use = await _admit(table, request, parsed, on_event)
     message = anthropic.Message(job.model.id, parsed, use, job.prompt_tokens)
     stream = _message_stream(job, message) if parsed.stream else None
-    return await _respond(job, request, stream, lambda done: message.whole(done.text, done.stats))
+    return await _respond(job, request, stream, lambda done: message.whole(done.text, done.stats, done.reasoning))
 
 
 async def _count_tokens(table: ModelTable, request: Request) -> dict[str, Any]:

@@ -30,6 +30,8 @@ class RequestDone:
     decode_tokens_per_s: float = 0.0
     elapsed_s: float = 0.0
     outcome: str = ""  # the finish reason, "disconnected", or the error message
+    prompt: str | None = None  # what the run history keeps: the request's prompt (a chat's last user message)
+    response: str | None = None  # ... and the text it was answered with
 
 
 @dataclass(frozen=True)

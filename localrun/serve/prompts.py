@@ -10,6 +10,7 @@ from typing import Any
 from localrun.errors import ContextOverflowError, InvalidRequestError, UsageError
 from localrun.runtime.batch.scheduler import BatchRequest
 from localrun.runtime.prompt import Prompt, render_messages, stable_prefix, tokenize_rendered
+from localrun.runtime.reasoning import reasoning_for, switches_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.serve.schemas import ChatRequest, CompletionRequest
 from localrun.serve.schemas import Message as ChatMessage
@@ -20,13 +21,23 @@ from localrun.structured.spec import OutputSpec, response_format
 from localrun.structured.tools import tool_grammar
 
 ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+)
 
 
-def sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
+def sampling(request: ChatRequest | CompletionRequest, n_vocab: int) -> SamplingParams:
     """The request's sampling settings; what it leaves out is `localrun generate`'s default."""
-    fields = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+    fields = SAMPLING_FIELDS
     given = {name: getattr(request, name) for name in fields if getattr(request, name) is not None}
-    return replace(SamplingParams(), **given)
+    return replace(SamplingParams(), **given, logit_bias=request.biases(n_vocab))
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
@@ -35,7 +46,24 @@ def _message(m: ChatMessage) -> dict[str, Any]:
         message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        message["reasoning_content"] = m.reasoning_content
     return message
+
+
+def switches(template: str, request: ChatRequest) -> dict[str, Any]:
+    """The template switches a request asks for: ``reasoning_effort`` (as is
+    where the template reads it, else "none" turns thinking off where it has
+    a switch; without it, the template's default as llama-server renders it),
+    then ``chat_template_kwargs`` as given."""
+    effort = request.reasoning_effort
+    out = switches_for(template, "auto")
+    if effort is not None:
+        if "reasoning_effort" in template:
+            out["reasoning_effort"] = "low" if effort in ("none", "minimal") else effort
+        else:
+            out = switches_for(template, "off" if effort == "none" else "on")
+    return out | (request.chat_template_kwargs or {})
 
 
 def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = None) -> Prompt:
@@ -50,10 +78,10 @@ def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = 
     if any(m["role"] == "tool" or "tool_calls" in m for m in messages) or use is not None:
         messages = conversation(messages, use)
     offered = use.declared if use is not None and use.native and use.choice is not None else None
-    full = render_messages(model.engine, model.template, messages, offered)
+    full = render_messages(model.engine, model.template, messages, offered, switches(model.template, request))
     tokens = tokenize_rendered(model.engine, full)
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
-    return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True))
+    return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True), full)
 
 
 def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[int]:
@@ -73,7 +101,9 @@ def output_spec(
     if use is not None and use.choice is not None:
         if request.response_format is not None:
             raise InvalidRequestError("response_format and tools together are not supported", "response_format")
-        return tool_grammar(model.engine, use.functions, use.fmt, use.choice, parallel=use.parallel)
+        if use.family.grammar is None:  # a family whose calls are read, not constrained
+            return None
+        return tool_grammar(model.engine, use.functions, use.family.grammar, use.choice, parallel=use.parallel)
     if request.response_format is None:
         return None
     try:
@@ -92,9 +122,12 @@ def prepare(
     naming the field: a prompt that does not fit its slot gets the numbers
     (nothing is cut silently)."""
     use = None
+    reasoning = None
     if isinstance(request, ChatRequest):
         use = tool_use(request.tools, request.tool_choice, request.parallel_tool_calls, model.template)
         prompt = chat_prompt(model, request, use)
+        if request.reasoning_format != "none":  # "none": the thinking stays in the content, markers and all
+            reasoning = reasoning_for(model.template, prompt.text, budget=request.reasoning_budget_tokens)
     else:
         prompt = Prompt(completion_prompt(model, request), 0)
     tokens = prompt.tokens
@@ -110,9 +143,12 @@ def prepare(
     return BatchRequest(
         index=index,
         tokens=tokens,
-        sampling=sampling(request),
+        sampling=sampling(request, model.engine.n_vocab),
         max_tokens=request.limit(),
         stop=request.stops(),
         output=output_spec(model, request, use),
         shared=prompt.shared,
+        reasoning=reasoning,
+        logprobs=request.top_logprobs_wanted(),
+        preserved=use.family.preserved if use is not None else (),
     ), use

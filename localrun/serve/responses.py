@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from localrun.events import Stats
+from localrun.events import Stats, TokenChoice
 
 Kind = Literal["chat", "text"]
+Piece = Callable[[int], bytes]  # a token's bytes (`Engine.piece`)
 
 
 def finish_reason(stats: Stats) -> str:
@@ -26,6 +28,7 @@ def usage(stats: Stats) -> dict[str, Any]:
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": stats.reasoning_tokens},
     }
 
 
@@ -49,14 +52,57 @@ def timings(stats: Stats) -> dict[str, Any]:
     )
 
 
+def _token(piece: Piece, token: int, logprob: float) -> dict[str, Any]:
+    raw = piece(token)
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def chat_logprobs(choices: Sequence[TokenChoice], piece: Piece) -> dict[str, Any]:
+    """OpenAI's chat `logprobs`: each token with its bytes and its alternatives."""
+    content = [
+        _token(piece, c.token, c.logprob) | {"top_logprobs": [_token(piece, t, lp) for t, lp in c.top]} for c in choices
+    ]
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(choices: Sequence[TokenChoice], piece: Piece, offset: int = 0) -> dict[str, Any]:
+    """The completions API's `logprobs`: parallel lists, the alternatives as {token: logprob}, and
+    where each token starts in the text (from ``offset``)."""
+    tokens = [piece(c.token).decode("utf-8", errors="replace") for c in choices]
+    starts = []
+    for text in tokens:
+        starts.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [c.logprob for c in choices],
+        "top_logprobs": [{piece(t).decode("utf-8", errors="replace"): lp for t, lp in c.top} for c in choices],
+        "text_offset": starts,
+    }
+
+
 @dataclass
 class Reply:
-    """One response's identity: its id, when it was made, which model, which endpoint."""
+    """One response's identity: its id, when it was made, which model, which
+    endpoint; which choice it is (`n`), and how to spell a token (``piece``) for `logprobs`."""
 
     kind: Kind
     model: str
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
+    choice: int = 0
+    piece: Piece | None = None
+    offset: int = 0  # characters streamed so far: where the next token starts (completions' text_offset)
+
+    def logprobs(self, choices: Sequence[TokenChoice]) -> dict[str, Any] | None:
+        """The choice's `logprobs` for these tokens (None when they were not asked for)."""
+        if self.piece is None or not choices:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(choices, self.piece)
+        found = text_logprobs(choices, self.piece, self.offset)
+        self.offset = found["text_offset"][-1] + len(found["tokens"][-1])
+        return found
 
     @property
     def object(self) -> str:
@@ -66,12 +112,22 @@ class Reply:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, stats: Stats, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The non-streaming response (``calls``: OpenAI's `tool_calls`)."""
+    def whole(
+        self,
+        text: str,
+        stats: Stats,
+        calls: list[dict[str, Any]] | None = None,
+        logprobs: Sequence[TokenChoice] = (),
+        reasoning: str = "",
+    ) -> dict[str, Any]:
+        """The non-streaming response (``calls``: OpenAI's `tool_calls`;
+        ``reasoning``: a reasoning model's thinking, as `reasoning_content`)."""
         reason = "tool_calls" if calls else finish_reason(stats)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        choice: dict[str, Any] = {"index": self.choice, "finish_reason": reason, "logprobs": self.logprobs(logprobs)}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text or (None if calls else text)}
+            if reasoning:
+                choice["message"]["reasoning_content"] = reasoning
             if calls:
                 choice["message"]["tool_calls"] = calls
         else:
@@ -87,8 +143,11 @@ class Reply:
         only_usage: bool = False,
         calls: list[dict[str, Any]] | None = None,
         reason: str | None = None,
+        reasoning: str | None = None,
+        logprobs: Sequence[TokenChoice] = (),
     ) -> str:
-        """One SSE event: new ``text`` (chat: the role first); with ``stats``
+        """One SSE event: new ``text`` or ``reasoning`` (thinking, as
+        `reasoning_content`; chat: the role first); with ``stats``
         the last choice chunk, carrying finish_reason, usage and timings; with
         ``only_usage`` the `include_usage` chunk (no choices)."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -96,11 +155,18 @@ class Reply:
         if only_usage:
             assert stats is not None
             return sse(body | {"choices": [], "usage": usage(stats)})
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason or (finish_reason(stats) if stats else None)}
+        choice: dict[str, Any] = {
+            "index": self.choice,
+            "finish_reason": reason or (finish_reason(stats) if stats else None),
+        }
+        if logprobs and self.piece is not None:
+            choice["logprobs"] = self.logprobs(logprobs)
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if calls is not None:
                 delta["tool_calls"] = calls
             choice["delta"] = delta

@@ -1,29 +1,22 @@
 """OpenAI's tools on /v1/chat/completions: the request's `tools` and
 `tool_choice` as functions and a constraint, the conversation's tool calls
-and results as the chat template takes them, and the reply's calls (whole,
-or as a stream that holds back only what may be the start of a call)."""
+and results as the chat template takes them, and the reply's calls in its
+model family's own format (whole, or as a stream that holds back a call
+until it is whole, and only what may be the start of one)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import InvalidRequestError
-from localrun.structured.tools import (
-    Call,
-    CallFormat,
-    Choice,
-    Function,
-    call_format,
-    could_start,
-    find_start,
-    parse_calls,
-    scan,
-    takes_tools,
-    tools_prompt,
-)
+from localrun.structured.toolcalls.families import HERMES, Family, family
+from localrun.structured.toolcalls.split import Memo, Split, split
+from localrun.structured.tools import Call, Choice, Function, takes_tools, tools_prompt
 
 
 @dataclass(frozen=True)
@@ -32,10 +25,16 @@ class ToolUse:
 
     functions: list[Function]  # the ones the reply may call (one, for a named function)
     declared: list[dict[str, Any]]  # every tool, as the template is given them
-    fmt: CallFormat
+    family: Family
     choice: Choice | None
     parallel: bool
     native: bool  # whether the chat template takes tools itself
+    warn: Callable[[str], None] | None = None  # hears of each call left as text, and why
+
+    def note(self, found: Split) -> None:
+        if self.warn is not None:
+            for problem in found.problems:
+                self.warn(problem)
 
 
 def function_from(tool: Any, index: int) -> Function:
@@ -81,7 +80,7 @@ def tool_use(
     else:
         raise InvalidRequestError("tool_choice: none, auto, required or {'type': 'function', ...}", "tool_choice")
     native = takes_tools(template)
-    return ToolUse(chosen, tools, call_format(template if native else None), choice, parallel is not False, native)
+    return ToolUse(chosen, tools, family(template if native else None), choice, parallel is not False, native)
 
 
 # ---------------------------------------------------------- the prompt --
@@ -94,9 +93,15 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def render_call(fmt: CallFormat, name: str, arguments: Any) -> str:
-    """A past call as this family writes it (for templates that take no tools)."""
-    return fmt.each + json.dumps({"name": name, fmt.key: arguments}, ensure_ascii=False) + fmt.after_each
+def render_call(name: str, arguments: Any) -> str:
+    """A past call in Hermes' words (for templates that take no tools: the way their tools are described)."""
+    return HERMES.each + json.dumps({"name": name, HERMES.key: arguments}, ensure_ascii=False) + HERMES.after_each
+
+
+def short_id(call_id: str) -> str:
+    """A call's id as Mistral's templates demand it: nine letters and digits
+    (the same for the call and its result)."""
+    return call_id if len(call_id) == 9 and call_id.isalnum() else hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
 def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[dict[str, Any]]:
@@ -105,13 +110,14 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
     described in the system prompt."""
     out: list[dict[str, Any]] = []
     native = use is None or use.native
+    short = use is not None and use.family.short_ids
     for m in messages:
         calls = m.get("tool_calls") or []
         if m["role"] == "assistant" and calls:
             if native:
                 converted = [
                     {
-                        "id": c["id"],
+                        "id": short_id(c["id"]) if short else c["id"],
                         "type": "function",
                         "function": {
                             "name": c["function"]["name"],
@@ -124,11 +130,13 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
             else:
                 assert use is not None
                 text = "\n".join(
-                    render_call(use.fmt, c["function"]["name"], _arguments(c["function"]["arguments"])) for c in calls
+                    render_call(c["function"]["name"], _arguments(c["function"]["arguments"])) for c in calls
                 )
                 out.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + text})
         elif m["role"] == "tool" and not native:
             out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+        elif m["role"] == "tool" and short and m.get("tool_call_id"):
+            out.append(m | {"tool_call_id": short_id(m["tool_call_id"])})
         else:
             out.append({k: v for k, v in m.items() if k != "tool_calls" or v})
     if use is not None and not native and use.choice is not None:
@@ -158,88 +166,57 @@ def call_objects(calls: list[Call], ids: list[str] | None = None) -> list[dict[s
 
 
 def split_reply(text: str, use: ToolUse | None) -> tuple[str, list[Call]]:
-    """(the content, the calls) of a finished reply."""
+    """(the content, the calls) of a finished reply; what could not be read as a call stays content."""
     if use is None or use.choice is None:
         return text, []
-    content, calls = parse_calls(text, use.fmt, use.functions)
-    return content, calls if use.parallel else calls[:1]
+    found = split(text, use.family, use.functions)
+    use.note(found)
+    return found.content, found.calls if use.parallel else found.calls[:1]
 
 
 @dataclass(frozen=True)
 class CallDelta:
-    """A piece of a call as it streams: the first one of a call has its id
-    (without a prefix) and name; the others more of its arguments' text."""
+    """A call as it streams: whole, with its id (without a prefix), name and arguments."""
 
     index: int
-    id: str | None = None
-    name: str | None = None
-    arguments: str = ""
+    id: str
+    name: str
+    arguments: str
 
     def openai(self) -> dict[str, Any]:
-        if self.id is None:
-            return {"index": self.index, "function": {"arguments": self.arguments}}
         function = {"name": self.name, "arguments": self.arguments}
         return {"index": self.index, "id": "call_" + self.id, "type": "function", "function": function}
 
 
 class ToolStream:
     """A reply as it streams: its content, with text that may begin a call
-    held back until it does or cannot; then each call as it is written (its
-    name once whole, then its arguments' text as it comes)."""
+    held back until it does or cannot; each call once it is whole and checked."""
 
     def __init__(self, use: ToolUse) -> None:
         self.use = use
         self.text = ""
-        self.sent = 0
-        self.calling = use.choice == "required"
-        self.names = frozenset(f.name for f in use.functions)
-        self.pos = 0  # where the calls not finished yet are looked for
-        self.ids: list[str] = []  # of the calls begun
-        self.open = False  # whether the last call begun is still being written
-        self.args_sent = 0  # its arguments' characters sent
+        self.sent = 0  # characters of the content sent
+        self.ids: list[str] = []  # of the calls sent
+        self.memo: Memo = {}  # the calls' checks, kept from one split of the reply to the next
 
     def feed(self, piece: str) -> tuple[str, list[CallDelta]]:
-        """The content that can go out now, and the calls' new pieces."""
+        """The content that can go out now, and the calls finished since."""
         self.text += piece
-        content = ""
-        if not self.calling:
-            start, sure = find_start(self.text, self.use.fmt, self.names)
-            if start >= 0:
-                self.calling, self.pos = sure, start
-                content = self._send(start)
-            elif not (self.use.fmt.leading and not self.text.strip()):
-                tail = self.text[self.sent :]
-                content = self._send(self.sent + could_start(tail, self.use.fmt, first=not self.sent))
-        return content, self._calls() if self.calling else []
+        return self._out(split(self.text, self.use.family, self.use.functions, final=False, memo=self.memo))
 
-    def _send(self, upto: int) -> str:
-        out = self.text[self.sent : upto] if upto > self.sent else ""
-        self.sent = max(self.sent, upto)
-        return out
+    def _out(self, found: Split) -> tuple[str, list[CallDelta]]:
+        content = found.content[self.sent :]
+        self.sent = max(self.sent, len(found.content))
+        calls = found.calls if self.use.parallel else found.calls[:1]
+        deltas = []
+        for call in calls[len(self.ids) :]:
+            self.ids.append(new_id())
+            deltas.append(CallDelta(len(self.ids) - 1, self.ids[-1], call.name, call.raw))
+        return content, deltas
 
-    def _calls(self) -> list[CallDelta]:
-        out = []
-        declared = {f.name for f in self.use.functions}
-        for piece in scan(self.text, self.pos):
-            if piece.name not in declared:
-                break
-            if not self.open:
-                if self.ids and not self.use.parallel:
-                    break
-                self.ids.append(new_id())
-                self.args_sent, self.open = 0, True
-                out.append(CallDelta(len(self.ids) - 1, self.ids[-1], piece.name))
-            end = piece.end if piece.end >= 0 else len(self.text)
-            more = self.text[piece.start + self.args_sent : end]
-            if more:
-                out.append(CallDelta(len(self.ids) - 1, arguments=more))
-                self.args_sent += len(more)
-            if piece.end < 0:
-                break
-            self.pos, self.open = piece.end, False
-        return out
-
-    def finish(self) -> tuple[str, list[Call]]:
-        """(the content not sent yet, the calls, validated)."""
-        content, calls = split_reply(self.text, self.use)
-        return content[self.sent :], calls
+    def finish(self) -> tuple[str, list[CallDelta], list[Call]]:
+        """(the content not sent yet, the calls not sent yet, all the calls)."""
+        found = split(self.text, self.use.family, self.use.functions, memo=self.memo)
+        self.use.note(found)
+        content, deltas = self._out(found)
+        return content, deltas, found.calls if self.use.parallel else found.calls[:1]

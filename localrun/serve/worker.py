@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localrun.errors import EngineError, LocalrunError, ServerBusyError
-from localrun.events import SequenceDone, SequenceText
+from localrun.events import SequenceDone, SequenceReasoning, SequenceText
 from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
 from localrun.runtime.engine import Engine
 from localrun.runtime.promptcache import PromptCache
@@ -34,7 +34,7 @@ class Failed:
     error: LocalrunError
 
 
-JobEvent = SequenceText | SequenceDone | Failed
+JobEvent = SequenceText | SequenceReasoning | SequenceDone | Failed
 Deliver = Callable[[JobEvent], None]
 
 

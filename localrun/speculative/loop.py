@@ -39,8 +39,7 @@ def generate_speculative(
         while decided:
             for token in decided:  # stream what the step decided
                 target.context.append(token)
-                event = run.out.push(token)
-                if event is not None:
+                for event in run.out.push_events(token):
                     yield replace(event, draft=step.stats(), threads=run.threads)
                 if run.ended():
                     break
@@ -100,14 +99,12 @@ class GenerationTarget:
 
     def logits(self, row: int) -> Any:
         logits = self.run.decoder.logits(row)
-        if self.run.constraint is not None:
-            self.run.constraint.apply(logits)
+        self.run.guard.mask(logits)
         return logits
 
     def accept(self, token: int) -> None:
         self.run.sampler.accept(token)
-        if self.run.constraint is not None:
-            self.run.constraint.consume(token)
+        self.run.guard.accepted(token)
 
     def rollback(self, pos: int) -> None:
         self.run.decoder.rollback(pos)

@@ -1,10 +1,11 @@
 """Where model files come from and where they live.
 
 A model name (names.py) is a registry alias, a local GGUF path (used in
-place, never copied), `hf://owner/repo/file.gguf`, or `owner/repo:QUANT`. Hub files land in
-the standard Hugging Face cache (hub.py); mirror files in localrun's cache
-(mirror.py). The core reports progress through callbacks
-and never prints.
+place, never copied), a file in a hub repo, or a repo with an optional
+quantization (ggufs.py picks its file). Hub files land in the standard
+Hugging Face cache (hub.py), a split model's shards side by side; mirror
+files in localrun's cache (mirror.py). The core reports progress through
+callbacks and never prints.
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ from typing import Literal
 from localrun import paths
 from localrun.errors import DownloadError, ModelNotFoundError, SourceUnreachableError
 from localrun.events import TransferProgress
-from localrun.store import hub
+from localrun.store import hub, picks
 from localrun.store import mirror as mirror_source
-from localrun.store.names import Target, parse, pick_quant_file
+from localrun.store.ggufs import DEFAULT_QUANT, pick_quant_file, shards
+from localrun.store.names import Target, parse
 from localrun.store.registry import Registry
 
 __all__ = [
+    "Checksum",
     "Pulled",
     "Resolved",
     "Source",
     "Target",
+    "checksum",
     "draft_target",
     "locate",
     "matched_draft",
@@ -39,6 +43,7 @@ __all__ = [
     "pull",
     "remove",
     "resolve",
+    "size_on_disk",
 ]
 
 Source = Literal["auto", "hub", "mirror"]
@@ -63,9 +68,31 @@ def locate(target: Target) -> Path | None:
             candidate = mirror_source.mirror_path(paths.cache_dir(), m, target.entry.file)
             if candidate.is_file():
                 return candidate
-    if target.repo and target.file:
-        return hub.cached(target.repo, target.file)
+    if target.repo:
+        file = target.file or _cached_pick(target)
+        return _cached_shards(target, file) if file else None
     return None
+
+
+def _cached_pick(target: Target) -> str | None:
+    """The file a repo name picked when it was pulled (a quantization named, or
+    the one the repo's listing chose), if it is in the local cache."""
+    assert target.repo is not None
+    files = hub.cached_files(target.repo, target.revision)
+    chosen = picks.remembered(target.repo, target.revision) if target.quant is None else None
+    if chosen in files:
+        return chosen
+    try:  # the quantization named, or Q4_K_M: never another that happens to be cached
+        return pick_quant_file(files, target.quant or DEFAULT_QUANT, target.repo) if files else None
+    except ModelNotFoundError:
+        return None
+
+
+def _cached_shards(target: Target, file: str) -> Path | None:
+    """The first shard's path when every shard of the file is in the cache."""
+    assert target.repo is not None
+    found = [hub.cached(target.repo, shard, target.revision) for shard in shards(file)]
+    return found[0] if all(found) else None
 
 
 def draft_target(target: Target, registry: Registry) -> Target | None:
@@ -136,9 +163,31 @@ def pull(
 
 
 def _from_hub(target: Target, progress: TransferProgress | None) -> Pulled:
+    """The target's file (every shard of a split one) from the hub, each checked
+    against the sha256 the hub publishes, which must be the one models.toml pins."""
     assert target.repo is not None
-    file = target.file or pick_quant_file(hub.list_files(target.repo), target.quant or "Q4_K_M")
-    return Pulled(hub.download(target.repo, file, target.label, progress), "hub")
+    if target.file is not None:
+        file = target.file
+    else:
+        listing = [f.path for f in hub.list_files(target.repo, target.revision)]
+        file = pick_quant_file(listing, target.quant, target.repo)
+        if target.quant is None:
+            picks.remember(target.repo, target.revision, file)
+    pin = target.entry.sha256 if target.entry is not None and target.entry.file == file else None
+    expected = hub.Expected(pin, "pinned in models.toml") if pin else None
+    parts = shards(file)
+    pulled = [
+        hub.download(
+            target.repo,
+            shard,
+            target.label if len(parts) == 1 else f"{target.label} ({i}/{len(parts)})",
+            progress,
+            revision=target.revision,
+            expected=expected,
+        )
+        for i, shard in enumerate(parts, 1)
+    ]
+    return Pulled(pulled[0], "hub")
 
 
 def _from_mirrors(
@@ -168,9 +217,42 @@ def remove(target: Target) -> int:
     if target.entry is not None:
         for m in target.entry.mirrors:
             freed += mirror_source.remove(paths.cache_dir(), m)
-    if target.repo and target.file:
-        freed += hub.remove(target.repo, target.file)
+    file = target.file or (_cached_pick(target) if target.repo else None)
+    if target.repo and file:
+        freed += sum(hub.remove(target.repo, shard, target.revision) for shard in shards(file))
     return freed
+
+
+def size_on_disk(path: Path) -> int:
+    """A model file's bytes, every shard's for a split model (they lie side by side)."""
+    return sum((path.parent / shard).stat().st_size for shard in shards(path.name))
+
+
+@dataclass(frozen=True)
+class Checksum:
+    """The sha256 a model file was checked against, and where that came from."""
+
+    sha256: str | None
+    origin: str
+
+
+def checksum(target: Target, path: Path) -> Checksum:
+    """What vouched for the bytes of ``path``, the target's file on disk: a
+    sha256 pinned in models.toml (an entry's, or its mirror's), the hub's
+    listing (the blob's name in the cache is that sha256), or nothing (a path)."""
+    entry = target.entry
+    if target.path is not None:
+        return Checksum(None, "none: a file given by path is used as it is")
+    if entry is not None:
+        for m in entry.mirrors:
+            if path == mirror_source.mirror_path(paths.cache_dir(), m, entry.file):
+                return Checksum(m.sha256, "pinned in models.toml (its mirror's)")
+        if entry.sha256 is not None:
+            return Checksum(entry.sha256, "pinned in models.toml")
+    blob = path.resolve().name
+    sha = blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
+    split = len(shards(path.name)) > 1
+    return Checksum(sha, "from the hub's listing" + (", one per shard (the first's shown)" if split else ""))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import errno
 import hashlib
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -73,22 +74,63 @@ def check_reachable() -> None:
         ) from exc
 
 
-def cached(repo: str, file: str) -> Path | None:
+def cached(repo: str, file: str, revision: str | None = None) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo, file)
+    found = try_to_load_from_cache(repo, file, revision=revision)
     return Path(found) if isinstance(found, str) else None
 
 
-def list_files(repo: str) -> list[str]:
+def cached_files(repo: str, revision: str | None = None) -> list[str]:
+    """The files of the repo's snapshot in the local cache (paths inside the repo)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    ref = folder / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else (revision or "")
+    snapshot = folder / "snapshots" / commit if commit else None
+    if snapshot is None or not snapshot.is_dir():
+        return []
+    return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """A file in a hub repo as its listing says: path, size and (for an LFS file) sha256."""
+
+    path: str
+    size: int
+    sha256: str | None
+
+
+def _gated(repo: str) -> DownloadError:
+    return DownloadError(
+        f"{repo} is gated: its files come only to an account that accepted its terms",
+        hint="accept them on the repo's hub page, then set HF_TOKEN to a token of that account",
+    )
+
+
+def list_files(repo: str, revision: str | None = None) -> list[HubFile]:
+    """Every file of the repo, with the sha256 the hub publishes for each LFS file."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.hf_api import RepoFile
 
     check_reachable()
     try:
-        return list(HfApi().list_repo_files(repo))
+        tree = HfApi().list_repo_tree(repo, recursive=True, revision=revision)
+        return [
+            HubFile(f.path, f.size, f.lfs.sha256 if f.lfs is not None else None)
+            for f in tree
+            if isinstance(f, RepoFile)
+        ]
+    except GatedRepoError as exc:
+        raise _gated(repo) from exc
+    except RevisionNotFoundError as exc:
+        raise ModelNotFoundError(f"no revision {revision!r} in {repo} on the hub") from exc
     except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"no repo {repo!r} on the hub") from exc
+        raise ModelNotFoundError(f"no repo {repo!r} on the hub", hint="check the owner and the repo name") from exc
     except Exception as exc:
         if unreachable(exc):
             raise _unreachable_error(exc) from exc
@@ -149,16 +191,32 @@ def _transfer(
                     break
 
 
-def _fetch_blob(repo: str, file: str, label: str, progress: TransferProgress | None) -> None:
+@dataclass(frozen=True)
+class Expected:
+    """The sha256 a file must have and where that comes from ("pinned in models.toml")."""
+
+    sha256: str
+    origin: str
+
+
+def _fetch_blob(
+    repo: str, file: str, label: str, progress: TransferProgress | None, revision: str | None, expected: Expected | None
+) -> None:
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # public, not in __all__
 
-    url = hf_hub_url(repo, file)
+    url = hf_hub_url(repo, file, revision=revision)
     meta = get_hf_file_metadata(url)
     sha = (meta.etag or "").strip('"')
     if not _SHA256.match(sha):
-        return  # not an LFS file: small, hf_hub_download fetches it whole
+        return  # not an LFS file: small, hf_hub_download fetches it whole; `download` checks it after
+    if expected is not None and sha != expected.sha256:
+        raise DownloadError(
+            f"{file}: the hub serves a file with sha256 {sha}, not the {expected.sha256} {expected.origin};"
+            " nothing was downloaded",
+            hint="the repo changed: pull it by its repo name, or update the entry's sha256",
+        )
     blobs = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model") / "blobs"
     blob = blobs / sha
     if blob.exists():
@@ -199,11 +257,22 @@ def _fetch_blob(repo: str, file: str, label: str, progress: TransferProgress | N
         raise write_failed(exc, part, file, resumes=True) from exc
 
 
-def download(repo: str, file: str, label: str, progress: TransferProgress | None = None) -> Path:
-    """The file in the Hugging Face cache, downloading (and resuming) it as needed."""
+def download(
+    repo: str,
+    file: str,
+    label: str,
+    progress: TransferProgress | None = None,
+    *,
+    revision: str | None = None,
+    expected: Expected | None = None,
+) -> Path:
+    """The file in the Hugging Face cache, downloading (and resuming) it as
+    needed; its bytes are checked against the sha256 the hub publishes for it,
+    which must be ``expected`` when one is given."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         FileMetadataError,
+        GatedRepoError,
         LocalEntryNotFoundError,
         RemoteEntryNotFoundError,
         RepositoryNotFoundError,
@@ -211,8 +280,14 @@ def download(repo: str, file: str, label: str, progress: TransferProgress | None
 
     check_reachable()
     try:
-        _fetch_blob(repo, file, label, progress)
-        return Path(hf_hub_download(repo, file))
+        _fetch_blob(repo, file, label, progress, revision, expected)
+        path = Path(hf_hub_download(repo, file, revision=revision))
+        if expected is not None and sha256_of(path) != expected.sha256:  # a small file the hub keeps outside LFS
+            remove(repo, file, revision)
+            raise DownloadError(f"{file}: sha256 mismatch: expected {expected.sha256} {expected.origin}")
+        return path
+    except GatedRepoError as exc:
+        raise _gated(repo) from exc
     except (RemoteEntryNotFoundError, RepositoryNotFoundError) as exc:
         raise ModelNotFoundError(f"{repo}/{file} is not on the hub", hint="check the repo and file name") from exc
     except LocalEntryNotFoundError as exc:  # no usable answer from the hub, and not in the cache
@@ -229,9 +304,9 @@ def download(repo: str, file: str, label: str, progress: TransferProgress | None
         raise DownloadError(f"download of {file} failed: {exc}") from exc
 
 
-def remove(repo: str, file: str) -> int:
+def remove(repo: str, file: str, revision: str | None = None) -> int:
     """Delete the file's snapshot link and blob; returns the bytes freed."""
-    path = cached(repo, file)
+    path = cached(repo, file, revision)
     if path is None:
         return 0
     blob = path.resolve()

@@ -1,13 +1,23 @@
-"""Model names: what a name the user types points at."""
+"""Model names: what a name the user types points at.
+
+A name is a registry alias, a path to a GGUF file, a file in a hub repo
+(`hf://owner/repo/file.gguf[@REVISION]`, or the file's page or download
+address), or a
+repo with an optional quantization (`owner/repo[:QUANT]`, `hf.co/owner/repo[:QUANT]`,
+or the repo's page address), as ollama and llama.cpp's `-hf` take them."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-from localrun.errors import ModelNotFoundError, UsageError
+from localrun.errors import UsageError
 from localrun.store.registry import ModelEntry, Registry
+
+# the hub's web addresses, as people copy them from a browser or from ollama's `hf.co/...`
+_HUB_HOSTS = ("hf.co", "huggingface.co", "www.huggingface.co")
+_FORMS = "owner/repo[:QUANT], hf.co/owner/repo[:QUANT], hf://owner/repo/file.gguf or the file's hub address"
 
 
 @dataclass(frozen=True)
@@ -17,53 +27,72 @@ class Target:
     label: str
     entry: ModelEntry | None = None
     repo: str | None = None
-    file: str | None = None  # None with `quant`: picked from the repo's listing
+    file: str | None = None  # None: picked from the repo's listing by `quant` (default Q4_K_M)
     quant: str | None = None
+    revision: str | None = None  # None: the repo's main branch
     path: Path | None = None  # a local file, used in place
 
     @classmethod
     def from_entry(cls, entry: ModelEntry) -> Target:
-        return cls(entry.alias, entry=entry, repo=entry.repo, file=entry.file)
+        return cls(entry.alias, entry=entry, repo=entry.repo, file=entry.file, quant=entry.quant)
+
+
+def _bad(name: str, paths: bool) -> UsageError:
+    return UsageError(f"bad model reference {name!r}", hint=f"use {_FORMS}" + (" or a .gguf path" if paths else ""))
+
+
+def _repo_target(name: str, repo: str, quant: str, paths: bool) -> Target:
+    """`owner/repo` with an optional quantization (`latest`, as ollama writes it, is the default)."""
+    owner, _, rest = repo.partition("/")
+    if not owner or not rest or "/" in rest or ".." in repo:
+        raise _bad(name, paths)
+    chosen = quant.upper() if quant and quant.lower() != "latest" else None
+    return Target(f"{repo}:{chosen}" if chosen else repo, repo=repo, quant=chosen)
+
+
+def _file_target(name: str, repo_and_file: list[str], revision: str | None, paths: bool) -> Target:
+    if len(repo_and_file) < 3 or not repo_and_file[-1].lower().endswith(".gguf") or ".." in repo_and_file:
+        raise _bad(name, paths)
+    repo, file = "/".join(repo_and_file[:2]), "/".join(repo_and_file[2:])
+    at = f"@{revision}" if revision and revision != "main" else ""
+    return Target(f"hf://{repo}/{file}{at}", repo=repo, file=file, revision=revision)
+
+
+def _hub_address(name: str, paths: bool) -> Target | None:
+    """`hf.co/owner/repo[:QUANT]`, `https://huggingface.co/owner/repo` and a file's
+    `/blob/REV/FILE.gguf` or `/resolve/REV/FILE.gguf` address; None: not the hub's."""
+    url = urlsplit(name if "://" in name else "https://" + name)
+    if url.scheme not in ("http", "https") or url.netloc.lower() not in _HUB_HOSTS:
+        return None
+    parts = [unquote(p) for p in url.path.strip("/").split("/")]
+    if len(parts) == 2:
+        repo, _, quant = "/".join(parts).partition(":")
+        return _repo_target(name, repo, quant, paths)
+    if len(parts) >= 3 and parts[2] == "tree":
+        return _repo_target(name, "/".join(parts[:2]), "", paths)
+    if len(parts) >= 5 and parts[2] in ("blob", "resolve"):
+        return _file_target(name, parts[:2] + parts[4:], parts[3], paths)
+    raise _bad(name, paths)
 
 
 def parse(name: str, registry: Registry, *, paths: bool = True) -> Target:
     """What ``name`` refers to (``paths`` False: a command that takes no .gguf path, whose hints offer none)."""
+    name = name.strip()
     if name.startswith("hf://"):
-        parts = name[5:].split("/")
-        if len(parts) < 3 or not parts[-1].endswith(".gguf"):
-            raise UsageError(f"bad model reference {name!r}", hint="use hf://owner/repo/file.gguf")
-        return Target(name, repo="/".join(parts[:2]), file="/".join(parts[2:]))
+        rest = name[5:].strip("/")
+        if rest.count("/") == 1:
+            repo, _, quant = rest.partition(":")
+            return _repo_target(name, repo, quant, paths)
+        rest, _, revision = rest.partition("@")  # hf://owner/repo/file.gguf@REVISION, as a label writes it
+        return _file_target(name, rest.split("/"), revision or None, paths)
+    hub = _hub_address(name, paths)
+    if hub is not None:
+        return hub
     as_path = Path(name).expanduser()
     if name.endswith(".gguf") or as_path.exists():
         return Target(name, path=as_path)
     if "/" in name:
         repo, _, quant = name.partition(":")
-        if repo.count("/") != 1 or not quant:
-            raise UsageError(
-                f"bad model reference {name!r}",
-                hint="use owner/repo:QUANT (e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M)"
-                + (" or a .gguf path" if paths else ""),
-            )
-        return Target(name, repo=repo, quant=quant)
+        return _repo_target(name, repo, quant, paths)
     entry = registry.resolve(name, paths=paths)
     return Target.from_entry(entry)
-
-
-def pick_quant_file(files: list[str], quant: str) -> str:
-    """The single-file GGUF of a quantization in a repo listing (like llama.cpp's -hf)."""
-    q = quant.lower()
-    ggufs = [f for f in files if f.lower().endswith(".gguf") and "mmproj" not in f.lower()]
-    matches = [f for f in ggufs if re.search(rf"(^|[-_.]){re.escape(q)}([-_.]|$)", Path(f).stem.lower())]
-    unsplit = [f for f in matches if not re.search(r"-\d{5}-of-\d{5}", f)] or matches
-    if not unsplit:
-        have = sorted(
-            {
-                m.group(1).upper()
-                for f in ggufs
-                if (m := re.search(r"[-_.]((?:i?q\d|f16|bf16|f32)[a-z0-9_]*)$", Path(f).stem, re.I))
-            }
-        )
-        raise ModelNotFoundError(
-            f"no {quant} GGUF file in the repo", hint=f"quantizations there: {', '.join(have) or 'none'}"
-        )
-    return sorted(unsplit, key=len)[0]

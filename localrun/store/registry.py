@@ -18,6 +18,7 @@ from typing import Any
 
 from localrun import paths
 from localrun.errors import ModelNotFoundError, RegistryError
+from localrun.store.ggufs import DEFAULT_QUANT, is_split
 
 
 def shipped_file() -> Path:
@@ -30,7 +31,19 @@ def shipped_file() -> Path:
     return Path(__file__).resolve().parents[2] / "models.toml"  # a source tree, or an editable install of one
 
 
-_ENTRY_KEYS = {"repo", "file", "quant", "draft", "default_tag", "mirrors", "defaults", "description"}
+_ENTRY_KEYS = {
+    "repo",
+    "file",
+    "quant",
+    "family",
+    "size",
+    "sha256",
+    "draft",
+    "default_tag",
+    "mirrors",
+    "defaults",
+    "description",
+}
 _MIRROR_KEYS = {"sha256", "size", "parts"}
 _PART_KEYS = {"wheel", "member"}
 _DEFAULT_KEYS = {"ctx", "kv", "kv_k", "kv_v", "system"}
@@ -56,10 +69,17 @@ class Mirror:
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """A registry alias: its file on the hub (``sha256`` pinned, or None: the
+    hub's own listing is what a pull checks), the group `list --all` shows it
+    in (``family``), the download's size in bytes, and its matched draft."""
+
     alias: str
     repo: str
     file: str
     quant: str
+    family: str = ""
+    size: int | None = None
+    sha256: str | None = None
     draft: str | None = None
     default_tag: bool = False
     description: str = ""
@@ -67,8 +87,14 @@ class ModelEntry:
     defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def family(self) -> str:
+    def base(self) -> str:
+        """The alias without its tag: `qwen3` for `qwen3:8b` (a bare base names the default tag)."""
         return self.alias.split(":", 1)[0]
+
+    @property
+    def group(self) -> str:
+        """The family `list --all` groups it in: models.toml's `family`, else the alias's base."""
+        return self.family or self.base
 
 
 @dataclass(frozen=True)
@@ -100,7 +126,7 @@ class Registry:
         if name in self.entries:
             return self.entries[name]
         if ":" not in name:
-            tagged = [e for e in self.entries.values() if e.family == name]
+            tagged = [e for e in self.entries.values() if e.base == name]
             chosen = [e for e in tagged if e.default_tag] or (tagged if len(tagged) == 1 else [])
             if chosen:
                 return chosen[0]
@@ -116,12 +142,12 @@ class Registry:
         import difflib
 
         aliases = list(self.entries)
-        families = list(dict.fromkeys(e.family for e in self.entries.values() if e.default_tag))  # a bare one works
+        families = list(dict.fromkeys(e.base for e in self.entries.values() if e.default_tag))  # a bare one works
         names = aliases + families
         close = difflib.get_close_matches(name, names, n=2, cutoff=0.6) or [n for n in families if n.startswith(name)]
         listed = ", ".join(aliases[:KNOWN_LISTED]) + (", …" if len(aliases) > KNOWN_LISTED else "")
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        hint += f"known: {listed} (see `localrun list`)"
+        hint += f"known: {listed} (see `localrun list --all`)"
         return hint + (", or pass a path to a .gguf file" if paths else "")
 
     def draft_of(self, entry: ModelEntry) -> ModelEntry | None:
@@ -161,16 +187,34 @@ def _safe_name(path: Path, alias: str, name: str, key: str) -> None:
         raise _fail(path, alias, f"{key} {name!r} must be a plain file name (no path separator, no '..')")
 
 
+def _sha256(path: Path, alias: str, value: str, what: str) -> str:
+    sha = value.lower()
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise _fail(path, alias, f"{what} {value!r} is not 64 hex digits")
+    return sha
+
+
+def _size(path: Path, alias: str, value: Any, what: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise _fail(path, alias, f"{what} must be a positive integer (bytes)")
+    return value
+
+
+def _pin(path: Path, alias: str, value: Any, file: str) -> str | None:
+    """The entry's pinned sha256 of its hub file, if it has one."""
+    if value is None:
+        return None
+    if is_split(file):
+        raise _fail(path, alias, f"file {file!r} is one shard of a split model: a single sha256 cannot pin it")
+    return _sha256(path, alias, str(value), "sha256")
+
+
 def _parse_mirror(path: Path, alias: str, raw: Any) -> Mirror:
     if not isinstance(raw, dict):
         raise _fail(path, alias, "each mirror must be a table")
     _check_keys(path, alias, raw, _MIRROR_KEYS, "mirror")
-    sha = _need_str(path, alias, raw, "sha256", "mirror").lower()
-    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-        raise _fail(path, alias, f"mirror sha256 {sha!r} is not 64 hex digits")
-    size = raw.get("size")
-    if size is not None and (not isinstance(size, int) or size <= 0):
-        raise _fail(path, alias, "mirror size must be a positive integer")
+    sha = _sha256(path, alias, _need_str(path, alias, raw, "sha256", "mirror"), "mirror sha256")
+    size = _size(path, alias, raw.get("size"), "mirror size")
     parts_raw = raw.get("parts")
     if not isinstance(parts_raw, list) or not parts_raw:
         raise _fail(path, alias, "mirror needs a non-empty 'parts' list")
@@ -209,11 +253,17 @@ def _parse_entry(path: Path, alias: str, raw: Any) -> ModelEntry:
     draft = raw.get("draft")
     if draft is not None and (not isinstance(draft, str) or draft == alias):
         raise _fail(path, alias, "'draft' must name another alias")
+    family = raw.get("family", "")
+    if not isinstance(family, str):
+        raise _fail(path, alias, "'family' must be a string")
     return ModelEntry(
         alias=alias,
         repo=repo,
         file=file,
-        quant=str(raw.get("quant", "Q4_K_M")),
+        quant=str(raw.get("quant", DEFAULT_QUANT)),
+        family=family.strip(),
+        size=_size(path, alias, raw.get("size"), "size"),
+        sha256=_pin(path, alias, raw.get("sha256"), file),
         draft=draft,
         default_tag=bool(raw.get("default_tag", False)),
         description=str(raw.get("description", "")),
@@ -293,7 +343,7 @@ def load(extra: Path | None = None) -> Registry:
         entries.update(found)
         remotes.update(_read_remotes(path))
         default = file_default or default
-    families = {entry.family for entry in entries.values()}
+    families = {entry.base for entry in entries.values()}
     for name in remotes:
         if name in families:
             origin = next(p for p in reversed(files) if name in _read_remotes(p))

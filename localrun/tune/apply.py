@@ -111,6 +111,9 @@ def _kv(
     choice = choose_kv(shape, n, budget, costs, TIE_MARGIN, pairs)
     s.values.update(type_k=choice.type_k, type_v=choice.type_v)
     s.reasons["kv"] = f"{choice.type_k}/{choice.type_v}: {choice.reason}"
+    fits = choose_kv(shape, n, budget, None, TIE_MARGIN, pairs) if costs else choice
+    if (fits.type_k, fits.type_v) != (choice.type_k, choice.type_v):  # measured faster here, not what fits
+        s.sources.update(type_k="wisdom", type_v="wisdom")
     return choice.type_k, choice.type_v
 
 

@@ -24,11 +24,19 @@ def _speed(speed: Speed) -> str:
     return f"{rates} tokens/s (KV {speed.kv}, measured {speed.measured_at})"
 
 
+def _where(place: str, why: str) -> str:
+    """Where the model runs, and why, saying the place once: the placement's
+    reason starts with it ("CPU: no GPU in this build or machine")."""
+    if not why:
+        return place
+    return why if why == place or why.startswith(f"{place}: ") else f"{place}: {why}"
+
+
 def _model(model: DefaultModel) -> list[str]:
     lines = [f"default model  {model.name}" + (f"  {model.path}" if model.path else "")]
     if model.placement is not None:
         reasons = dict(model.placement.reasons)
-        lines.append(f"  runs on      {model.placement.model.describe()}: {reasons.get('model', '')}".rstrip(": "))
+        lines.append(f"  runs on      {_where(model.placement.model.describe(), reasons.get('model', ''))}")
         if model.placement.budget:
             lines.append(f"  budget       {human_bytes(model.placement.budget)} ({reasons.get('budget', '')})")
     if model.speed is not None:
@@ -45,7 +53,13 @@ def describe(report: Report) -> str:
     lines.append("devices")
     for d in report.devices:
         memory = f"{human_bytes(d.free)} free of {human_bytes(d.total)}" if d.total else "memory unknown"
-        lines.append(f"  {d.name:<12} {d.kind:<5} {memory}  {d.description}".rstrip())
+        lines.append(f"  {d.name:<12} {'rpc' if d.remote else d.kind:<5} {memory}  {d.description}".rstrip())
+    if report.rpc_devices:
+        servers = ", ".join(f"{d.name} on {d.description}" for d in report.rpc_devices)
+        lines.append(
+            f"rpc            {servers}: for a model larger than one machine's memory; "
+            "each step's activations cross the network, so on one machine it is slower than the CPU alone"
+        )
     lines += _model(report.model)
     if report.hint:
         lines.append(f"hint: {report.hint}")

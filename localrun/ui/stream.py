@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from localrun.events import DoneEvent, DraftStats, Event, Stats, TokenEvent
+from localrun.events import DoneEvent, DraftStats, Event, ReasoningEvent, Stats, TokenEvent
 from localrun.ui.text import stats_line
 from localrun.units import count
 
@@ -35,22 +35,37 @@ def _final(stats: Stats | None) -> Stats:
 
 
 class PlainRenderer:
-    def __init__(self, out: IO[str], err: IO[str], *, show_stats: bool = False) -> None:
-        self.out, self.err, self.show_stats = out, err, show_stats
+    """The answer alone, as it comes; with ``show_thinking``, a reasoning
+    model's thinking before it, between ``<think>`` and ``</think>`` lines."""
+
+    def __init__(self, out: IO[str], err: IO[str], *, show_stats: bool = False, show_thinking: bool = False) -> None:
+        self.out, self.err, self.show_stats, self.show_thinking = out, err, show_stats, show_thinking
 
     def render(self, events: Iterable[Event]) -> Stats:
         stats: Stats | None = None
         last = ""
+        thinking = False  # inside the shown thinking
         for ev in events:
-            if isinstance(ev, TokenEvent):
+            if isinstance(ev, ReasoningEvent):
+                if not self.show_thinking:
+                    continue
+                self.out.write(ev.text if thinking else "<think>\n" + ev.text)
+                thinking = True
+            elif isinstance(ev, TokenEvent):
+                if thinking:
+                    self.out.write("\n</think>\n\n")
+                    thinking = False
                 self.out.write(ev.text)
-                self.out.flush()
                 last = ev.text
             else:
                 stats = ev.stats
+                if thinking:
+                    self.out.write("\n</think>\n")
+                continue
+            self.out.flush()
         if last and not last.endswith("\n"):
             self.out.write("\n")
-            self.out.flush()
+        self.out.flush()
         final = _final(stats)
         if self.show_stats or final.stop_reason == "interrupted":
             self.err.write(stats_line(final) + "\n")
@@ -81,12 +96,15 @@ class JsonRenderer:
     def render(self, events: Iterable[Event]) -> Stats:
         stats: Stats | None = None
         for ev in events:
-            if isinstance(ev, TokenEvent):
-                record: dict[str, object] = {"type": "token", "text": ev.text, **self.extra}
+            if isinstance(ev, TokenEvent | ReasoningEvent):
+                kind = "token" if isinstance(ev, TokenEvent) else "reasoning"
+                record: dict[str, object] = {"type": kind, "text": ev.text, **self.extra}
                 self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
             else:
                 stats = ev.stats
                 record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}, **self.extra}
+                if stats.reasoning_tokens:  # a reasoning model thought: of generated_tokens, these
+                    record["reasoning_tokens"] = stats.reasoning_tokens
                 if stats.prompt_cache:
                     record["prompt_cache"] = stats.prompt_cache
                 if stats.draft is not None:  # speculative decoding ran
@@ -168,17 +186,19 @@ class LiveRenderer:
         self.markdown = markdown  # the final panel renders the reply as Markdown (unfenced code kept as written)
         self.refresh_per_second = refresh_per_second
         self._chunks: list[str] = []
-        self._last: TokenEvent | None = None
+        self._last: TokenEvent | ReasoningEvent | None = None  # the latest figures
+        self._thinking: list[str] = []  # a reasoning model's thinking: a dimmed section above the answer
+        self._thought: ReasoningEvent | None = None
         self._t0 = time.perf_counter()
 
-    def _tail(self) -> str:
-        """The end of the text that fits the screen, counted in the rows Rich
-        wraps it into (whole words, wide characters), so the live panel is
-        never taller than the terminal."""
+    def _tail(self, text: str | None = None, rows: int | None = None) -> str:
+        """The end of the text that fits the screen (or ``rows``), counted in
+        the rows Rich wraps it into (whole words, wide characters), so the
+        live panel is never taller than the terminal."""
         width = max(self.console.width - 4, 10)
-        rows_left = max(self.console.height - 6, 3)
+        rows_left = max(self.console.height - 6, 3) if rows is None else rows
         keep: list[str] = []
-        for line in reversed("".join(self._chunks).split("\n")):
+        for line in reversed(("".join(self._chunks) if text is None else text).split("\n")):
             wrapped = Text(line).wrap(self.console, width)
             if len(wrapped) > rows_left:  # only its last rows fit
                 if rows_left > 0:
@@ -187,6 +207,25 @@ class LiveRenderer:
             rows_left -= max(1, len(wrapped))
             keep.append(line)
         return "\n".join(reversed(keep))
+
+    def _thinking_head(self, final: Stats | None = None) -> Text:
+        n = final.reasoning_tokens if final is not None else self._thought.reasoning_tokens if self._thought else 0
+        return Text(f"thinking · {count(n, 'token')}", style="dim italic")
+
+    def _body(self) -> RenderableType:
+        """The answer's tail; under a thinking section while a reasoning model thinks (or thought)."""
+        if not self._thinking:
+            return Text(self._tail())
+        rows = max(self.console.height - 6, 3)
+        answer = "".join(self._chunks)
+        thinking_rows = max(rows // 3, 1) if answer else max(rows - 1, 1)
+        parts: list[RenderableType] = [
+            self._thinking_head(),
+            Text(self._tail("".join(self._thinking), thinking_rows), style="dim"),
+        ]
+        if answer:
+            parts.append(Text(self._tail(answer, max(rows - thinking_rows - 2, 1))))
+        return Group(*parts)
 
     def _footer_room(self) -> int:
         return max(self.console.width - 6, 20)  # the border's corners and the title's padding
@@ -208,9 +247,7 @@ class LiveRenderer:
             if ev
             else footer(0, 0, 0, elapsed)
         )
-        return Panel(
-            Text(self._tail()), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue"
-        )
+        return Panel(self._body(), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
 
     def render(self, events: Iterable[Event]) -> Stats:
         stats: Stats | None = None
@@ -227,9 +264,13 @@ class LiveRenderer:
         try:
             with live:
                 for ev in events:
-                    if isinstance(ev, TokenEvent):
-                        self._chunks.append(ev.text)
+                    if isinstance(ev, TokenEvent | ReasoningEvent):
                         self._last = ev
+                        if isinstance(ev, TokenEvent):
+                            self._chunks.append(ev.text)
+                        else:
+                            self._thinking.append(ev.text)
+                            self._thought = ev
                         now = time.perf_counter()
                         if now >= next_refresh:
                             live.refresh()
@@ -237,7 +278,7 @@ class LiveRenderer:
                     elif isinstance(ev, DoneEvent):
                         stats = ev.stats
         except BaseException:  # a second Ctrl-C, an error: the text shown so far stays on the screen
-            if self._chunks:
+            if self._chunks or self._thinking:
                 self._print_whole()
             raise
         final = _final(stats)
@@ -251,10 +292,10 @@ class LiveRenderer:
             threads=final.threads,
             width=self._footer_room(),
         )
-        self._print_whole(foot)
+        self._print_whole(foot, final)
         return final
 
-    def _print_whole(self, foot: Text | None = None) -> None:
+    def _print_whole(self, foot: Text | None = None, final: Stats | None = None) -> None:
         """The whole text in a panel that stays (the live one is erased), with ``foot`` under it."""
         text = "".join(self._chunks)
         if self.markdown:
@@ -263,6 +304,10 @@ class LiveRenderer:
             body: RenderableType = reply_markdown(text)
         else:
             body = Text(text)
+        parts: list[RenderableType] = [body]
+        if self._thinking:  # the thinking stays, dimmed, above the answer
+            thought = Text("".join(self._thinking), style="dim")
+            parts = [self._thinking_head(final), thought, *([Text(""), body] if text else [])]
         self.console.print(
-            Panel(Group(body), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
+            Panel(Group(*parts), title=self.title or None, subtitle=foot, subtitle_align="right", border_style="blue")
         )

@@ -233,6 +233,7 @@ for _command in _REGISTRY_USERS:
 _MODEL_USERS: dict[str, Callable[[Path], list[str]]] = {
     "generate": lambda p: ["-m", str(p), "hi"],
     "chat": lambda p: ["-m", str(p)],
+    "run": lambda p: [str(p), "hi"],
     "serve": lambda p: ["-m", str(p)],
     "show": lambda p: [str(p)],
     "bench": lambda p: ["-m", str(p)],
@@ -280,6 +281,18 @@ def _batch_case(kind: str) -> Case:
 
 for _kind in ("missing", "folder", "unreadable"):
     CASES.add("generate", f"batch-{_kind}", _batch_case(_kind))
+
+
+def _prompt_file_case(kind: str) -> Case:
+    def case(w: World) -> Expect:
+        path = w.bad(w.tmp / "prompt.txt", kind)
+        return Expect([*model_args(w), *GEN, "-f", str(path)], ExitCode.USAGE, path)
+
+    return case
+
+
+for _kind in ("missing", "folder", "not_utf8", "unreadable"):
+    CASES.add("generate", f"prompt-file-{_kind}", _prompt_file_case(_kind))
 
 
 def _spec_case(command: str, flag: str, kind: str) -> Case:
@@ -596,10 +609,13 @@ def registered_commands(group: Any = None, prefix: str = "") -> list[str]:
     return found
 
 
+PATHLESS = {"rpc-server"}  # reads and writes no file: no config, no models, no history
+
+
 def test_every_command_has_cases() -> None:
     commands = registered_commands()
     assert "logs stats" in commands and "generate" in commands
-    missing = sorted(set(commands) - set(CASES.by_command))
+    missing = sorted(set(commands) - set(CASES.by_command) - PATHLESS)
     assert not missing, f"commands with no bad-path cases: {missing}"
     assert not set(CASES.by_command) - set(commands), "cases for a command that is gone"
 

@@ -71,6 +71,8 @@ def test_the_default_model_is_placed_and_its_measured_speed_shown(tiny_model: Pa
     from localrun.ui.doctor import describe
 
     assert "decode 500.0, prompt 2000.0 tokens/s" in describe(report)
+    runs_on = next(line for line in describe(report).splitlines() if "runs on" in line)
+    assert runs_on.split() == ["runs", "on", "CPU:", "no", "GPU", "in", "this", "build", "or", "machine"]
 
 
 def test_a_faked_gpu_is_listed_and_needs_no_hint(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli
+from tests.helpers import cli, cli_process
 
 HINT = "hint: localrun reads UTF-8 text: convert it first"
 
@@ -49,3 +49,29 @@ def test_an_argument_or_stdin_read_as_text_names_itself(tiny_model: Path) -> Non
     assert piped.returncode == 2 and piped.stderr.startswith("error: stdin is not UTF-8 text (byte 0xef at offset 5)")
     fine = cli("generate", "-m", str(tiny_model), "-n", "2", "-", input="naïve café")
     assert fine.returncode == 0, fine.stderr
+
+
+@pytest.mark.parametrize("piped", ["", " \n\n"])
+def test_an_empty_pipe_beside_a_prompt_is_refused(tiny_model: Path, piped: str) -> None:
+    """`cat missing.txt | localrun generate "Summarize"`: the pipe brought no text; the
+    instruction is not sent alone (the model would answer about nothing and exit 0)."""
+    res = cli_process("generate", "-m", str(tiny_model), "-n", "2", "Summarize", input=piped)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: stdin is empty") and res.stdout == ""
+
+
+def test_a_prompt_with_stdin_from_nothing_runs(tiny_model: Path, tmp_path: Path) -> None:
+    """/dev/null (cron, a service) is not a pipe: the prompt alone runs; an empty file given with < is refused."""
+    assert cli_process("generate", "-m", str(tiny_model), "-n", "2", "Summarize").returncode == 0
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with empty.open() as stdin:
+        res = subprocess.run(
+            [sys.executable, "-m", "localrun", "generate", "-m", str(tiny_model), "-n", "2", "Summarize"],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert res.returncode == 2 and "stdin is empty" in res.stderr

@@ -80,12 +80,13 @@ SHARED_DECODE = "localrun.runtime.llama:Batch.decode"  # --batch: one call per s
 
 
 def interrupted(
-    spec: str, *args: str, input: str = "", env: dict[str, str] | None = None
+    spec: str, *args: str, input: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`localrun ARGS`, with Ctrl-C where ``spec`` says."""
+    """`localrun ARGS`, with Ctrl-C where ``spec`` says (stdin /dev/null without ``input``)."""
     return subprocess.run(
         [sys.executable, "-c", WRAPPER, spec, *args],
         input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
         capture_output=True,
         text=True,
         timeout=120,

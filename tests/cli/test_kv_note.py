@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from localrun import config
+from localrun import config, paths
 from localrun.cli import main
 from localrun.cli._env import Environment
 from localrun.settings import Options, resolve
@@ -23,10 +24,10 @@ def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("kv") / "wide.gguf", n_embd=128, n_head=4, n_head_kv=2)
 
 
-def at_terminal(*args: str) -> tuple[int, str, str]:
+def at_terminal(*args: str, stdin: str = "") -> tuple[int, str, str]:
     """`localrun ARGS` with stderr a terminal (stdout a pipe): (code, stdout, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(list(args), Environment(io.StringIO(), stdout, stderr, stdin_isatty=False, stderr_isatty=True))
+    code = main(list(args), Environment(io.StringIO(stdin), stdout, stderr, stdin_isatty=False, stderr_isatty=True))
     return code, stdout.getvalue(), stderr.getvalue()
 
 
@@ -59,3 +60,52 @@ def test_only_a_chosen_type_other_than_f16_is_news() -> None:
     assert not chosen.kv_news
     assert replace(chosen, type_v="q8_0").kv_news
     assert not replace(settled, type_k="q8_0", type_v="q8_0").kv_news  # given, not chosen: no reason to give
+
+
+def test_a_type_measured_faster_is_not_said_on_every_run(wide_model: Path) -> None:
+    """The wisdom found q8_0 faster here: every run takes it, as it takes the tuned
+    thread count, without a note each time; --json says why."""
+    from localrun.tune.machine import this_machine
+    from localrun.tune.wisdom import Decision, ModelKey, Wisdom, WisdomFile
+
+    wisdom = WisdomFile.load()
+    costs = {"f16/f16": 20.0, "q8_0/q8_0": 10.0}
+    wisdom.put(
+        Wisdom(
+            this_machine(),
+            ModelKey.of(wide_model),
+            "f16/f16",
+            "2026-12-05T00:00:00+00:00",
+            kv_cost=Decision("q8_0/q8_0", costs, "ms/token"),
+        )
+    )
+    wisdom.save()
+    for command in (["generate", "-m", str(wide_model), "-n", "2", "hi"], ["chat", "-m", str(wide_model), "-n", "2"]):
+        code, _, err = at_terminal(*command)
+        assert code == 0 and "kv cache" not in err, err
+    code, out, _ = at_terminal("generate", "--json", "-m", str(wide_model), "-n", "2", "hi")
+    settings = json.loads(out.splitlines()[-1])["settings"]
+    assert settings["type_k"]["value"] == "q8_0" and settings["type_k"]["source"] == "wisdom"
+    assert "decoded 2.00x as fast here" in settings["type_k"]["why"]
+
+
+def test_chats_kv_note_speaks_of_the_context_it_has(long_wide_model: Path) -> None:
+    """A chat grows into its context (the longest that fits, up to the trained
+    context): the KV type is chosen for that context, and its note says so."""
+    path = config.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[defaults]\nmemory_budget = 18000000\n")  # 32k tokens fit at q8_0, not f16
+    code, _, err = at_terminal("chat", "-m", str(long_wide_model), "-n", "2", stdin="hi\n")
+    assert code == 0, err
+    note = next(line for line in err.splitlines() if line.startswith("kv cache"))
+    assert note.startswith("kv cache q8_0/q8_0: ") and "about 32768 tokens" in note, note
+    with sqlite3.connect(paths.history_db()) as conn:
+        (context,) = conn.execute("SELECT ctx FROM runs").fetchone()
+    assert context == 32768  # the context the chat had, the one the note speaks of
+
+
+@pytest.fixture(scope="module")
+def long_wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        tmp_path_factory.mktemp("kv") / "long-wide.gguf", n_embd=128, n_head=4, n_head_kv=2, n_ctx_train=32768
+    )

@@ -46,7 +46,7 @@ def test_logs_keeps_every_id_and_model_whole(width: int) -> None:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_list_keeps_every_alias_whole(width: int) -> None:
-    res = cli("list", columns=width)
+    res = cli("list", "--all", columns=width)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert all(len(line) <= width for line in lines), res.stdout

@@ -68,6 +68,27 @@ def test_chat_turns_are_one_conversation_and_continue_resumes_it(tiny_model: Pat
     assert fresh.returncode == 0 and logged()[-1]["conversation_id"] != turns[0]["conversation_id"]
 
 
+def test_continue_after_load_keeps_the_loaded_turns(tiny_model: Path, tmp_path: Path) -> None:
+    """`chat --load FILE`, then `chat -c`: the turns loaded from the file are part of the conversation continued."""
+    saved = tmp_path / "saved.json"
+    messages = [
+        {"role": "system", "content": "you are terse"},
+        {"role": "user", "content": "loaded question"},
+        {"role": "assistant", "content": "loaded answer"},
+    ]
+    saved.write_text(json.dumps({"model": str(tiny_model), "messages": messages}))
+    loaded = cli("chat", "--load", str(saved), "-n", "3", "-t", "0", "--json", input="after loading\n")
+    assert loaded.returncode == 0, loaded.stderr
+    first = logged()[-1]
+    resumed = cli("chat", "-n", "3", "-t", "0", "-c", "--json", input="continued\n")
+    assert resumed.returncode == 0, resumed.stderr
+    done = [json.loads(line) for line in resumed.stdout.splitlines() if '"done"' in line]
+    assert done[-1]["turn"] == 3  # the loaded turn, the one after it, this one
+    last = logged()[-1]
+    assert last["conversation_id"] == first["conversation_id"] and last["system"] == "you are terse"
+    assert last["prompt_tokens"] > first["prompt_tokens"]  # the loaded turn is in its prompt too
+
+
 def test_continue_without_a_logged_conversation_is_refused(tiny_model: Path) -> None:
     res = cli("chat", "-m", str(tiny_model), "-c", input="hi\n")
     assert res.returncode == 2 and "no conversation" in res.stderr

@@ -28,3 +28,5 @@ def test_each_server_request_is_logged(tiny_model: Path, tmp_path: Path) -> None
     expected = ("serve", tiny_model.name, 200)  # the model as generate logs it, not the id requests use
     assert [(r["command"], r["model"], r["exit_status"]) for r in runs] == [expected] * 2
     assert all(r["generated_tokens"] == 4 and r["decode_tps"] and r["kv"] and r["parallel"] == 1 for r in runs)
+    assert [r["prompt"] for r in runs] == ["one", "two"]  # the text is stored, as for every other command
+    assert all(r["response"] for r in runs)

@@ -325,7 +325,7 @@ class Turn:
 def chat_turn(rec: Recorder, turns: list[Turn], text: str) -> None:
     """What a chat command does per turn: the session appends the turn, the recorder watches its reply."""
     turns.append(Turn(text))
-    for ev in rec.watch_turn(turns, events([f"re: {text}"], [])):
+    for ev in rec.watch_turn(turns, events([f"re: {text}"], []), system=None):
         if isinstance(ev, TokenEvent):
             turns[-1].reply += ev.text
     rec.flush(0)
@@ -367,6 +367,29 @@ def test_a_conversation_is_linked_and_resumed_with_retries_replaced() -> None:
         again = query.last_conversation(conn)
     assert again is not None and again[0] == found[0]
     assert [t.user for t in again[2]] == ["fresh", "more", "after a restart"]
+
+
+def test_a_conversation_that_began_from_a_file_keeps_its_turns() -> None:
+    """`chat --load FILE`, a turn, then `chat -c`: the loaded turns come back before the new one."""
+    rec = recorder(command="chat")
+    turns = [Turn("loaded one", "first reply"), Turn("loaded two", "second reply"), Turn("new")]
+    for ev in rec.watch_turn(turns, events(["re: new"], []), system="be brief"):
+        if isinstance(ev, TokenEvent):
+            turns[-1].reply += ev.text
+    rec.flush(0)
+    chat_turn(rec, turns, "newer")  # the same conversation goes on
+    with db.connect() as conn:
+        found = query.last_conversation(conn)
+    assert found is not None
+    _, system, logged = found
+    assert system == "be brief"
+    assert [(t.user, t.reply) for t in logged][:3] == [
+        ("loaded one", "first reply"),
+        ("loaded two", "second reply"),
+        ("new", "re: new"),
+    ]
+    assert [t.user for t in logged] == ["loaded one", "loaded two", "new", "newer"]
+    assert len(rows()) == 2  # the loaded turns are the conversation's, not runs of it
 
 
 @pytest.mark.parametrize(

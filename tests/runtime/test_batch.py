@@ -200,7 +200,7 @@ def drain(
         for ev in events:
             if isinstance(ev, SequenceText):
                 streamed[ev.index] = streamed.get(ev.index, "") + ev.text
-            else:
+            elif isinstance(ev, SequenceDone):
                 done[ev.index] = ev
     return streamed, done
 

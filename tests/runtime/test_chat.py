@@ -436,3 +436,36 @@ def test_help_lists_every_command_aligned(engine: Engine, tmp_path: Path) -> Non
     assert "/system [TEXT]" in screen.getvalue()
     starts = {re.match(r"  \S+(?: \S+)*\s{2,}", line).end() for line in lines}  # type: ignore[union-attr]
     assert len(starts) == 1, lines
+
+
+def test_ollama_commands_and_quit_words(engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`/bye` and `/set` as ollama has them; a line of only `exit` or `quit` ends the session, unsent."""
+    import builtins
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.repl import Repl
+
+    screen = io.StringIO()
+    session = ChatSession(engine, CHATML, GREEDY)
+    repl = Repl(session, Console(file=screen, width=200), history=tmp_path / "h")
+    assert repl._command("/set parameter temperature 0.25") is True
+    assert repl._command("/set parameter top_k 7") is True
+    assert repl._command("/set parameter num_predict 5") is True
+    assert (session.sampling.temperature, session.sampling.top_k, session.max_tokens) == (0.25, 7, 5)
+    assert repl._command("/set system be brief") is True and session.system == "be brief"
+    repl._command("/set parameter num_ctx 8192")
+    assert "num_ctx is fixed once the model is loaded" in screen.getvalue() and "--ctx" in screen.getvalue()
+    repl._command("/set parameter top_p 3")
+    assert "--top-p must be" in screen.getvalue() and session.sampling.top_p == 0.95
+    assert repl._command("/bye") is False
+
+    for word in ("exit", "  Quit "):
+        lines = iter([word, "never read"])
+        monkeypatch.setattr(builtins, "input", lambda _prompt, lines=lines: next(lines))
+        assert repl.run() == 0
+        assert next(lines) == "never read" and session.turns == []  # nothing went to the model
+    lines = iter(['"""', "exit", '"""'])  # in a block it is a message like any other
+    monkeypatch.setattr(builtins, "input", lambda _prompt: next(lines))
+    assert repl.read_message() == "exit"

@@ -139,8 +139,19 @@ def feed(text: str) -> None:
 def test_logged_buffers_keeps_its_cpu_contract() -> None:
     llama_log.logged_buffers()
     feed(CPU_LOG)
-    assert llama_log.logged_buffers() == (mib(7.5), 512, mib(515.75))
+    # both of the sliding-window model's caches: its 3 full-attention layers' and its 15 window layers'
+    assert llama_log.logged_buffers() == (mib(1.5 + 7.5), 512, mib(515.75))
     assert llama_log.logged_buffers() == (None, None, None)  # read once
+
+
+def test_logged_buffers_count_the_last_context_only() -> None:
+    llama_log.logged_buffers()
+    context = CPU_LOG[CPU_LOG.index("llama_context:") :]
+    window = context.replace("7.50 MiB (   512 cells", "0.75 MiB (   256 cells")  # a window cache of its own size
+    feed(CPU_LOG + window)
+    assert llama_log.logged_buffers() == (mib(1.5 + 0.75), 512, mib(515.75))
+    feed("llama_kv_cache: size =    2.00 MiB (   256 cells,   3 layers,  1/1 seqs)\n")  # no context line before it
+    assert llama_log.logged_buffers() == (mib(2), 256, None)
 
 
 def test_logged_buffers_on_a_gpu_reports_the_whole_kv_and_no_host_compute() -> None:

@@ -45,3 +45,27 @@ def test_a_whole_character_is_kept() -> None:
 
 def test_a_model_that_ends_inside_a_character_shows_it() -> None:
     assert text_of([1, 2, 0], "length")[0] == "caf\ufffd"  # the model's own end: what it wrote, marked
+
+
+MARKERS = {5: b"", 6: b"get_weather"}  # 5 stands for [TOOL_CALLS], a control token: it renders as nothing
+
+
+class Marked(Pieces):
+    """A vocabulary with a control-token marker, one token of its own."""
+
+    def piece(self, token: int) -> bytes:
+        return MARKERS.get(token, PIECES.get(token, b""))
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [5] if text == "[TOOL_CALLS]" else [9, 9]  # any other marker is several tokens here
+
+
+@pytest.mark.parametrize(
+    ("preserved", "expected"), [((), "get_weather"), (("[TOOL_CALLS]", "<x>"), "[TOOL_CALLS]get_weather")]
+)
+def test_preserved_markers_are_written_as_text(preserved: tuple[str, ...], expected: str) -> None:
+    """A family's tool-call marker reaches the parser as text though it is a
+    control token; a marker that is not one token here is left to the text."""
+    output = TokenOutput(cast(Engine, Marked()), n_prompt=1, preserved=preserved)
+    events = [output.push(t) for t in (5, 6)]
+    assert "".join(e.text for e in events if e is not None) == expected

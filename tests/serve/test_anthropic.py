@@ -107,3 +107,11 @@ def test_errors_in_anthropics_shape(roomy: Server, client: anthropic.Anthropic) 
         pytest.raises(anthropic.AuthenticationError),
     ):
         wrong.messages.create(model=MODEL, max_tokens=10, messages=QUESTION)
+
+
+def test_an_image_block_is_refused_in_words(client: anthropic.Anthropic) -> None:
+    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    messages: Any = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=MODEL, max_tokens=10, messages=messages)
+    assert "images are not supported by this model" in caught.value.message

@@ -171,8 +171,8 @@ def test_over_long_prompt_is_refused_with_the_numbers(server: Server) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"extra_body": {"modalities": ["text", "audio"]}}, "modalities"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"extra_body": {"tools": [{"type": "retrieval"}]}}, "tools"),
         ({"extra_body": {"mystery": 1}}, "mystery"),
         ({"extra_body": {"temperature": "hot"}}, "temperature"),

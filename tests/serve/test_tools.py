@@ -4,17 +4,21 @@ tool_choice none, auto, required and named, streaming, and a tool loop."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import jsonschema
 import openai
 import pytest
 
 from localrun.runtime.templates import render_chat
 from localrun.serve.tools import ToolStream, ToolUse, conversation, function_from, split_reply, tool_use
-from localrun.structured.tools import HERMES
-from tests.serve.conftest import Server
-from tests.tinymodel import CHATML
+from localrun.structured.toolcalls.families import HERMES_FAMILY, MISTRAL_FAMILY
+from tests.serve.conftest import Server, start
+from tests.tinymodel import CHATML, write_tiny_model
+from tests.vendored import template, templates
 
 WEATHER: dict[str, Any] = {
     "type": "object",
@@ -33,6 +37,12 @@ TOOLS: Any = [
 ]
 MODEL = "tiny-long"
 QUESTION: Any = [{"role": "user", "content": "What's the weather in Lisbon?"}]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def vendored() -> None:
+    """The templates read once, from the real cache (before a test sends the user's directories to tmp)."""
+    templates()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +73,9 @@ def test_required_always_calls_a_declared_function_with_valid_arguments(server: 
     for seed in range(6):
         reply = chat(server, tool_choice="required", max_tokens=200, temperature=1.0, seed=seed)
         assert reply.choices[0].finish_reason == "tool_calls", reply
-        assert not reply.choices[0].message.content
+        # nothing but calls: a call the length limit cut short is left as text
+        content = reply.choices[0].message.content
+        assert not content or (reply.usage.completion_tokens == 200 and content.lstrip().startswith("<tool_call>"))
         check_calls(reply.choices[0].message)
         single = chat(
             server, tool_choice="required", parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=seed
@@ -147,7 +159,7 @@ def test_unusable_tools_are_a_400_naming_what(server: Server) -> None:
 def test_a_reply_streamed_in_any_pieces_reassembles(text: str) -> None:
     """Held back only while it may begin a call; each call as it is written: the same content and calls."""
     functions = [function_from(t, i) for i, t in enumerate(TOOLS)]
-    use = ToolUse(functions, TOOLS, HERMES, "auto", parallel=True, native=False)
+    use = ToolUse(functions, TOOLS, HERMES_FAMILY, "auto", parallel=True, native=False)
     for size in (1, 3, 1000):
         stream = ToolStream(use)
         content, calls = "", dict[int, list[str]]()
@@ -156,9 +168,13 @@ def test_a_reply_streamed_in_any_pieces_reassembles(text: str) -> None:
             content += piece
             for d in deltas:
                 call = calls.setdefault(d.index, ["", ""])
-                call[0] += d.name or ""
+                call[0] += d.name
                 call[1] += d.arguments
-        rest, found = stream.finish()
+        rest, last, found = stream.finish()
+        for d in last:
+            calls.setdefault(d.index, ["", ""])
+            calls[d.index][0] += d.name
+            calls[d.index][1] += d.arguments
         whole_content, whole_calls = split_reply(text, use)
         assert content + rest == whole_content and found == whole_calls
         assert [tuple(calls[i]) for i in sorted(calls)] == [(c.name, c.raw) for c in whole_calls]
@@ -194,7 +210,7 @@ HISTORY: Any = [
 
 def test_a_template_that_takes_tools_gets_them_and_the_calls_as_its_own_fields() -> None:
     use = tool_use(TOOLS, "auto", None, QWEN_LIKE)
-    assert use is not None and use.native and use.fmt is HERMES
+    assert use is not None and use.native and use.family is HERMES_FAMILY
     text = render_chat(QWEN_LIKE, conversation(HISTORY, use), bos_token="", eos_token="", tools=use.declared)
     assert '"name": "get_time"' in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>' in text
@@ -208,3 +224,95 @@ def test_a_template_without_tools_gets_them_described_and_the_calls_as_text() ->
     assert text.startswith("<|im_start|>system\n# Tools") and '"name": "get_time"' in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\n18 degrees\n</tool_response>" in text
+
+
+def test_a_doubled_brace_call_is_a_call() -> None:
+    """What the default model writes about one time in ten (its template shows the format that way)."""
+    use = tool_use(TOOLS, "auto", None, QWEN_LIKE)
+    assert use is not None
+    text = '{{"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "celsius"}}}'
+    content, calls = split_reply(text, use)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", {"city": "Lisbon", "unit": "celsius"})
+    ]
+
+
+def test_a_call_left_as_text_is_reported_with_the_reason() -> None:
+    heard: list[str] = []
+    use = tool_use(TOOLS, "auto", None, QWEN_LIKE)
+    assert use is not None
+    use = ToolUse(use.functions, use.declared, use.family, use.choice, use.parallel, use.native, heard.append)
+    broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "kelvin"}}\n</tool_call>'
+    assert split_reply(broken, use) == (broken, [])
+    assert len(heard) == 1 and "'kelvin' is not one of" in heard[0]
+    stream = ToolStream(use)
+    sent = "".join(stream.feed(broken[k : k + 5])[0] for k in range(0, len(broken), 5))
+    rest, deltas, calls = stream.finish()
+    assert (sent + rest, deltas, calls) == (broken, [], []) and len(heard) == 2
+
+
+# -- a family of its own: Devstral's template, whose calls are [TOOL_CALLS]NAME[ARGS]{...} --
+
+
+@pytest.fixture(scope="module")
+def devstral(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    home = tmp_path_factory.mktemp("home")
+    model = write_tiny_model(
+        home / "devstral.gguf", n_ctx_train=8192, chat_template=template("unsloth-mistral-Devstral-Small-2507")
+    )
+    yield from start(home, "-m", str(model), "--ctx", "8192", "--api-key", "k")
+
+
+def test_a_family_of_its_own_calls_in_its_format_and_they_reach_both_apis(devstral: Server) -> None:
+    use = tool_use(TOOLS, "required", None, template("unsloth-mistral-Devstral-Small-2507"))
+    assert use is not None and use.family is MISTRAL_FAMILY
+    client = devstral.client()
+    for seed in range(3):
+        kw: Any = {"model": "devstral", "messages": QUESTION, "tools": TOOLS, "max_tokens": 200, "seed": seed}
+        kw["parallel_tool_calls"] = False  # a random model would go on calling to the length limit
+        reply = client.chat.completions.create(tool_choice="required", temperature=1.0, **kw)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        check_calls(reply.choices[0].message)
+        chunks = list(client.chat.completions.create(tool_choice="required", temperature=1.0, stream=True, **kw))
+        streamed = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+        assert [(d.function.name, d.function.arguments) for d in streamed] == [
+            (c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls or []
+        ]
+    anthropic_tools: Any = [{"name": n, "input_schema": s} for n, s in SCHEMAS.items()]
+    with anthropic.Anthropic(base_url=devstral.url, api_key="k", max_retries=0, timeout=120) as messages:
+        answer = messages.messages.create(
+            model="devstral",
+            max_tokens=200,
+            messages=QUESTION,
+            tools=anthropic_tools,
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        ).model_dump()
+    uses = [b for b in answer["content"] if b["type"] == "tool_use"]
+    assert answer["stop_reason"] == "tool_use" and uses
+    for block in uses:
+        jsonschema.validate(block["input"], SCHEMAS[block["name"]])
+
+
+def test_a_call_cut_short_is_text_and_a_warning_in_the_log(devstral: Server) -> None:
+    client = devstral.client()
+    reply = client.chat.completions.create(
+        model="devstral", messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=30, temperature=1.0, seed=1
+    )
+    assert reply.choices[0].message.tool_calls is None
+    assert (reply.choices[0].message.content or "").startswith("[TOOL_CALLS]")
+    deadline = time.monotonic() + 10
+    while "left as text" not in devstral.log and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "warning: " in devstral.log and "a tool call left as text" in devstral.log
+
+
+@pytest.mark.parametrize("name", ["Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407"])
+def test_mistral_templates_get_the_call_ids_they_demand(name: str) -> None:
+    """Their templates raise on an id that is not nine letters and digits; OpenAI's ids are longer."""
+    source = template(name)
+    use = tool_use(TOOLS, "auto", None, source)
+    assert use is not None and use.native
+    history: Any = [*HISTORY[:1], HISTORY[1] | {"tool_calls": [HISTORY[1]["tool_calls"][0] | {"id": "call_8f3a29c1"}]}]
+    history.append(HISTORY[2] | {"tool_call_id": "call_8f3a29c1"})
+    text = render_chat(source, conversation(history, use), bos_token="<s>", eos_token="</s>", tools=use.declared)
+    assert "get_weather" in text and "18 degrees" in text

@@ -210,7 +210,7 @@ def test_rm_asks_and_warns(hub: HubState) -> None:
     assert "draft model of tiny:q4" in refused.stderr
     done = cli_process("rm", "tiny:draft", "--yes")
     assert done.returncode == 0 and "deleted tiny:draft" in done.stderr
-    rows = {m["alias"]: m["present"] for m in json.loads(cli_process("list", "--json").stdout)["models"]}
+    rows = {m["alias"]: m["present"] for m in json.loads(cli_process("list", "--all", "--json").stdout)["models"]}
     assert rows["tiny:draft"] is False and rows["tiny:q4"] is True
 
 

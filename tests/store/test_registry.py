@@ -91,6 +91,16 @@ def test_a_model_given_by_path_finds_its_draft_beside_it(tmp_path: Path) -> None
     assert store.matched_draft(store.parse("mine:small", reg), reg) is None  # an entry without a draft
 
 
+def test_family_size_and_pin_are_read_and_the_family_defaults_to_the_alias(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "default_tag = true", f'default_tag = true\nfamily = "Mine"\nsize = 1234\nsha256 = "{"EF" * 32}"'
+    )
+    reg = registry.load(write(tmp_path, text))
+    small, big = reg.entries["mine:small"], reg.entries["mine:big"]
+    assert (small.group, small.size, small.sha256) == ("Mine", 1234, "ef" * 32)  # a pin is kept in lower case
+    assert (big.group, big.size, big.sha256, big.quant) == ("mine", None, None, "Q4_K_M")
+
+
 def test_user_file_in_config_dir_is_read(tmp_path: Path) -> None:
     registry.user_file().parent.mkdir(parents=True)
     registry.user_file().write_text(GOOD)
@@ -118,6 +128,15 @@ def test_unknown_alias_has_a_hint() -> None:
         (lambda t: t.replace('"mine-big==1.0"', '"mine-big"'), "name==version"),
         (lambda t: t.replace("ab" * 32, "xyz"), "64 hex digits"),
         (lambda t: t.replace('default = "mine:small"', 'default = "nope:1"'), "default model 'nope:1'"),
+        (lambda t: t.replace("default_tag = true", 'default_tag = true\nsha256 = "abc"'), "sha256 'abc' is not 64"),
+        (lambda t: t.replace("default_tag = true", "default_tag = true\nsize = -3"), "size must be a positive integer"),
+        (lambda t: t.replace("default_tag = true", "default_tag = true\nfamily = 3"), "'family' must be a string"),
+        (
+            lambda t: t.replace("mine-small-Q4_K_M.gguf", "mine-Q4_K_M-00001-of-00002.gguf").replace(
+                "default_tag = true", f'default_tag = true\nsha256 = "{"cd" * 32}"'
+            ),
+            "one shard of a split model",
+        ),
     ],
 )
 def test_broken_file_names_file_entry_and_reason(tmp_path: Path, edit, reason: str) -> None:  # type: ignore[no-untyped-def]

@@ -16,15 +16,10 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
-from localrun.structured.tools import (
-    FORMATS,
-    HERMES,
-    Call,
-    Function,
-    call_format,
-    parse_calls,
-    tool_grammar,
-)
+from localrun.structured.toolcalls.families import FAMILIES, GRAMMARS, HERMES, LLAMA3, MISTRAL_JSON, CallFormat, Family
+from localrun.structured.toolcalls.split import parse_calls
+from localrun.structured.toolcalls.vendors import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
+from localrun.structured.tools import Call, Function, tool_grammar
 from tests.helpers import collect
 
 WEATHER = Function(
@@ -41,7 +36,14 @@ TIME = Function(
     {"type": "object", "properties": {"tz": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["tz"]},
 )
 FUNCTIONS = [WEATHER, TIME]
-LLAMA, MISTRAL = (next(f for f in FORMATS if f.name == name) for name in ("llama3", "mistral"))
+
+
+def reader(fmt: CallFormat) -> Family:
+    """The family whose calls ``fmt`` writes."""
+    return next(f for f in FAMILIES if f.grammar == fmt)
+
+
+HERMES_READ = reader(HERMES)
 
 
 @pytest.fixture(scope="module")
@@ -50,36 +52,33 @@ def engine(tiny_model: Path) -> Iterator[Engine]:
         yield engine
 
 
-def test_each_family_is_recognised_from_its_template() -> None:
-    assert call_format("... <tool_call> ...").name == "hermes"
-    assert call_format("{{ '<|python_tag|>' }}").name == "llama3"
-    assert call_format("[TOOL_CALLS]").name == "mistral"
-    assert call_format(None) is HERMES
-
-
 @pytest.mark.parametrize(
     ("fmt", "text", "content"),
     [
-        (HERMES, 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>', "Sure.\n"),
-        (HERMES, 'Here:\n```json\n{\n  "name": "get_time",\n  "arguments": {\n    "tz": 1\n  }\n}\n```', "Here:\n"),
-        (LLAMA, '{"name": "get_time", "parameters": {"tz": 1}}', ""),
-        (MISTRAL, '[{"name": "get_time", "arguments": {"tz": 1}}]', ""),
+        (HERMES, 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>', "Sure."),
+        (HERMES, 'Here:\n```json\n{\n  "name": "get_time",\n  "arguments": {\n    "tz": 1\n  }\n}\n```', "Here:"),
+        (LLAMA3, '{"name": "get_time", "parameters": {"tz": 1}}', ""),
+        (MISTRAL_JSON, '[{"name": "get_time", "arguments": {"tz": 1}}]', ""),
     ],
 )
-def test_each_format_parses(fmt: Any, text: str, content: str) -> None:
-    found, calls = parse_calls(text, fmt, FUNCTIONS)
+def test_each_format_parses(fmt: CallFormat, text: str, content: str) -> None:
+    found, calls = parse_calls(text, reader(fmt), FUNCTIONS)
     assert (found, [(c.name, c.arguments) for c in calls]) == (content, [("get_time", {"tz": 1})])
 
 
-def test_what_is_not_a_whole_valid_call_is_left_out() -> None:
-    cut = 'x <tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>\n<tool_call>\n{"name": "get_ti'
-    assert parse_calls(cut, HERMES, FUNCTIONS) == ("x ", [Call("get_time", {"tz": 1}, '{"tz": 1}')])
+def test_what_is_not_a_whole_valid_call_is_content() -> None:
+    whole = 'x <tool_call>\n{"name": "get_time", "arguments": {"tz": 1}}\n</tool_call>'
+    cut = whole + '\n<tool_call>\n{"name": "get_ti'
+    assert parse_calls(cut, HERMES_READ, FUNCTIONS) == (
+        'x<tool_call>\n{"name": "get_ti',
+        [Call("get_time", {"tz": 1}, '{"tz": 1}')],
+    )
     undeclared = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
-    assert parse_calls(undeclared, HERMES, FUNCTIONS) == ("", [])
+    assert parse_calls(undeclared, HERMES_READ, FUNCTIONS) == (undeclared, [])
     invalid = '<tool_call>\n{"name": "get_time", "arguments": {"tz": 99}}\n</tool_call>'
-    assert parse_calls(invalid, HERMES, FUNCTIONS) == ("", [])
+    assert parse_calls(invalid, HERMES_READ, FUNCTIONS) == (invalid, [])
     plain = "a JSON block:\n```json\n[1, 2]\n```"
-    assert parse_calls(plain, HERMES, FUNCTIONS) == (plain, [])
+    assert parse_calls(plain, HERMES_READ, FUNCTIONS) == (plain, [])
 
 
 def test_a_schema_that_cannot_be_compiled_is_refused_by_name(engine: Engine) -> None:
@@ -111,7 +110,7 @@ def test_a_fenced_or_bare_object_naming_no_declared_function_is_text(engine: Eng
     matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
     tokens = engine.tokenize(text, add_special=False)
     assert matcher.validate_tokens(tokens) == len(tokens)
-    assert parse_calls(text, HERMES, FUNCTIONS) == (text, [])
+    assert parse_calls(text, HERMES_READ, FUNCTIONS) == (text, [])
 
 
 def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
@@ -124,11 +123,11 @@ def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
     matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
     wrong = engine.tokenize('{"name": "get_time", "arguments": {"tz": 99}}', add_special=False)
     assert matcher.validate_tokens(wrong) < len(wrong)
-    content, calls = parse_calls(bare, HERMES, FUNCTIONS)
+    content, calls = parse_calls(bare, HERMES_READ, FUNCTIONS)
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
 
 
-@pytest.mark.parametrize("fmt", [*FORMATS], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [*GRAMMARS], ids=lambda f: f.name)
 def test_every_seed_at_temperature_one_calls_validly(engine: Engine, fmt: Any) -> None:
     """A random model sampling hot: every reply is a declared call with valid arguments."""
     spec = tool_grammar(engine, FUNCTIONS, fmt, "required", parallel=False)
@@ -139,8 +138,51 @@ def test_every_seed_at_temperature_one_calls_validly(engine: Engine, fmt: Any) -
             generate(engine, prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=300, constraint=constraint)
         )
         assert stats.stop_reason == "eos", (seed, text)
-        content, calls = parse_calls(text, fmt, FUNCTIONS)
+        content, calls = parse_calls(text, reader(fmt), FUNCTIONS)
         assert content == "" and len(calls) == 1, (seed, text)
         declared = {f.name: f.parameters for f in FUNCTIONS}
         jsonschema.validate(calls[0].arguments, declared[calls[0].name])
         assert json.loads(json.dumps(calls[0].arguments)) == calls[0].arguments
+
+
+def test_a_doubled_brace_call_is_a_call_and_is_constrained(engine: Engine) -> None:
+    """Qwen2.5's templates show the call as `{{"name": ...}}` and its models copy it: a call all the same."""
+    doubled = '{{"name": "get_time", "arguments": {"tz": 4}}}'
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+    tokens = engine.tokenize(doubled, add_special=False)
+    assert matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+    assert matcher.is_accepting()
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, HERMES, "auto")).matcher
+    wrong = engine.tokenize('{{"name": "get_time", "arguments": {"tz": 99}}}', add_special=False)
+    assert matcher.validate_tokens(wrong) < len(wrong)
+    content, calls = parse_calls(doubled, HERMES_READ, FUNCTIONS)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "call"),
+    [
+        (GRAMMARS[1], "<tool_call>\n<function=get_time>\n<parameter=tz>\n4\n</parameter>\n</function>\n</tool_call>"),
+        (GRAMMARS[4], '[TOOL_CALLS]get_time[ARGS]{"tz": 4}'),
+        (
+            GRAMMARS[6],
+            f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}get_time\n```json\n"
+            f'{{"tz": 4}}\n```{DS_CALL_END}{DS_CALLS_END}',
+        ),
+        (GRAMMARS[7], f'{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_time{DS_SEP}{{"tz": 4}}{DS_CALL_END}{DS_CALLS_END}'),
+    ],
+    ids=lambda v: v.name if isinstance(v, CallFormat) else "",
+)
+def test_text_then_a_call_in_a_named_format_is_constrained_once_its_marker_begins(
+    engine: Engine, fmt: CallFormat, call: str
+) -> None:
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, fmt, "auto")).matcher
+    tokens = engine.tokenize("Let me check.\n" + call, add_special=False)
+    assert matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens)
+    assert matcher.is_accepting()
+    wrong = call.replace("get_time", "get_tim")
+    matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, fmt, "auto")).matcher
+    tokens = engine.tokenize("Let me check.\n" + wrong, add_special=False)
+    assert matcher.validate_tokens(tokens) < len(tokens)
+    content, calls = parse_calls("Let me check.\n" + call, reader(fmt), FUNCTIONS)
+    assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]

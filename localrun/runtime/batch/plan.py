@@ -19,7 +19,8 @@ from localrun.runtime.batch.input import BatchLine
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.placement import DEFAULT_CTX, sequence_context, sequences
-from localrun.runtime.prompt import chat_tokens, compose, prompt_tokens
+from localrun.runtime.prompt import build_prompt, chat_prompt, compose
+from localrun.runtime.reasoning import Reasoning, reasoning_for, switches_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.settings import check_context
 from localrun.structured.spec import OutputSpec
@@ -53,6 +54,7 @@ class Job:
     tokens: list[int] | None = None
     max_tokens: int | None = None
     error: str | None = None
+    reasoning: Reasoning | None = None  # a reasoning model's thinking: kept out of the line's text
 
 
 @dataclass(frozen=True)
@@ -86,19 +88,24 @@ def jobs_for(lines: Sequence[BatchLine]) -> list[Job]:
 def _tokenize(engine: Engine, job: Job, settings: BatchSettings) -> None:
     line = job.line
     system = line.settings.get("system", settings.system)
+    raw = settings.raw or line.raw
+    template = None if raw else engine.info.chat_template
+    switches = switches_for(template, "auto")  # the template's thinking default, as llama.cpp renders it
     try:
         if line.messages is not None:
             has_system = any(m["role"] == "system" for m in line.messages)
             messages = (
                 line.messages if has_system or not system else [{"role": "system", "content": system}, *line.messages]
             )
-            job.tokens = chat_tokens(engine, messages, raw=settings.raw or line.raw)
+            built = chat_prompt(engine, messages, raw=raw, switches=switches)
         else:
             text = compose(line.prompt, settings.instruction)  # the shared argument first: a common prefix
-            job.tokens = prompt_tokens(engine, text, system=system, raw=settings.raw or line.raw)
+            built = build_prompt(engine, text, system=system, raw=raw, switches=switches)
     except (UsageError, BadModelError) as exc:
         job.error = exc.message
         return
+    job.tokens = built.tokens
+    job.reasoning = reasoning_for(template, built.text)
     if not job.tokens:
         job.error = "the prompt is empty"
     job.max_tokens = line.settings.get("max_tokens", settings.max_tokens)
@@ -157,6 +164,7 @@ def requests_for(plan: BatchPlan, settings: BatchSettings) -> list[BatchRequest]
             max_tokens=job.max_tokens,
             stop=job.line.stop if job.line.stop is not None else settings.stop,
             output=job.line.output if job.line.output is not None else settings.output,
+            reasoning=job.reasoning,
         )
         for job in plan.runnable
     ]

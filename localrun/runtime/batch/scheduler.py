@@ -33,13 +33,25 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 
 from localrun.errors import ContextOverflowError, EngineError
-from localrun.events import BatchEvent, BatchProgress, DoneEvent, SequenceDone, SequenceText, TokenEvent
+from localrun.events import (
+    BatchEvent,
+    BatchProgress,
+    DoneEvent,
+    Event,
+    ReasoningEvent,
+    SequenceDone,
+    SequenceReasoning,
+    SequenceText,
+    TokenChoice,
+    TokenEvent,
+)
 from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS
-from localrun.runtime.sampling import Sampler, SamplingParams, logits
+from localrun.runtime.reasoning import AnswerGuard, Reasoning
+from localrun.runtime.sampling import Sampler, SamplingParams, log_probabilities, logits
 from localrun.runtime.stepper import Speculative, Stepper
 from localrun.runtime.threads import ThreadMeter
 from localrun.structured.constraint import Constraint
@@ -60,7 +72,10 @@ class BatchRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     output: OutputSpec | None = None  # the text must follow this schema or grammar
+    reasoning: Reasoning | None = None  # a reasoning model's thinking: apart from the text, before the grammar
     shared: int = 0  # leading tokens other requests are likely to share (a system prompt): what a prompt cache keeps
+    logprobs: int | None = None  # each token's log-probability, with this many alternatives (None: none)
+    preserved: tuple[str, ...] = ()  # markers written as text though they are control tokens (tool-call markers)
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -92,8 +107,16 @@ class _Slot:
         self.pos = start  # the cells of the sequence hold context[:pos]
         self.cached = start
         self.sampler = Sampler(request.sampling, engine.n_vocab)
-        self.constraint = Constraint(engine, request.output) if request.output is not None else None
-        self.out = TokenOutput(engine, n_prompt=len(request.tokens), stop=request.stop, ignore_eos=request.ignore_eos)
+        grammar = Constraint(engine, request.output) if request.output is not None else None
+        self.guard = AnswerGuard(grammar, request.reasoning, lambda t: engine.tokenize(t, add_special=False))
+        self.out = TokenOutput(
+            engine,
+            n_prompt=len(request.tokens),
+            stop=request.stop,
+            ignore_eos=request.ignore_eos,
+            reasoning=request.reasoning,
+            preserved=request.preserved,
+        )
         limit = capacity - len(request.tokens)
         self.limit = min(limit, request.max_tokens) if request.max_tokens is not None else limit
         self.next_token: int | None = None
@@ -103,9 +126,39 @@ class _Slot:
         self.waiting: tuple[int, int, int] | None = None  # (seq_id, request index, n): copy that slot's first n tokens
         self.take = 0  # tokens this sequence puts in the current batch
         self.row = -1  # its logits' row in the current batch, -1 for none
+        self.choices: list[TokenChoice] = []  # each sampled token's log-probability (request.logprobs)
+        self.reported = 0  # of them, those a SequenceText carried
+
+    def new_choices(self) -> tuple[TokenChoice, ...]:
+        """The log-probabilities not reported yet (the end of generation's never: it is no text)."""
+        end = len(self.out.tokens)
+        taken = tuple(self.choices[self.reported : end])
+        self.reported = max(self.reported, end)
+        return taken
+
+    @property
+    def speculates(self) -> bool:
+        """Whether a speculative step can stand in for its sampler: each token
+        comes from `_choose` only when it does not (log-probabilities), and
+        speculative sampling models the chain without biases."""
+        return self.request.logprobs is None and self.request.sampling.speculable
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """Its grammar, once it applies (after the thinking, where there is one)."""
+        return self.guard.constraint
 
 
-SlotEvent = SequenceText | SequenceDone
+SlotEvent = SequenceText | SequenceReasoning | SequenceDone
+
+
+def _texts(s: _Slot, events: Sequence[Event]) -> Iterator[SequenceText | SequenceReasoning]:
+    """A sequence's text events as the batch streams them: the answer's, and its thinking's apart."""
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            yield SequenceText(s.request.index, ev.text, s.out.n_gen, s.new_choices())
+        elif isinstance(ev, ReasoningEvent):
+            yield SequenceReasoning(s.request.index, ev.text, s.out.n_gen)
 
 
 class ContinuousBatch:
@@ -422,12 +475,14 @@ class ContinuousBatch:
                 room -= s.take
 
     def _choose(self, s: _Slot, row: int) -> int:
-        """The token of ``row`` for sequence ``s``: masked to what its grammar allows, sampled, taken."""
-        if s.constraint is not None:
-            s.constraint.apply(logits(self.engine, row))
+        """The token of ``row`` for sequence ``s``: masked to what may come (its grammar, its thinking budget),
+        sampled, taken."""
+        if s.guard.masks:
+            s.guard.mask(logits(self.engine, row))
         token = s.sampler.sample(self.engine, row)
-        if s.constraint is not None:
-            s.constraint.consume(token)
+        if s.request.logprobs is not None:  # the row the sampler read (masked by a grammar, if any)
+            s.choices.append(log_probabilities(logits(self.engine, row), token, s.request.logprobs))
+        s.guard.accepted(token)
         return token
 
     def _sample(self) -> Iterator[SlotEvent]:
@@ -439,10 +494,10 @@ class ContinuousBatch:
         """Put decided ``tokens`` in the sequence's output, until it ends."""
         for token in tokens:
             before = s.out.n_gen
-            event = s.out.push(token)
+            events = s.out.push_events(token)
             self.generated += s.out.n_gen - before
-            if event is not None and self.stream:
-                yield SequenceText(s.request.index, event.text, s.out.n_gen)
+            if self.stream:
+                yield from _texts(s, events)
             if s.out.reason is not None or s.out.n_gen >= s.limit:
                 yield from self._finish(seq_id, s)
                 return
@@ -452,7 +507,7 @@ class ContinuousBatch:
     def _alone(self) -> tuple[int, _Slot] | None:
         """The one sequence decoding, when it is alone (nothing queued, no other slot busy)."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
-        if self.queue or len(live) != 1 or live[0][1].pending:
+        if self.queue or len(live) != 1 or live[0][1].pending or not live[0][1].speculates:
             return None
         return live[0]
 
@@ -461,7 +516,7 @@ class ContinuousBatch:
         left, and the speculation says they may draft in their shared batch
         (its verify curve: extra rows nearly free, a GPU); else none."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
-        if self.speculation is None or len(live) < 2 or any(s.pending for _, s in live):
+        if self.speculation is None or len(live) < 2 or any(s.pending or not s.speculates for _, s in live):
             return []
         return live if self.speculation.drafts_in_batch(len(live)) else []
 
@@ -531,16 +586,17 @@ class ContinuousBatch:
             self._drafting = None
         events = list(s.out.finish("length", **({"draft": s.stepper.stats()} if s.stepper is not None else {})))
         if self.stream:
-            yield from (
-                SequenceText(s.request.index, ev.text, s.out.n_gen) for ev in events if isinstance(ev, TokenEvent)
-            )
+            yield from _texts(s, events)
+            rest = s.new_choices()  # tokens whose text was held back and then cut: their figures still go out
+            if rest:
+                yield SequenceText(s.request.index, "", s.out.n_gen, rest)
         stats = [ev for ev in events if isinstance(ev, DoneEvent)][-1].stats
-        if s.constraint is not None:  # the whole text is known now: check it
-            checked = s.constraint.check(s.out.text)
-            stats = replace(stats, valid=checked.valid, invalid=checked.error, forced_tokens=s.constraint.forced)
+        if (grammar := s.guard.grammar) is not None:  # the whole text is known now: check it
+            checked = grammar.check(s.out.text)
+            stats = replace(stats, valid=checked.valid, invalid=checked.error, forced_tokens=grammar.forced)
         self._release(seq_id, s)
         self.done += 1
-        yield SequenceDone(s.request.index, s.out.text, stats)
+        yield SequenceDone(s.request.index, s.out.text, stats, s.out.reasoning, tuple(s.choices[: len(s.out.tokens)]))
 
     def _release(self, seq_id: int, s: _Slot) -> None:
         s.sampler.close()
@@ -677,14 +733,12 @@ class _SlotTarget:
 
     def logits(self, row: int) -> Any:
         row_logits = logits(self.run.engine, self._row(row))
-        if self.slot.constraint is not None:
-            self.slot.constraint.apply(row_logits)
+        self.slot.guard.mask(row_logits)
         return row_logits
 
     def accept(self, token: int) -> None:
         self.slot.sampler.accept(token)
-        if self.slot.constraint is not None:
-            self.slot.constraint.consume(token)
+        self.slot.guard.accepted(token)
 
     def rollback(self, pos: int) -> None:
         self.slot.pos = pos
