@@ -304,7 +304,6 @@ WEATHER: Any = [
 TOOLS_FAIL = {  # families whose tool calls localrun cannot constrain yet
     "gpt-oss": "gpt-oss's calls are read, not constrained: its header lies in a channel the reasoning gate "
     "keeps free, so a required call is not forced",
-    "gemma3": "serve describes tools in a system message; Gemma 2's template (for Gemma 3's) refuses one (HTTP 500)",
 }
 
 
@@ -350,11 +349,7 @@ def test_a_remote_conversation_keeps_an_empty_reply() -> None:
     ]
 
 
-UNDESCRIBED_FAIL = {
-    "gemma3": TOOLS_FAIL["gemma3"],
-    "gpt-oss": "its template adds tool.description to a string: llama.cpp reads an undefined one as '', "
-    "jinja2 raises (HTTP 500)",
-}
+UNDESCRIBED_FAIL: dict[str, str] = {}  # the templates render as llama.cpp does (system merged, undefined as '')
 
 
 @pytest.mark.parametrize("name", NAMES)
