@@ -138,6 +138,12 @@ MAIN: dict[str, dict[str, Any]] = {
     },
     "reasoning_effort_low": {"messages": [{"role": "user", "content": "What is 2+2?"}], "reasoning_effort": "low"},
     "reasoning_effort_high": {"messages": [{"role": "user", "content": "What is 2+2?"}], "reasoning_effort": "high"},
+    "prefill": {
+        "messages": [
+            {"role": "user", "content": "Write a haiku."},
+            {"role": "assistant", "content": "Autumn"},
+        ]
+    },
     "reasoning_history": {
         "messages": [
             {"role": "user", "content": "What is 2+2?"},

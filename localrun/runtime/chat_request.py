@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from localrun.errors import UsageError
@@ -50,16 +50,44 @@ def render_request(
     if tools is not None and not isinstance(tools, list):
         raise UsageError(f"Expected 'tools' to be an array, got {json.dumps(tools)}")
     switches = ({} if thinking is None else {"enable_thinking": thinking}) | request_switches(body)
-    return render_chat(
-        template,
-        messages,
-        bos_token=bos_token,
-        eos_token=eos_token,
-        tools=tools,
-        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-        switches=switches,
-        now=now,
-    )
+
+    def render(turns: list[Any], opened: bool) -> str:
+        return render_chat(
+            template,
+            turns,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools,
+            add_generation_prompt=opened,
+            switches=switches,
+            now=now,
+        )
+
+    last = messages[-1] if messages else None
+    if isinstance(last, dict) and last.get("role") == "assistant":
+        return _continued(render, messages)
+    return render(messages, bool(body.get("add_generation_prompt", True)))
+
+
+def _continued(render: Callable[[list[Any], bool], str], messages: list[Any]) -> str:
+    """llama-server continues a conversation that ends with the assistant's
+    message: the turns before it, the opening of the assistant's turn, and the
+    message's text, left open for the model to go on."""
+    last = messages[-1]
+    if len(messages) > 1 and isinstance(messages[-2], dict) and messages[-2].get("role") == "assistant":
+        raise UsageError("Cannot have 2 or more assistant messages at the end of the list.")
+    if last.get("tool_calls"):
+        raise UsageError("Cannot continue an assistant message that contains tool calls.")
+    if last.get("reasoning_content"):
+        raise UsageError("continuing an assistant message's reasoning is not supported")
+    before = render(messages[:-1], False)
+    opened = render(messages[:-1], True)
+    pairs = enumerate(zip(before, opened, strict=False))
+    same = next((i for i, (a, b) in pairs if a != b), min(len(before), len(opened)))
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        content = "\n\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return before + opened[same:] + str(content)
 
 
 def strip_bos(prompt: str, bos_token: str, add_bos: bool) -> str:

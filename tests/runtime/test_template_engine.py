@@ -118,3 +118,18 @@ def test_families_and_request_switches() -> None:
 def test_a_template_that_fails_in_python_terms_is_a_bad_model_error() -> None:
     with pytest.raises(BadModelError, match="chat template failed"):
         render_chat("{{ 'a' - 1 }}", [{"role": "user", "content": "x"}], bos_token="", eos_token="")
+
+
+def test_a_last_assistant_message_is_continued() -> None:
+    from localrun.runtime.chat_request import render_request
+
+    chatml = template("Qwen-Qwen2.5-7B-Instruct")
+    body = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]}
+    prompt = render_request(chatml, body, bos_token="", eos_token="")
+    assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHel")
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(UsageError, match="tool calls"):
+        render_request(chatml, {"messages": [{"role": "assistant", "tool_calls": [call]}]}, bos_token="", eos_token="")
+    twice = {"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    with pytest.raises(UsageError, match="2 or more"):
+        render_request(chatml, twice, bos_token="", eos_token="")

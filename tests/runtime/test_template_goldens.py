@@ -24,7 +24,60 @@ SETS = ("template_goldens", "template_goldens_heldout", "template_goldens_heldou
 
 # (set, template, scenario) -> why localrun's render differs from llama.cpp's there:
 # such a case must still differ (a fixed one is taken off this list)
-KNOWN: dict[tuple[str, str, str], str] = {}
+CONTINUED_WITH_REASONING = (  # templates llama.cpp finds a reasoning section in (its autoparser)
+    "Apriel-1.6-15b-Thinker-fixed",
+    "Bielik-11B-v3.0-Instruct",
+    "ByteDance-Seed-OSS",
+    "Cohere2MoE",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+    "GLM-4.6",
+    "GLM-4.7-Flash",
+    "HuggingFaceTB-SmolLM3-3B",
+    "Kimi-K2-Instruct",
+    "Kimi-K2-Thinking",
+    "Kimi-K3",
+    "LFM2-8B-A1B",
+    "LFM2.5-8B-A1B",
+    "LFM2.5-Instruct",
+    "MiniMax-M2",
+    "MiniMax-M3",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+    "NVIDIA-Nemotron-Nano-v2",
+    "Qwen-QwQ-32B",
+    "Qwen-Qwen3-0.6B",
+    "Qwen3.5-4B",
+    "Reka-Edge",
+    "Spark2.5",
+    "StepFun3.5-Flash",
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+    "deepseek-ai-DeepSeek-V3.1",
+    "deepseek-ai-DeepSeek-V3.2",
+    "deepseek-ai-DeepSeek-V4-Flash-0731",
+    "deepseek-ai-DeepSeek-V4",
+    "google-gemma-4-31B-it-interleaved",
+    "google-gemma-4-31B-it",
+    "ibm-granite-granite-3.3-2B-Instruct",
+    "inclusionai-ling-3.0-flash",
+    "llama-cpp-deepseek-r1",
+    "llama-cpp-rwkv-world",
+    "meetkai-functionary-medium-v3.2",
+    "mistralai-Ministral-3-14B-Reasoning-2512",
+    "moonshotai-Kimi-K2",
+    "muse-glimmer",
+    "openai-gpt-oss-120b",
+    "openbmb-MiniCPM5-1B",
+    "poolside-Laguna-S-2.1",
+    "poolside-Laguna-XS-2.1",
+    "poolside-Laguna-XS.2",
+    "unsloth-mistral-Devstral-Small-2507",
+)
+KNOWN: dict[tuple[str, str, str], str] = {
+    ("template_goldens", name, "prefill"): "a conversation ending with the assistant's message: llama-server "
+    "continues it after an empty reasoning section, in the markers its template analysis finds; localrun "
+    "continues it after the turn's opening alone"
+    for name in CONTINUED_WITH_REASONING
+}
 
 
 def _goldens() -> list[Any]:
