@@ -40,8 +40,18 @@ def sdist() -> Path:
         home.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:", "-d", tmp,
-                 f"llama-cpp-python=={version}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--no-binary=:all:",
+                    "-d",
+                    tmp,
+                    f"llama-cpp-python=={version}",
+                ],
                 check=True,
             )
             Path(tmp, path.name).replace(path)

@@ -62,26 +62,31 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
     return draft_model or spec or ("auto" if draft else None)
 
 
+def draft_path(choice: str | None, target: store.Target, *, offline: bool = False, pull: bool = False) -> Path | None:
+    """The draft model's file for the speculation ``choice`` (config.toml's
+    `draft`) on the model ``target`` names, before the run is planned, so
+    that the plan places it: on auto the matched draft when it is on disk,
+    or pulled first with ``pull`` (`--draft`); a draft model named by alias
+    or path, pulled if need be; none for lookup or none."""
+    if choice == "auto":
+        return _matched(target, offline=offline, pull=pull)
+    if choice is None or choice in ("none", "lookup"):
+        return None
+    return resolve_model(choice, offline=offline, tune_hint=False).path
+
+
 @contextmanager
-def open_draft(
-    resolved: Resolved, engine: Engine, *, offline: bool = False, pull_matched: bool = False
-) -> Iterator[Speculation | None]:
+def open_draft(resolved: Resolved, engine: Engine) -> Iterator[Speculation | None]:
     """The speculation for the run's resolved draft choice on ``engine`` (the
-    model ``resolved.target`` names), closed at the end, its controller
-    starting from the verify-cost curve `localrun tune` measured here. `auto`
-    uses the matched draft when it is on disk, or pulls it first with
-    ``pull_matched`` (`--draft`); a draft model named by alias or path is
-    pulled if need be."""
+    model ``resolved.target`` names), with the draft model the plan placed
+    (`resolved.draft`), closed at the end, its controller starting from the
+    verify-cost curve `localrun tune` measured here. On auto, a matched
+    draft that cannot be used leaves prompt lookup, with a warning."""
     from localrun.speculative import open_speculation
 
-    choice, target, verify_curve = resolved.settings.draft, resolved.target, resolved.verify_curve
-    path = None
-    if choice == "auto":
-        path = _matched(target, offline=offline, pull=pull_matched)
-    elif choice not in ("none", "lookup"):
-        path = resolve_model(choice, offline=offline, tune_hint=False).path
+    choice, verify_curve = resolved.settings.draft, resolved.verify_curve
     try:
-        speculation = open_speculation(engine, choice, path, verify_curve=verify_curve)
+        speculation = open_speculation(engine, choice, resolved.draft, verify_curve=verify_curve)
     except LocalrunError as exc:
         if choice != "auto":
             raise

@@ -3,7 +3,7 @@ run settings, a loaded engine and sampling parameters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,7 +18,11 @@ from localrun.settings import Options, RunSettings, resolve
 from localrun.store import Target
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from localrun.assemble import Assembled, Workload
     from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime import devices as found_devices
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
@@ -199,14 +203,16 @@ def check_output_file(option: str, path: Path) -> None:
 
 @dataclass
 class Resolved:
-    """The model file, what its name resolved to, and the run put together
-    from it (`localrun.assemble`): header, settings, placement, wisdom."""
+    """The model file, what its name resolved to, and the run's plan
+    (`localrun.assemble`): header, settings, placement, wisdom, the draft placed beside it."""
 
     config: EngineConfig
     info: GGUFInfo
     target: Target
     settings: RunSettings
     wisdom: Wisdom | None = None  # what `localrun tune` measured for this model on this machine
+    draft: Path | None = None  # the draft model, placed in the plan beside the model
+    run: Assembled | None = None  # the plan it came from
 
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
@@ -219,35 +225,65 @@ class Resolved:
         return report(self.settings, self.config.placement)
 
 
-def resolve_engine(
-    model: str | None,
-    options: Options,
-    *,
-    offline: bool = False,
-    verbose: bool = False,
-    with_draft: bool = True,
-    need: int | None = None,
-    depth: int | None = None,
-) -> Resolved:
-    """Settle the run's settings, then resolve the model (pulled on first use,
-    with its matched draft when ``with_draft`` and speculation is auto), then
-    put the run together (`localrun.assemble`: placement, and what is
-    automatic from this machine's wisdom; ``need``: the context the run
-    needs, ``depth``: the depth it mostly decodes at, when known); the model
-    is not loaded. Says on a terminal which KV cache type auto chose and why
-    when it is not f16 (always with ``verbose``)."""
-    from localrun.assemble import assemble
+@dataclass(frozen=True)
+class Settled:
+    """A run before it is planned: the model's file and name, the settings
+    as settled, and the draft model's file when one will run beside it."""
+
+    path: Path
+    target: Target
+    settings: RunSettings
+    draft: Path | None = None
+
+
+def settle(
+    model: str | None, options: Options, *, offline: bool = False, with_draft: bool = True, pull_draft: bool = False
+) -> Settled:
+    """Settle the run's settings, then resolve the model (pulled on first
+    use) and, when ``with_draft``, its draft model: the matched one on disk
+    for speculation on auto (pulled first with ``pull_draft``, `--draft`),
+    or the one `--draft-model` names (pulled if need be)."""
+    from localrun.cli._draft import draft_path
 
     check_positive(threads=options.threads)
     env = current()
     entry = store.parse(model_name(model) or env.registry.default, env.registry).entry
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
+    draft = draft_path(settings.draft, found.target, offline=offline, pull=pull_draft) if with_draft else None
+    return Settled(found.path, found.target, settings, draft)
+
+
+def plan(
+    settled: Settled,
+    workload: Workload | None = None,
+    *,
+    verbose: bool = False,
+    devices: Sequence[found_devices.Device] | None = None,
+) -> Resolved:
+    """Put the run together for ``workload`` (`localrun.assemble`: placement
+    with the draft beside the model, what is automatic from this machine's
+    wisdom, context and sequences; by default one sequence, decoded by the
+    loop ``settled``'s speculation asks for); the model is not loaded. Says
+    on a terminal which KV cache type auto chose and why when it is not f16
+    (always with ``verbose``). ``devices``: as probed (None: probed now)."""
+    from localrun.assemble import OneSequence, assemble
+
+    env = current()
+    settings = settled.settings
+    if workload is None or isinstance(workload, OneSequence):
+        workload = replace(workload or OneSequence(), speculative=settings.draft != "none")
     # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all
-    drafting = with_draft and settings.draft == "auto"
-    draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
     notes = bool(env.stderr_isatty)
-    run = assemble(found.path, settings, need=need, depth=depth, verbose=verbose, hint_once=notes, draft=draft)
+    run = assemble(
+        settled.path,
+        settings,
+        workload=workload,
+        verbose=verbose,
+        hint_once=notes,
+        draft=settled.draft,
+        devices=devices,
+    )
     for warning in run.warnings:
         out().warn(warning)
     if run.hint:
@@ -256,7 +292,23 @@ def resolve_engine(
         out().note(run.gpu_hint)
     if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
-    return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
+    return Resolved(run.config, run.info, settled.target, run.settings, run.wisdom, settled.draft, run)
+
+
+def resolve_engine(
+    model: str | None,
+    options: Options,
+    *,
+    offline: bool = False,
+    verbose: bool = False,
+    with_draft: bool = True,
+    pull_draft: bool = False,
+    workload: Workload | None = None,
+    devices: Sequence[found_devices.Device] | None = None,
+) -> Resolved:
+    """`settle` the run, then `plan` it for ``workload`` on ``devices``."""
+    settled = settle(model, options, offline=offline, with_draft=with_draft, pull_draft=pull_draft)
+    return plan(settled, workload, verbose=verbose, devices=devices)
 
 
 def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | None:
@@ -283,7 +335,7 @@ def title(resolved: Resolved) -> str:
     name = target.path.name if target.path is not None else target.label
     title = f"{name} ({describe(resolved.info).quantization})"
     placement = resolved.config.placement
-    if placement is not None and placement.model.offloaded:  # where it runs, when that is not the CPU
+    if placement.model.offloaded:  # where it runs, when that is not the CPU
         title += f" on {placement.model.describe()}"
     return title
 

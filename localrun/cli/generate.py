@@ -61,7 +61,7 @@ def refuse_stats_with_json(stats: bool, as_json: bool) -> None:
 
 def _local_batch(
     batch: str,
-    resolved: opt.Resolved,
+    settled: opt.Settled,
     instruction: str | None,
     raw: bool,
     sampling: SamplingParams,
@@ -72,37 +72,31 @@ def _local_batch(
     resume: Path | None,
     stats: bool,
     no_log: bool,
+    verbose: bool,
 ) -> ExitCode:
-    """`--batch` on this machine: the batch's settings from the resolved run."""
+    """`--batch` on this machine: the batch's settings from the settled run."""
     from localrun.cli import batch as batch_cli
-    from localrun.cli.serve import model_id
     from localrun.runtime.batch.plan import BatchSettings
 
-    tuned = resolved.settings.sources["parallel"] == "wisdom"
     settings = BatchSettings(
         instruction=instruction,
-        system=resolved.settings.system,
+        system=settled.settings.system,
         raw=raw,
         sampling=sampling,
         max_tokens=max_tokens,
         stop=stops,
-        # --ctx sets each sequence's context; the model's default context caps it
-        seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
-        ctx_limit=resolved.settings.n_ctx,
-        # a count the user asked for must fit; a tuned one is capped by what fits
-        parallel=None if tuned else resolved.settings.parallel,
-        tuned_parallel=resolved.settings.parallel if tuned else None,
         output=output,
     )
     return batch_cli.run(
         batch,
         settings,
-        resolved.config,
+        settled,
+        verbose=verbose,
         unordered=unordered,
         resume=resume,
         show_stats=stats,
-        model_name=model_id(resolved.target),  # the name a server would answer with, never a path
-        recorder=_history.recorder(_history.context("batch", resolved, output=output), no_log=no_log),
+        output=output,
+        no_log=no_log,
     )
 
 
@@ -288,13 +282,14 @@ def generate(
         )
     if batch is not None:  # many prompts: localrun/cli/batch.py
         _refuse_with_batch(speculation, prompt_cache, as_json)
-        resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
+        settled = opt.settle(model, options, offline=offline, with_draft=False)
         return _local_batch(
-            batch, resolved, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log
+            batch, settled, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log, verbose
         )
     if parallel is not None or unordered or resume is not None:
         raise UsageError("--parallel, --unordered and --resume apply to --batch only", hint="add --batch FILE")
 
+    from localrun.assemble import OneSequence
     from localrun.cli._signals import ctrl_c_stops
     from localrun.runtime.generate import PLAIN, Decoding, finished
     from localrun.runtime.placement import run_extent
@@ -305,7 +300,8 @@ def generate(
     instruction, material = read_prompt(prompt)
     chars = sum(len(text) for text in (instruction, material, system) if text)
     need, depth = run_extent(chars, max_tokens)
-    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
+    workload = OneSequence(need=need, depth=depth, constrained=output is not None)
+    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, pull_draft=draft, workload=workload)
     warn_past_training(resolved)
     with opt.load(resolved) as engine:
         built = build_prompt(engine, instruction, material, system=resolved.settings.system, raw=raw)
@@ -314,7 +310,7 @@ def generate(
         recorder = _history.recorder(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
-        drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
+        drafting = open_draft(resolved, engine)
         with ctrl_c_stops(engine), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             constraint = Constraint(engine, output) if output is not None else None

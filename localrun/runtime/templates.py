@@ -51,7 +51,11 @@ def render_chat(
         extra["tools"] = tools
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, **extra
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **extra,
         )
     except TemplateError as exc:
         raise BadModelError(

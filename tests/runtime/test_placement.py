@@ -10,18 +10,18 @@ from localrun.events import DoneEvent
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime.devices import Device
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.placement import GPU_RESERVE, KV_AUTO_ORDER, RESERVE, ModelPlacement, place
 from localrun.runtime.sampling import SamplingParams
-from tests.helpers import cli
+from tests.helpers import cli, engine_config
 from tests.tinymodel import write_tiny_model
 
 
 @pytest.mark.parametrize("type_k", ["f16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("type_v", ["f16", "q8_0", "q4_0"])
 def test_kv_types_load_generate_and_match_the_prediction(wide_model: Path, type_k: str, type_v: str) -> None:
-    config = EngineConfig(model_path=wide_model, n_ctx=512, type_k=type_k, type_v=type_v)
+    config = engine_config(wide_model, n_ctx=512, type_k=type_k, type_v=type_v)
     with Engine(config) as engine:
         events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=8))
         measured = engine.kv_cache_bytes
@@ -36,7 +36,7 @@ def test_kv_types_load_generate_and_match_the_prediction(wide_model: Path, type_
 
 def test_quantized_v_without_flash_attention_is_refused(wide_model: Path) -> None:
     with pytest.raises(UsageError, match="needs flash attention"):
-        Engine(EngineConfig(model_path=wide_model, type_v="q4_0", flash_attn="off"))
+        Engine(engine_config(wide_model, type_v="q4_0", flash_attn="off"))
     res = cli("generate", "-m", str(wide_model), "--kv", "q4_0", "--flash-attn", "off", "-n", "2", "hi")
     assert res.returncode == 2 and "--flash-attn on" in res.stderr and "Traceback" not in res.stderr
 
@@ -69,14 +69,12 @@ def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
     per_token = shape.context_bytes_per_token("f16", flash_attn="off")  # KV, and attention scores when unfused
     assert per_token > shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * per_token
-    with Engine(
-        EngineConfig(model_path=long_model, placement=place((), memory_budget=budget), flash_attn="off")
-    ) as engine:
+    with Engine(engine_config(long_model, placement=place((), memory_budget=budget), flash_attn="off")) as engine:
         assert engine.n_ctx == 2816  # 3000 tokens of room, in steps of 256
     f16 = shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * f16
     with Engine(
-        EngineConfig(model_path=long_model, placement=place((), memory_budget=budget), type_k="q8_0", type_v="q8_0")
+        engine_config(long_model, placement=place((), memory_budget=budget), type_k="q8_0", type_v="q8_0")
     ) as engine:
         assert engine.flash_attn == "on"  # a quantized V: no scores buffer
         # the longest context that fits: one more step of 256 would not
@@ -85,7 +83,7 @@ def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
 
 
 def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
-    with Engine(EngineConfig(model_path=tiny_model, placement=place((), memory_budget=10**10))) as engine:
+    with Engine(engine_config(tiny_model, placement=place((), memory_budget=10**10))) as engine:
         assert engine.n_ctx == 512
 
 
@@ -93,10 +91,10 @@ def test_context_that_does_not_fit_is_refused_with_numbers(long_model: Path) -> 
     shape = describe(read_gguf(long_model))
     budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.context_bytes_per_token("f16")
     with pytest.raises(UsageError, match=r"--ctx 8192 needs .* GiB .*memory budget") as info:
-        Engine(EngineConfig(model_path=long_model, n_ctx=8192, placement=place((), memory_budget=budget)))
+        Engine(engine_config(long_model, n_ctx=8192, placement=place((), memory_budget=budget)))
     assert info.value.hint is not None and "--ctx auto fits 768" in info.value.hint
     with pytest.raises(UsageError, match="does not fit"):
-        Engine(EngineConfig(model_path=long_model, placement=place((), memory_budget=shape.weights_bytes)))
+        Engine(engine_config(long_model, placement=place((), memory_budget=shape.weights_bytes)))
 
 
 def test_ctx_option(tiny_model: Path) -> None:
@@ -115,7 +113,7 @@ def test_auto_flash_attention_is_llama_cpps_unless_v_is_quantized(wide_model: Pa
         (big_heads, "f16", "auto"),
     ]
     for path, type_v, expected in cases:
-        with Engine(EngineConfig(model_path=path, n_ctx=512, type_v=type_v)) as engine:
+        with Engine(engine_config(path, n_ctx=512, type_v=type_v)) as engine:
             assert engine.flash_attn == expected, (path.name, type_v)
             events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=4))
             assert isinstance(events[-1], DoneEvent) and events[-1].stats.generated_tokens == 4
@@ -127,7 +125,7 @@ def test_unfused_attention_scores_are_counted_in_the_memory_estimate(wide_long_m
     n_ctx = 8192
     buffers: dict[str, int] = {}
     for mode in ("off", "on"):
-        with Engine(EngineConfig(model_path=wide_long_model, n_ctx=n_ctx, flash_attn=mode)) as engine:
+        with Engine(engine_config(wide_long_model, n_ctx=n_ctx, flash_attn=mode)) as engine:
             assert engine.compute_buffer_bytes is not None
             buffers[mode] = engine.compute_buffer_bytes
     info = describe(read_gguf(wide_long_model))
@@ -145,9 +143,7 @@ def test_a_context_that_does_not_fit_is_refused_before_the_load(
     monkeypatch.setattr(engine_module, "_load_model", lambda info, placed: loads.append(info))
     shape = describe(read_gguf(wide_long_model))
     with pytest.raises(UsageError, match="--ctx 8192 needs"):
-        Engine(
-            EngineConfig(model_path=wide_long_model, n_ctx=8192, placement=place((), memory_budget=shape.weights_bytes))
-        )
+        Engine(engine_config(wide_long_model, n_ctx=8192, placement=place((), memory_budget=shape.weights_bytes)))
     assert loads == []
 
 
@@ -193,7 +189,7 @@ def test_a_batch_is_sized_in_the_memory_measured_before_its_weights_loaded(
     memory = ShrinkingMemory(monkeypatch, RESERVE + room)
     lines = read_lines([f"prompt {i}\n" for i in range(4)])
     with Weights(tiny_model) as weights:
-        batch = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, EngineConfig(tiny_model))
+        batch = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, engine_config(tiny_model))
     assert memory.free < RESERVE + room  # the fake did see the load
     assert batch.seq_ctx == 512 and batch.parallel == 4
     assert memory.reads == 1
@@ -209,7 +205,7 @@ def test_served_models_share_one_measurement(tiny_model: Path, monkeypatch: pyte
     room = shape.memory_needed(4 * 512, "f16", "f16") + shape.memory_needed(2 * 512, "f16", "f16") + per_slot // 2
     memory = ShrinkingMemory(monkeypatch, RESERVE + room)
     info = read_gguf(tiny_model)
-    plans = [ModelPlan(name, frozenset(), EngineConfig(tiny_model, n_threads=1), info) for name in ("a", "b")]
+    plans = [ModelPlan(name, frozenset(), engine_config(tiny_model, n_threads=1), info) for name in ("a", "b")]
     models = load_models(plans)
     try:
         assert [m.worker.parallel for m in models] == [4, 2]
@@ -362,13 +358,13 @@ def test_a_device_out_of_memory_costs_one_retry_with_fewer_layers(
     monkeypatch.setattr(engine_module, "_load_model", load)
     shape = describe(read_gguf(tiny_model))
     plan = place([CPU, gpu("CUDA0", 2**30)], shape=shape, need=512)
-    with Engine(EngineConfig(tiny_model, n_ctx=512, placement=plan)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=512, placement=plan)) as engine:
         assert tried == [shape.layers + 1, (shape.layers) // 2] and engine.placement.model.n_gpu_layers == 1
         assert len(engine.notices) == 1 and "retried with CUDA0, 1 of 2 layers" in engine.notices[0]
     tried.clear()
     given = place([CPU, gpu("CUDA0", 2**30)], shape=shape, gpu_layers="3")
     with pytest.raises(BadModelError):  # a count the user gave is not lowered behind their back
-        Engine(EngineConfig(tiny_model, n_ctx=512, placement=given))
+        Engine(engine_config(tiny_model, n_ctx=512, placement=given))
     assert tried == [3]
 
 

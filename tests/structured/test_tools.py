@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from localrun.errors import InvalidRequestError
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
@@ -25,7 +25,7 @@ from localrun.structured.tools import (
     parse_calls,
     tool_grammar,
 )
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 
 WEATHER = Function(
     "get_weather",
@@ -46,7 +46,7 @@ LLAMA, MISTRAL = (next(f for f in FORMATS if f.name == name) for name in ("llama
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=1024, n_threads=2)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=1024, n_threads=2)) as engine:
         yield engine
 
 
