@@ -15,7 +15,7 @@ from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import engine
 from localrun.runtime.generate import generate
-from localrun.runtime.placement import ModelPlacement
+from localrun.runtime.placement import ModelPlacement, Placement
 from localrun.runtime.quantize import quantize
 from localrun.runtime.sampling import SamplingParams
 from localrun.tune.wisdom import wisdom_file
@@ -227,7 +227,7 @@ def test_engines_share_loaded_weights(weights: dict[str, Path]) -> None:
 
     with engine.Engine(engine_config(path, n_ctx=256)) as own:
         expected = text(own)
-    with engine.Weights(path) as shared:
+    with engine.Weights(path, Placement()) as shared:
         for kv in ("f16", "q8_0"):  # one engine after another on the same load
             with engine.Engine(engine_config(path, n_ctx=256, type_k=kv), weights=shared) as e:
                 assert e.info.path == path

@@ -22,7 +22,7 @@ from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch, run_
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.llama import DecodeStatus
-from localrun.runtime.placement import LLAMA_PARALLEL, default_parallel, parallel_that_fits, place, slot_context
+from localrun.runtime.placement import LLAMA_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.runtime.prompt import build_prompt, prompt_tokens
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, PromptCache
 from localrun.runtime.sampling import SamplingParams
@@ -596,17 +596,31 @@ def test_cli_loads_the_weights_once(tiny_model: Path, tmp_path: Path, monkeypatc
 
 
 def test_plan_sizes_sequences_and_caps_them(tiny_model: Path) -> None:
-    from localrun.runtime.batch.plan import BatchSettings, jobs_for, plan_batch
-    from localrun.runtime.engine import Weights
+    from dataclasses import replace
 
-    lines = read_lines(["hello there\n", "x\n"])
-    config = engine_config(tiny_model, placement=place((), memory_budget=10**9))
-    with Weights(tiny_model) as weights:
-        sized = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, config)
-        capped = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, ctx_limit=256), weights, config)
-        fixed = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, seq_ctx=300), weights, config)
-    assert (sized.seq_ctx, capped.seq_ctx, fixed.seq_ctx) == (512, 256, 512)  # steps of 256, at most trained 512
-    assert sized.parallel == capped.parallel == 2 and not sized.failed
+    from localrun.assemble import Prompts, assemble
+    from localrun.runtime.batch.plan import BatchSettings, batch_plan, jobs_for, tokenize_jobs
+    from localrun.runtime.engine import Vocabulary
+    from localrun.settings import Options, resolve
+
+    jobs = jobs_for(read_lines(["hello there\n", "x\n"]))
+    with Vocabulary(tiny_model) as vocabulary:
+        needs = tokenize_jobs(jobs, BatchSettings(max_tokens=300), vocabulary)
+    assert len(needs) == 2 and all(need > 300 for need in needs)
+
+    def plan(options: Options, **changes: Any) -> tuple[int, int]:
+        settings = replace(resolve(replace(options, memory_budget=10**9)), **changes)
+        run = assemble(tiny_model, settings, workload=Prompts(needs), devices=(), use_wisdom=False)
+        batch = batch_plan(jobs, run.config)
+        assert not batch.failed and batch.parallel == run.parallel
+        return batch.seq_ctx, batch.parallel
+
+    sized = plan(Options())
+    model_default = resolve(Options())
+    capped = plan(Options(), n_ctx=256, sources={**model_default.sources, "ctx": "model"})  # the model's default
+    fixed = plan(Options(ctx="300"))
+    assert (sized[0], capped[0], fixed[0]) == (512, 256, 512)  # steps of 256, at most trained 512
+    assert sized[1] == capped[1] == 2
 
 
 def test_a_prompt_cache_that_fails_leaves_the_request_running(

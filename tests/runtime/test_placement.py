@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +17,9 @@ from localrun.runtime.placement import GPU_RESERVE, KV_AUTO_ORDER, RESERVE, Mode
 from localrun.runtime.sampling import SamplingParams
 from tests.helpers import cli, engine_config
 from tests.tinymodel import write_tiny_model
+
+if TYPE_CHECKING:
+    from localrun.assemble import Assembled
 
 
 @pytest.mark.parametrize("type_k", ["f16", "q8_0", "q4_0"])
@@ -63,38 +67,47 @@ def wide_long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(folder / "wide-long.gguf", n_embd=128, n_head=4, n_head_kv=2, n_ctx_train=32768)
 
 
+def planned(model: Path, budget: int, **options: Any) -> Assembled:
+    """One sequence's plan for ``model`` in ``budget`` bytes, without wisdom."""
+    from localrun.assemble import assemble
+    from localrun.settings import Options, resolve
+
+    devices = [Device("CPU", "fake", "cpu", 0, 0)]  # nothing known of memory but the budget
+    return assemble(model, resolve(Options(memory_budget=budget, **options)), devices=devices, use_wisdom=False)
+
+
 def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
     long_model = wide_long_model
     shape = describe(read_gguf(long_model))
     per_token = shape.context_bytes_per_token("f16", flash_attn="off")  # KV, and attention scores when unfused
     assert per_token > shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * per_token
-    with Engine(engine_config(long_model, placement=place((), memory_budget=budget), flash_attn="off")) as engine:
-        assert engine.n_ctx == 2816  # 3000 tokens of room, in steps of 256
+    run = planned(long_model, budget, flash_attn="off", kv="f16")
+    assert run.config.n_ctx == 2816 and not run.config.ctx_asked  # 3000 tokens of room, in steps of 256
+    with Engine(run.config) as engine:
+        assert engine.n_ctx == 2816  # the engine carries the plan out
     f16 = shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * f16
-    with Engine(
-        engine_config(long_model, placement=place((), memory_budget=budget), type_k="q8_0", type_v="q8_0")
-    ) as engine:
+    quantized = planned(long_model, budget, kv="q8_0").config
+    # the longest context that fits: one more step of 256 would not
+    assert shape.memory_needed(quantized.n_ctx, "q8_0", "q8_0", "on") <= budget
+    assert shape.memory_needed(quantized.n_ctx + 256, "q8_0", "q8_0", "on") > budget
+    with Engine(quantized) as engine:
         assert engine.flash_attn == "on"  # a quantized V: no scores buffer
-        # the longest context that fits: one more step of 256 would not
-        assert shape.memory_needed(engine.n_ctx, "q8_0", "q8_0", "on") <= budget
-        assert shape.memory_needed(engine.n_ctx + 256, "q8_0", "q8_0", "on") > budget
 
 
 def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
-    with Engine(engine_config(tiny_model, placement=place((), memory_budget=10**10))) as engine:
-        assert engine.n_ctx == 512
+    assert planned(tiny_model, 10**10).config.n_ctx == 512
 
 
 def test_context_that_does_not_fit_is_refused_with_numbers(long_model: Path) -> None:
     shape = describe(read_gguf(long_model))
     budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.context_bytes_per_token("f16")
     with pytest.raises(UsageError, match=r"--ctx 8192 needs .* GiB .*memory budget") as info:
-        Engine(engine_config(long_model, n_ctx=8192, placement=place((), memory_budget=budget)))
+        planned(long_model, budget, ctx="8192", kv="f16")
     assert info.value.hint is not None and "--ctx auto fits 768" in info.value.hint
     with pytest.raises(UsageError, match="does not fit"):
-        Engine(engine_config(long_model, placement=place((), memory_budget=shape.weights_bytes)))
+        planned(long_model, shape.weights_bytes, kv="f16")
 
 
 def test_ctx_option(tiny_model: Path) -> None:
@@ -143,7 +156,7 @@ def test_a_context_that_does_not_fit_is_refused_before_the_load(
     monkeypatch.setattr(engine_module, "_load_model", lambda info, placed: loads.append(info))
     shape = describe(read_gguf(wide_long_model))
     with pytest.raises(UsageError, match="--ctx 8192 needs"):
-        Engine(engine_config(wide_long_model, n_ctx=8192, placement=place((), memory_budget=shape.weights_bytes)))
+        planned(wide_long_model, shape.weights_bytes, ctx="8192")
     assert loads == []
 
 
@@ -178,37 +191,53 @@ class ShrinkingMemory:
 def test_a_batch_is_sized_in_the_memory_measured_before_its_weights_loaded(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from localrun.assemble import Prompts, assemble
     from localrun.runtime.batch.input import read_lines
-    from localrun.runtime.batch.plan import BatchSettings, jobs_for, plan_batch
-    from localrun.runtime.engine import Weights
+    from localrun.runtime.batch.plan import BatchSettings, batch_plan, jobs_for, tokenize_jobs
+    from localrun.runtime.engine import Vocabulary, Weights
+    from localrun.settings import Options, resolve
 
     shape = describe(read_gguf(tiny_model))
     per_sequence = 512 * shape.kv_bytes_per_token("f16", "f16")
     assert shape.weights_bytes > per_sequence  # counting the weights twice would cost at least one sequence
     room = shape.weights_bytes + shape.compute_bytes() + 4 * per_sequence + per_sequence // 2  # four fit
     memory = ShrinkingMemory(monkeypatch, RESERVE + room)
-    lines = read_lines([f"prompt {i}\n" for i in range(4)])
-    with Weights(tiny_model) as weights:
-        batch = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, engine_config(tiny_model))
+    jobs = jobs_for(read_lines([f"prompt {i}\n" for i in range(4)]))
+    with Vocabulary(tiny_model) as vocabulary:  # the prompts counted before the run is placed
+        needs = tokenize_jobs(jobs, BatchSettings(max_tokens=300), vocabulary)
+    run = assemble(tiny_model, resolve(Options(kv="f16")), workload=Prompts(needs), use_wisdom=False)
+    with Weights(tiny_model, run.placement) as weights:
+        batch = batch_plan(jobs, run.config)
+        assert weights.handle
     assert memory.free < RESERVE + room  # the fake did see the load
-    assert batch.seq_ctx == 512 and batch.parallel == 4
+    assert batch.seq_ctx == 512 and batch.parallel == 4 and run.config.n_seq_max == 4
     assert memory.reads == 1
 
 
 def test_served_models_share_one_measurement(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second model gets what the first left of the budget measured
-    before either loaded, not that less the first's weights again."""
+    """The second model gets what the first left of the memory measured
+    before either loaded, less what the first measurably holds, not that
+    less the first's weights again."""
+    from localrun.assemble import Slots, assemble
+    from localrun.runtime import devices
+    from localrun.runtime.placement import parallel_that_fits
     from localrun.serve.served import ModelPlan, load_models
+    from localrun.settings import Options, resolve
 
     shape = describe(read_gguf(tiny_model))
     per_slot = shape.memory_needed(2 * 512, "f16", "f16") - shape.memory_needed(512, "f16", "f16")
     room = shape.memory_needed(4 * 512, "f16", "f16") + shape.memory_needed(2 * 512, "f16", "f16") + per_slot // 2
     memory = ShrinkingMemory(monkeypatch, RESERVE + room)
-    info = read_gguf(tiny_model)
-    plans = [ModelPlan(name, frozenset(), engine_config(tiny_model, n_threads=1), info) for name in ("a", "b")]
+    found = devices.probe()
+    settings = resolve(Options(threads=1, kv="f16"))
+    plans = [
+        ModelPlan(name, frozenset(), assemble(tiny_model, settings, workload=Slots(), devices=found, use_wisdom=False))
+        for name in ("a", "b")
+    ]
     models = load_models(plans)
     try:
-        assert [m.worker.parallel for m in models] == [4, 2]
+        left = room - sum(models[0].held.values())
+        assert [m.worker.parallel for m in models] == [4, min(4, parallel_that_fits(shape, 512, "f16", "f16", left))]
     finally:
         for model in models:
             model.close()
@@ -224,7 +253,7 @@ def test_placement_on_a_cpu_only_machine_and_beside_a_gpu() -> None:
     beside = place([cpu, gpu], memory_budget=2**30)
     assert beside.budget == 2**30 and beside.model.describe() == "CPU"  # no GPU placement yet: the CPU's plan
     assert "shape is unknown" in dict(beside.reasons)["model"]  # nothing to weigh against the GPU's memory
-    assert beside.less(2**29).budget == 2**29 and place([]).budget == 0 == place([]).less(5).budget
+    assert place([]).budget == 0
     shown = beside.to_json()
     assert shown["devices"][1] == {
         "name": "CUDA0",
@@ -396,7 +425,7 @@ def test_sampling_moves_to_the_device_only_with_the_whole_model(tiny_model: Path
 
 
 def test_a_gpu_the_build_cannot_use_gets_a_hint(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, wide_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from localrun.assemble import assemble
     from localrun.runtime import devices
@@ -413,6 +442,6 @@ def test_a_gpu_the_build_cannot_use_gets_a_hint(
         assemble(tiny_model, resolve(Options()), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False).gpu_hint is None
     )
     unmatched = assemble(
-        tiny_model, resolve(Options(kv_k="q8_0", kv_v="q4_0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False
+        wide_model, resolve(Options(kv_k="q8_0", kv_v="q4_0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False
     )
     assert any("matching K and V" in w for w in unmatched.warnings)

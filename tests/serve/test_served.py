@@ -21,7 +21,6 @@ from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_model
 from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
 
-
 FAKE_HOST = Device("CPU", "fake", "cpu", 0, 0)  # nothing known of memory but the budget given
 
 
