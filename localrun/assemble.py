@@ -196,7 +196,8 @@ def _asked_parallel(settings: RunSettings) -> tuple[int | None, int | None]:
 def _extent(shape: ModelInfo, settings: RunSettings, workload: Workload) -> _Extent:
     trained = shape.context_length or DEFAULT_CTX
     if isinstance(workload, OneSequence):
-        return _Extent(None, 1, workload.need or settings.n_ctx, workload.depth)
+        # a context given is allocated whole: the KV type and the layers are chosen for it
+        return _Extent(None, 1, max(workload.need or 0, settings.n_ctx or 0) or None, workload.depth)
     asked, tuned_count = _asked_parallel(settings)
     if isinstance(workload, Prompts):
         # --ctx sets each sequence's context; the model's default context caps a sized one
