@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from localrun import store
-from localrun.cli._env import current
 from localrun.cli._output import out
-from localrun.cli._resolve import resolve_model
 from localrun.errors import LocalrunError, UsageError
 
 if TYPE_CHECKING:
@@ -62,19 +58,6 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
     return draft_model or spec or ("auto" if draft else None)
 
 
-def draft_path(choice: str | None, target: store.Target, *, offline: bool = False, pull: bool = False) -> Path | None:
-    """The draft model's file for the speculation ``choice`` (config.toml's
-    `draft`) on the model ``target`` names, before the run is planned, so
-    that the plan places it: on auto the matched draft when it is on disk,
-    or pulled first with ``pull`` (`--draft`); a draft model named by alias
-    or path, pulled if need be; none for lookup or none."""
-    if choice == "auto":
-        return _matched(target, offline=offline, pull=pull)
-    if choice is None or choice in ("none", "lookup"):
-        return None
-    return resolve_model(choice, offline=offline, tune_hint=False).path
-
-
 @contextmanager
 def open_draft(resolved: Resolved, engine: Engine) -> Iterator[Speculation | None]:
     """The speculation for the run's resolved draft choice on ``engine`` (the
@@ -97,15 +80,3 @@ def open_draft(resolved: Resolved, engine: Engine) -> Iterator[Speculation | Non
     finally:
         if speculation is not None:
             speculation.close()
-
-
-def _matched(target: store.Target, *, offline: bool, pull: bool) -> Path | None:
-    registry = current().registry
-    found = store.matched_draft(target, registry)
-    if found is not None or not pull:
-        return found
-    draft = store.draft_target(target, registry)
-    if draft is None:
-        out().warn(f"{target.label} has no matched draft model in the registry; prompt lookup only")
-        return None
-    return resolve_model(draft.label, offline=offline, tune_hint=False).path

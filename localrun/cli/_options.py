@@ -243,7 +243,7 @@ def settle(
     use) and, when ``with_draft``, its draft model: the matched one on disk
     for speculation on auto (pulled first with ``pull_draft``, `--draft`),
     or the one `--draft-model` names (pulled if need be)."""
-    from localrun.cli._draft import draft_path
+    from localrun.cli._resolve import draft_path
 
     check_positive(threads=options.threads)
     env = current()
