@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from localrun.assemble import assemble
-from localrun.bench.stats import Advice, Row, median
+from localrun.bench.stats import Advice, Row
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import read_gguf
+from localrun.quantiles import median
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Tokens, Vocabulary, Weights
 from localrun.runtime.generate import PLAIN, Decoding, generate

@@ -19,7 +19,7 @@ from localrun.cli._output import out
 from localrun.errors import LocalrunError, UsageError
 
 if TYPE_CHECKING:
-    from localrun.cli._options import Resolved
+    from localrun.cli._options import PlannedRun
     from localrun.runtime.engine import Engine
     from localrun.speculative import Speculation
 
@@ -59,7 +59,7 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
 
 
 @contextmanager
-def open_draft(resolved: Resolved, engine: Engine) -> Iterator[Speculation | None]:
+def open_draft(resolved: PlannedRun, engine: Engine) -> Iterator[Speculation | None]:
     """The speculation for the run's resolved draft choice on ``engine`` (the
     model ``resolved.target`` names), with the draft model the plan placed
     (`resolved.draft`), closed at the end, its controller starting from the

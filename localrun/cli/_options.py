@@ -202,7 +202,7 @@ def check_output_file(option: str, path: Path) -> None:
 
 
 @dataclass
-class Resolved:
+class PlannedRun:
     """The model file, what its name resolved to, and the run's plan
     (`localrun.assemble`): header, settings, placement, wisdom, the draft placed beside it."""
 
@@ -260,7 +260,7 @@ def plan(
     *,
     verbose: bool = False,
     devices: Sequence[found_devices.Device] | None = None,
-) -> Resolved:
+) -> PlannedRun:
     """Put the run together for ``workload`` (`localrun.assemble`: placement
     with the draft beside the model, what is automatic from this machine's
     wisdom, context and sequences; by default one sequence, decoded by the
@@ -292,7 +292,7 @@ def plan(
         out().note(run.gpu_hint)
     if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
-    return Resolved(run.config, run.info, settled.target, run.settings, run.wisdom, settled.draft, run)
+    return PlannedRun(run.config, run.info, settled.target, run.settings, run.wisdom, settled.draft, run)
 
 
 def resolve_engine(
@@ -305,7 +305,7 @@ def resolve_engine(
     pull_draft: bool = False,
     workload: Workload | None = None,
     devices: Sequence[found_devices.Device] | None = None,
-) -> Resolved:
+) -> PlannedRun:
     """`settle` the run, then `plan` it for ``workload`` on ``devices``."""
     settled = settle(model, options, offline=offline, with_draft=with_draft, pull_draft=pull_draft)
     return plan(settled, workload, verbose=verbose, devices=devices)
@@ -325,7 +325,7 @@ def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | 
     return parse_grammar(grammar)
 
 
-def title(resolved: Resolved) -> str:
+def title(resolved: PlannedRun) -> str:
     """What the panel calls the model: the name the user gave (an alias, or a
     file's name) and the quantization read from the file, not the file's own
     `general.name`, which can mislead."""
@@ -340,7 +340,7 @@ def title(resolved: Resolved) -> str:
     return title
 
 
-def reference(resolved: Resolved) -> str:
+def reference(resolved: PlannedRun) -> str:
     """What `-m` takes to load this model again: the registry alias, the
     file's path (absolute, so it holds from any folder), or the name given."""
     target = resolved.target
@@ -349,7 +349,7 @@ def reference(resolved: Resolved) -> str:
     return str(target.path.absolute()) if target.path is not None else target.label
 
 
-def load(resolved: Resolved) -> Engine:
+def load(resolved: PlannedRun) -> Engine:
     """The engine, loaded; a retry with fewer GPU layers is said in one warning."""
     from localrun.runtime.engine import Engine
 

@@ -186,7 +186,7 @@ def _resolve(
     verbose: bool,
     pull_draft: bool = False,
     constrained: bool = False,
-) -> opt.Resolved:
+) -> opt.PlannedRun:
     """The model named, else the conversation's (as `llm -c` does), else the default."""
     from localrun.assemble import OneSequence
     from localrun.errors import ModelNotFoundError

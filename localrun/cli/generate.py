@@ -43,7 +43,7 @@ def read_prompt(argument: str | None) -> tuple[str | None, str | None]:
     return argument, material
 
 
-def warn_past_training(resolved: opt.Resolved) -> None:
+def warn_past_training(resolved: opt.PlannedRun) -> None:
     """`--ctx` beyond the context the model was trained on: allowed, said."""
     trained, asked = resolved.info.context_length, resolved.settings.n_ctx
     if resolved.settings.sources.get("ctx") == "option" and asked and trained and asked > trained:

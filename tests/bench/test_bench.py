@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from localrun import bench, config
-from localrun.bench.stats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
+from localrun.bench.stats import QUALITY_LIMIT, Row, advise, relate_to_baseline, relative_range
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
+from localrun.quantiles import median, percentile
 from localrun.runtime import engine
 from localrun.runtime.generate import generate
 from localrun.runtime.placement import ModelPlacement, Placement
@@ -43,8 +44,8 @@ def test_percentiles_of_known_samples() -> None:
 
 
 def test_spread_is_range_over_median() -> None:
-    assert spread([9.0, 10.0, 12.0]) == pytest.approx(0.3)
-    assert spread([5.0]) == 0.0
+    assert relative_range([9.0, 10.0, 12.0]) == pytest.approx(0.3)
+    assert relative_range([5.0]) == 0.0
 
 
 def _events(ttft: float, marks: list[tuple[int, float]], total: int) -> list[Event]:
