@@ -153,23 +153,22 @@ def _host_loop(workload: Workload) -> str | None:
 
 
 def sample_on(settings: RunSettings, placement: Placement, workload: Workload = OneSequence()) -> RunSettings:
-    """Where the run samples, settled against the loop that will run it: on
-    the host when that loop samples there (speculation, a grammar, the batch
-    scheduler); else as asked, or on auto on the device when it holds the
-    output layer (the logits are made there, and llama.cpp then copies one
-    token to the host, not a vocabulary's row), else on the host, with the reason."""
+    """Where the run samples, settled against the loop that will run it: as
+    asked, or on auto on the device when it holds the output layer (the
+    logits are made there, and llama.cpp then copies one token to the host,
+    not a vocabulary's row), else on the host, with the reason; and on the
+    host wherever the loop that runs ``workload`` samples there (speculation,
+    a grammar, the batch scheduler), whatever was asked."""
+    if settings.sample_on == AUTO:
+        if placement.model.whole:
+            where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"
+        else:
+            where, why = "host", "the logits are made on the CPU"
+        settings = replace(settings, sample_on=where, reasons={**settings.reasons, "sample_on": why})
     on_host = _host_loop(workload)
-    if on_host is not None:
-        if settings.sample_on == "host" and settings.sources.get("sample_on") == "option":
-            return settings
-        return replace(settings, sample_on="host", reasons={**settings.reasons, "sample_on": on_host})
-    if settings.sample_on != AUTO:
+    if on_host is None or settings.sample_on == "host":
         return settings
-    if placement.model.whole:
-        where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"
-    else:
-        where, why = "host", "the logits are made on the CPU"
-    return replace(settings, sample_on=where, reasons={**settings.reasons, "sample_on": why})
+    return replace(settings, sample_on="host", reasons={**settings.reasons, "sample_on": on_host})
 
 
 # -- sizing the workload --
