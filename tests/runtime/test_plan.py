@@ -132,6 +132,32 @@ def test_a_draft_model_named_on_the_command_line_is_placed_beside_its_target(
     assert "CUDA0" in done["settings"]["placement"]["value"]
 
 
+def test_a_matched_draft_pulled_by_draft_is_placed_beside_its_target(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--draft with the matched draft not on disk yet: it is fetched before
+    the run is planned, and placed on the GPU with its target."""
+    from localrun import speculative, store
+
+    target, draft = pair
+    gpu = FakeGpu(monkeypatch, 2**30)
+    monkeypatch.setattr(store, "matched_draft", lambda found, registry: None)  # not downloaded yet
+    monkeypatch.setattr(store, "draft_target", lambda found, registry: store.parse(str(draft), registry))
+    opened: list[tuple[Path | None, ModelPlacement]] = []
+    real = speculative.open_speculation
+
+    def spy(engine: Any, choice: str, path: Path | None = None, **kw: Any) -> Any:
+        opened.append((path, engine.placement.draft))  # the draft's share of the plan its drafter loads on
+        return real(engine, choice, path, **kw)
+
+    monkeypatch.setattr(speculative, "open_speculation", spy)
+    res = cli("generate", "-m", str(target), "--draft", "-n", "4", "hi")
+    assert res.returncode == 0, res.stderr
+    assert gpu.placed(target).whole
+    [(path, placed)] = opened
+    assert path == draft and placed.whole and placed.devices == ("CUDA0",)
+
+
 def test_a_batch_on_a_partial_offload_fits_the_layers_planned_for_it(
     long_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
