@@ -116,9 +116,10 @@ class DeviceBuffers:
 
 def buffer_device(name: str) -> str:
     """The device a buffer type of llama.cpp's allocates on: `CUDA0` and
-    `CUDA0_Split` on CUDA0, `MTL0_Private` on MTL0, `CUDA_Host`, `Vulkan_Host`,
-    `CPU_Mapped` and `CPU_REPACK` on the host (`CPU`)."""
-    base, _, suffix = name.partition("_")
+    `CUDA0_Split` on CUDA0, `MTL0_Private` on MTL0, `RPC0[host:port]` on the
+    RPC device RPC0, `CUDA_Host`, `Vulkan_Host`, `CPU_Mapped` and
+    `CPU_REPACK` on the host (`CPU`)."""
+    base, _, suffix = name.partition("[")[0].partition("_")
     if suffix == "Host" or base == "CPU":
         return "CPU"
     return base

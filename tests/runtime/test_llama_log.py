@@ -97,6 +97,8 @@ def mib(n: float) -> int:
         ("Metal_Mapped", "Metal"),
         ("Vulkan0", "Vulkan0"),
         ("Vulkan_Host", "CPU"),
+        ("RPC0[127.0.0.1:50052]", "RPC0"),  # ggml-rpc.cpp: the device's name, then its server's endpoint
+        ("RPC1[10.0.0.2:50052]", "RPC1"),
     ],
 )
 def test_buffer_types_map_to_their_device(name: str, device: str) -> None:
