@@ -216,3 +216,38 @@ def test_sampling_is_reported_where_the_loop_samples(tiny_model: Path, monkeypat
     assert sample_on("--spec", "none")["value"] == "device"
     assert sample_on("--spec", "none", "--schema", "name")["value"] == "host"  # a grammar masks on the host
     assert sample_on("--sample-on", "device")["value"] == "host"  # asked, but the speculative loop samples there
+
+
+@pytest.mark.parametrize(
+    ("workload", "asked", "where"),
+    [
+        ("plain", "auto", "device"),
+        ("plain", "host", "host"),
+        ("speculative", "auto", "host"),
+        ("speculative", "device", "host"),
+        ("constrained", "auto", "host"),
+        ("batch", "auto", "host"),
+        ("slots", "device", "host"),
+    ],
+)
+def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked: str, where: str) -> None:
+    """With the whole model on a GPU, only plain decoding samples on the
+    device; each other loop samples on the host, and the plan says so."""
+    from localrun.assemble import OneSequence, Prompts, Slots, Workload, assemble
+    from localrun.settings import Options, resolve
+
+    shapes: dict[str, Workload] = {
+        "plain": OneSequence(),
+        "speculative": OneSequence(speculative=True),
+        "constrained": OneSequence(constrained=True),
+        "batch": Prompts((300, 300)),
+        "slots": Slots(),
+    }
+    on_gpu = (HOST, Device("CUDA0", "a GPU", "gpu", GPU_RESERVE + 2**30, GPU_RESERVE + 2**31))
+    run = assemble(
+        tiny_model, resolve(Options(sample_on=asked)), workload=shapes[workload], devices=on_gpu, use_wisdom=False
+    )
+    assert run.placement.model.whole
+    assert run.config.sample_on == run.settings.sample_on == where
+    if where != asked:
+        assert run.settings.reasons["sample_on"]
