@@ -1,17 +1,21 @@
-"""Putting a run together: a model file and the run's settings become what
-an engine is made of, before anything loads.
+"""Planning a run: a model file, the run's settings and the shape of its
+workload become one plan, before anything loads.
 
-Every way localrun starts a model (generate, chat, `--batch`, serve, and the
-scripts that measure them) goes through `assemble`: it places the run on
-this machine's devices (`localrun.runtime.placement`, memory measured once),
-settles what is automatic from this machine's wisdom (`localrun.tune.apply`)
-and makes the `EngineConfig` that carries both. Nothing here prints: the
-notes a person should see come back in `Assembled`.
+Every way localrun starts a model for a workload (generate, chat, `--batch`,
+serve, bench, and the scripts that measure them) goes through `assemble`:
+it places the run on this machine's devices (`localrun.runtime.placement`,
+memory measured once), the model's draft beside it, settles what is automatic
+from this machine's wisdom (`localrun.tune.apply`), sizes the context and the
+sequences for the workload in the memory the placement has, and settles where
+sampling runs for the loop that will really run. The `EngineConfig` it makes
+carries all of it: the engine, the batch plan, serve's model table and the
+draft drafter only carry it out. Nothing here prints: the notes a person
+should see come back in `Assembled`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,26 +24,75 @@ from localrun.errors import LocalrunError
 from localrun.gguf.info import N_UBATCH, ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import devices as devices_module
-from localrun.runtime.devices import Device
+from localrun.runtime.devices import HOST, Device
 from localrun.runtime.engine import EngineConfig
-from localrun.runtime.placement import Placement, place
+from localrun.runtime.placement import (
+    DEFAULT_CTX,
+    LLAMA_PARALLEL,
+    Placement,
+    check_kv_config,
+    choose_context,
+    conversation_depth,
+    place,
+    round_up,
+    sequence_context,
+    sequences,
+)
 from localrun.settings import AUTO, RunSettings
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune.wisdom import Wisdom
 
 PINNED = ("option", "config", "model")  # where a thread count comes from that adapting must keep
+UNBOUNDED = 1 << 30  # a server's slots: as many as fit
+
+
+# -- the workload's shape --
+
+
+@dataclass(frozen=True)
+class OneSequence:
+    """generate or chat: one sequence. ``need``: the context it needs,
+    ``depth``: the depth it mostly decodes at (None: unknown);
+    ``speculative``: the speculative loop runs it (any `--spec` but none),
+    ``constrained``: a grammar masks its logits."""
+
+    need: int | None = None
+    depth: int | None = None
+    speculative: bool = False
+    constrained: bool = False
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """`--batch`: each runnable prompt's context need (its tokens, counted
+    before placement with a vocabulary-only load, plus what it may generate)."""
+
+    needs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Slots:
+    """serve: slots of a context (`--ctx`, else DEFAULT_CTX) for one model,
+    placed in what the models loaded before it left (see `replan`)."""
+
+
+Workload = OneSequence | Prompts | Slots
 
 
 @dataclass(frozen=True)
 class Assembled:
-    """A run put together: its engine configuration (with the placement), the
-    model's header, the settings as settled, this machine's wisdom for the
-    model, and what to tell a person about them."""
+    """A run's plan: its engine configuration (the placement with its
+    per-device budgets and the draft's share, the context, the sequences and
+    where sampling runs), the model's header, the settings as settled, the
+    workload it was sized for, the draft model placed beside it, this
+    machine's wisdom for the model, and what to tell a person about them."""
 
     config: EngineConfig
     info: GGUFInfo
     settings: RunSettings
+    workload: Workload = OneSequence()
+    draft: Path | None = None
     wisdom: Wisdom | None = None
     warnings: tuple[str, ...] = ()
     hint: str | None = None  # how to tune the model, said once per model
@@ -47,8 +100,17 @@ class Assembled:
 
     @property
     def placement(self) -> Placement:
-        assert self.config.placement is not None  # assemble always places
         return self.config.placement
+
+    @property
+    def parallel(self) -> int:
+        """Sequences decoded at once."""
+        return self.config.n_seq_max
+
+    @property
+    def seq_ctx(self) -> int:
+        """Each sequence's context."""
+        return self.config.n_ctx // max(self.config.n_seq_max, 1)
 
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
@@ -79,67 +141,187 @@ def _draft_shape(draft: Path | None) -> ModelInfo | None:
         return None
 
 
-def sample_on(settings: RunSettings, placement: Placement) -> RunSettings:
-    """Where a plain generation samples, settled: as asked, or on auto on the
-    device when it holds the output layer (the logits are made there, and
-    llama.cpp then copies one token to the host, not a vocabulary's row),
-    else on the host, with the reason."""
-    if settings.sample_on != AUTO:
+def _host_loop(workload: Workload) -> str | None:
+    """Why the loop that runs ``workload`` samples on the host, when it does."""
+    if isinstance(workload, Prompts | Slots):
+        return "the batch scheduler samples on the host"
+    if workload.speculative:
+        return "speculative decoding samples on the host (with --spec none, plain decoding may sample on the GPU)"
+    if workload.constrained:
+        return "a grammar masks the logits on the host"
+    return None
+
+
+def sample_on(settings: RunSettings, placement: Placement, workload: Workload = OneSequence()) -> RunSettings:
+    """Where the run samples, settled against the loop that will run it: as
+    asked, or on auto on the device when it holds the output layer (the
+    logits are made there, and llama.cpp then copies one token to the host,
+    not a vocabulary's row), else on the host, with the reason; and on the
+    host wherever the loop that runs ``workload`` samples there (speculation,
+    a grammar, the batch scheduler), whatever was asked."""
+    if settings.sample_on == AUTO:
+        if placement.model.whole:
+            where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"
+        else:
+            where, why = "host", "the logits are made on the CPU"
+        settings = replace(settings, sample_on=where, reasons={**settings.reasons, "sample_on": why})
+    on_host = _host_loop(workload)
+    if on_host is None or settings.sample_on == "host":
         return settings
-    if placement.model.whole:
-        where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"
-    else:
-        where, why = "host", "the logits are made on the CPU"
-    return replace(settings, sample_on=where, reasons={**settings.reasons, "sample_on": why})
+    return replace(settings, sample_on="host", reasons={**settings.reasons, "sample_on": on_host})
+
+
+# -- sizing the workload --
+
+
+@dataclass(frozen=True)
+class _Extent:
+    """What placement plans for: each sequence's context (None: one sequence
+    as the settings say), how many are wanted, and the depth decoded at."""
+
+    seq_ctx: int | None
+    wanted: int
+    need: int | None
+    depth: int | None
+
+
+def _asked_parallel(settings: RunSettings) -> tuple[int | None, int | None]:
+    """(the count asked for, which must fit; the count `localrun tune` measured, capped by what fits)."""
+    if settings.sources.get("parallel") == "wisdom":
+        return None, settings.parallel
+    return settings.parallel, None
+
+
+def _extent(shape: ModelInfo, settings: RunSettings, workload: Workload) -> _Extent:
+    trained = shape.context_length or DEFAULT_CTX
+    if isinstance(workload, OneSequence):
+        # a context given is allocated whole: the KV type and the layers are chosen for it
+        return _Extent(None, 1, max(workload.need or 0, settings.n_ctx or 0) or None, workload.depth)
+    asked, tuned_count = _asked_parallel(settings)
+    if isinstance(workload, Prompts):
+        # --ctx sets each sequence's context; the model's default context caps a sized one
+        fixed = settings.n_ctx if settings.sources.get("ctx") == "option" else None
+        limit = min(trained, settings.n_ctx) if settings.n_ctx else trained
+        seq_ctx = sequence_context(list(workload.needs), fixed, limit)
+        wanted = asked or min(tuned_count or LLAMA_PARALLEL, max(len(workload.needs), 1))
+        return _Extent(seq_ctx, wanted, seq_ctx * wanted, None)
+    slot_ctx = round_up(settings.n_ctx if settings.n_ctx is not None else min(DEFAULT_CTX, trained))
+    wanted = asked or tuned_count or LLAMA_PARALLEL
+    return _Extent(slot_ctx, wanted, slot_ctx * wanted, conversation_depth(settings.n_ctx))
+
+
+def _size(
+    shape: ModelInfo, settings: RunSettings, workload: Workload, extent: _Extent, placement: Placement
+) -> tuple[int, int]:
+    """(the context, the sequences sharing it), in the memory ``placement`` has for it."""
+    kv = (settings.type_k, settings.type_v)
+    if extent.seq_ctx is None:
+        flash_attn = check_kv_config(kv, settings.flash_attn, shape)
+        n_ctx = choose_context(shape, settings.n_ctx, kv, flash_attn, placement.budget)
+        if settings.n_ctx is None and placement.max_ctx is not None:  # a partial offload planned for this context
+            n_ctx = min(n_ctx, placement.max_ctx)
+        return n_ctx, 1
+    check_kv_config(kv, settings.flash_attn, shape)
+    asked, tuned_count = _asked_parallel(settings)
+    batch = isinstance(workload, Prompts)
+    parallel = sequences(
+        shape,
+        extent.seq_ctx,
+        kv,
+        placement.budget,
+        asked=asked,
+        tuned=tuned_count,
+        wanted=len(workload.needs) if isinstance(workload, Prompts) else UNBOUNDED,
+        unit="sequence" if batch else "slot",
+        smaller="--ctx or --max-tokens" if batch else "--ctx",
+    )
+    if placement.max_ctx is not None and asked is None:  # a partial offload: its layers were planned for so many
+        parallel = max(1, min(parallel, placement.max_ctx // extent.seq_ctx))
+    return extent.seq_ctx * parallel, parallel
 
 
 def assemble(
     path: Path,
     settings: RunSettings,
     *,
-    need: int | None = None,
-    depth: int | None = None,
+    workload: Workload = OneSequence(),
     verbose: bool = False,
     hint_once: bool = False,
     devices: Sequence[Device] | None = None,
     use_wisdom: bool = True,
     draft: Path | None = None,
 ) -> Assembled:
-    """The run of the model at ``path`` with ``settings`` (after the
-    precedence rule of `localrun.settings.resolve`): placed on ``devices``
-    (None: this machine's, probed now), its automatic values settled from
-    the wisdom (``need``: the context the run needs, ``depth``: the depth it
-    mostly decodes at, when known; ``use_wisdom`` False: llama.cpp's
-    defaults, as a benchmark comparing with llama.cpp's own tools needs;
-    ``draft``: the draft model that will run beside it, placed in the same
-    plan). The model is not loaded."""
+    """The plan of ``workload`` on the model at ``path`` with ``settings``
+    (after the precedence rule of `localrun.settings.resolve`): placed on
+    ``devices`` (None: this machine's, probed now) with ``draft`` (the draft
+    model that will run beside it) in the same plan, its automatic values
+    settled from the wisdom (``use_wisdom`` False: llama.cpp's defaults, as a
+    benchmark comparing with llama.cpp's own tools needs), its context and
+    sequences sized in the memory placed. The model is not loaded."""
     info = read_gguf(path)
     shape = describe(info)
-    type_k, type_v = ("f16" if t == AUTO else t for t in (settings.type_k, settings.type_v))  # f16 if any fits
     found_devices = devices_module.probe() if devices is None else tuple(devices)
-    placement = place(
-        found_devices,
-        memory_budget=settings.memory_budget,
-        shape=shape,
-        need=need or settings.n_ctx,
-        kv=(type_k, type_v),
-        gpu_layers=settings.gpu_layers,
-        device=settings.device,
-        draft=_draft_shape(draft) if devices_module.offload_targets(found_devices) else None,
-    )
+    extent = _extent(shape, settings, workload)
+    placement = _place(shape, settings, extent.need, found_devices, draft)
     found = (
         tuned.find(path, (settings.type_k, settings.type_v), hint_once=hint_once) if use_wisdom else tuned.Found(None)
     )
     settings = tuned.apply(
-        settings, shape, found.wisdom, need=need, depth=depth, budget=placement.budget, kv_pairs=placement.kv_pairs
+        settings,
+        shape,
+        found.wisdom,
+        need=extent.need,
+        depth=extent.depth,
+        budget=placement.budget,
+        kv_pairs=placement.kv_pairs,
     )
-    settings = sample_on(settings, placement)
+    settings = sample_on(settings, placement, workload)
+    config = _config(info, shape, settings, workload, extent, placement, verbose)
+    gpu_hint = devices_module.unused_gpu(found_devices) if settings.gpu_layers != "0" else None
+    warnings = list(found.warnings)
+    kv = (settings.type_k, settings.type_v)
+    if placement.model.offloaded and kv not in placement.kv_pairs:
+        warnings.append(
+            f"KV {kv[0]}/{kv[1]} on a GPU: llama.cpp's CUDA flash attention has kernels for matching K and V "
+            "types only, and falls back to a slower path for this pair; --kv q8_0 (or f16) keeps them matched"
+        )
+    return Assembled(config, info, settings, workload, draft, found.wisdom, tuple(warnings), found.hint, gpu_hint)
+
+
+def _place(
+    shape: ModelInfo, settings: RunSettings, need: int | None, found: tuple[Device, ...], draft: Path | None
+) -> Placement:
+    type_k, type_v = ("f16" if t == AUTO else t for t in (settings.type_k, settings.type_v))  # f16 if any fits
+    return place(
+        found,
+        memory_budget=settings.memory_budget,
+        shape=shape,
+        need=need,
+        kv=(type_k, type_v),
+        gpu_layers=settings.gpu_layers,
+        device=settings.device,
+        draft=_draft_shape(draft) if devices_module.offload_targets(found) else None,
+    )
+
+
+def _config(
+    info: GGUFInfo,
+    shape: ModelInfo,
+    settings: RunSettings,
+    workload: Workload,
+    extent: _Extent,
+    placement: Placement,
+    verbose: bool,
+) -> EngineConfig:
+    n_ctx, parallel = _size(shape, settings, workload, extent, placement)
     # a count given is kept; with every layer on a GPU nothing decodes on the CPU, and nothing adapts
     adaptive = settings.sources.get("threads") not in PINNED and not placement.model.whole
-    config = EngineConfig(
+    return EngineConfig(
         model_path=info.path,
-        n_ctx=settings.n_ctx,
         placement=placement,
+        n_ctx=n_ctx,
+        ctx_asked=settings.n_ctx is not None,
+        n_seq_max=parallel,
         n_threads=settings.threads,
         adapt_threads=adaptive,
         max_threads=cpu_count() if adaptive else None,
@@ -150,12 +332,24 @@ def assemble(
         verbose=verbose,
         sample_on=settings.sample_on,
     )
-    gpu_hint = devices_module.unused_gpu(found_devices) if settings.gpu_layers != "0" else None
-    warnings = list(found.warnings)
-    kv = (settings.type_k, settings.type_v)
-    if placement.model.offloaded and kv not in placement.kv_pairs:
-        warnings.append(
-            f"KV {kv[0]}/{kv[1]} on a GPU: llama.cpp's CUDA flash attention has kernels for matching K and V "
-            "types only, and falls back to a slower path for this pair; --kv q8_0 (or f16) keeps them matched"
-        )
-    return Assembled(config, info, settings, found.wisdom, tuple(warnings), found.hint, gpu_hint)
+
+
+def less_held(found: Sequence[Device], held: Mapping[str, int]) -> tuple[Device, ...]:
+    """``found`` with ``held`` bytes (by device name) taken from each device's free memory."""
+    return tuple(replace(d, free=max(d.free - held.get(d.name, 0), 0)) for d in found)
+
+
+def replan(run: Assembled, found: Sequence[Device], held: Mapping[str, int]) -> Assembled:
+    """``run`` placed and sized again, its settings as settled, on ``found``
+    (the devices as measured before any model loaded) less ``held``: what
+    the models loaded since measurably hold on each device, by name. So
+    serve's second model goes where its first left room."""
+    shape = describe(run.info)
+    settings = run.settings
+    if settings.memory_budget:  # a budget the user gave: what the loaded models hold on the host comes off it
+        settings = replace(settings, memory_budget=max(settings.memory_budget - held.get(HOST, 0), 1))
+    extent = _extent(shape, settings, run.workload)
+    placement = _place(shape, settings, extent.need, less_held(found, held), run.draft)
+    settings = sample_on(settings, placement, run.workload)
+    config = _config(run.info, shape, settings, run.workload, extent, placement, run.config.verbose)
+    return replace(run, config=config, settings=replace(settings, memory_budget=run.settings.memory_budget))

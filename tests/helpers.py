@@ -10,10 +10,16 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from localrun.cli import main
 from localrun.cli._env import Environment
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
+
+if TYPE_CHECKING:
+    from localrun.runtime.engine import EngineConfig
+    from localrun.runtime.placement import Placement
 
 
 @dataclass
@@ -106,3 +112,13 @@ def collect(events: Iterable[Event]) -> tuple[str, Stats]:
             stats = ev.stats
     assert stats is not None
     return text, stats
+
+
+def engine_config(model: Path, *, n_ctx: int = 512, placement: Placement | None = None, **fields: Any) -> EngineConfig:
+    """An engine configuration made by hand, as a run's plan would carry it:
+    ``n_ctx`` tokens, placed on the CPU unless ``placement`` says otherwise
+    (a test that sizes a context plans it with `localrun.assemble`)."""
+    from localrun.runtime.engine import EngineConfig
+    from localrun.runtime.placement import Placement
+
+    return EngineConfig(model_path=model, placement=placement or Placement(), n_ctx=n_ctx, **fields)

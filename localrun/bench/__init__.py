@@ -30,7 +30,7 @@ from localrun.bench.harness import (
     Technique,
     token_times,
 )
-from localrun.bench.stats import Advice, Row, advise, median, merge_extra, percentile, relate_to_baseline, spread
+from localrun.bench.stats import Advice, Row, advise, merge_extra, relate_to_baseline, relative_range
 from localrun.bench.techniques import (
     TECHNIQUES,
     attention_rows,
@@ -44,6 +44,7 @@ from localrun.bench.techniques import (
     weights_rows,
 )
 from localrun.errors import LocalrunError
+from localrun.quantiles import median, percentile
 from localrun.runtime.load import LoadWatch
 from localrun.runtime.perplexity import Perplexity
 from localrun.system import default_threads
@@ -81,7 +82,7 @@ def _summarize(spec: RowSpec, rounds: list[Round], ppl: Perplexity | None) -> Ro
         sequences=spec.sequences,
         decode_tokens_per_s=median(rates),
         repeats_tokens_per_s=rates,
-        spread=spread(rates),
+        spread=relative_range(rates),
         p50_token_ms=percentile(times, 50) if times else None,
         p95_token_ms=percentile(times, 95) if times else None,
         ttft_s=median([r.ttft_s for r in rounds]),

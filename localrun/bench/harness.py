@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from localrun.assemble import assemble
-from localrun.bench.stats import Advice, Row, median
+from localrun.bench.stats import Advice, Row
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
-from localrun.gguf.info import CONTEXT_STEP, ModelInfo, describe
+from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import read_gguf
+from localrun.quantiles import median
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
-from localrun.runtime.engine import Engine, EngineConfig, Weights
+from localrun.runtime.engine import Engine, EngineConfig, Tokens, Vocabulary, Weights
 from localrun.runtime.generate import PLAIN, Decoding, generate
 from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
 from localrun.runtime.placement import slot_context
@@ -174,8 +175,8 @@ class Bench:
         where = dataclasses.replace(options, gpu_layers=plan.gpu_layers, device=plan.device)
         settings = resolve(dataclasses.replace(where, memory_budget=plan.memory_budget))
         # llama.cpp's defaults, placed once before any row loads: every row changes what it measures
-        self.base = assemble(model, settings, verbose=plan.verbose, use_wisdom=False).config
-        self.budget = self.base.placement.budget if self.base.placement is not None else 0
+        self.base = assemble(model, settings, verbose=plan.verbose, use_wisdom=False, draft=draft).config
+        self.budget = self.base.placement.budget
         self._shapes: dict[Path, ModelInfo] = {model: self.shape}
         self._weights: Weights | None = None
 
@@ -209,8 +210,8 @@ class Bench:
         shape = dataclasses.replace(self.shape_of(config.model_path), context_length=0)
         return shape.max_context(self.budget, config.type_k, config.type_v)
 
-    def prompts(self, engine: Engine) -> list[list[int]]:
-        return [prompt_tokens(engine, text) for text in self.plan.prompts]
+    def prompts(self, vocabulary: Tokens) -> list[list[int]]:
+        return [prompt_tokens(vocabulary, text) for text in self.plan.prompts]
 
     def single(self, config: EngineConfig, speculation: str | None = None) -> Round:
         """One round of decoding, one sequence: load, warm up, then every
@@ -270,8 +271,8 @@ class Bench:
         tokens)."""
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
-        with self.open_engine(dataclasses.replace(config, n_ctx=CONTEXT_STEP)) as tokenizer:
-            prompts = self.prompts(tokenizer)
+        with Vocabulary(config.model_path) as vocabulary:
+            prompts = self.prompts(vocabulary)
         requests = [
             BatchRequest(i, prompts[i % len(prompts)], greedy, self.plan.max_tokens, ignore_eos=True)
             for i in range(parallel)
@@ -319,7 +320,7 @@ class Bench:
 
     def quality(self, config: EngineConfig) -> Perplexity:
         """Perplexity over the first `ppl_tokens` of the reference text."""
-        config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, self.plan.ppl_window))
+        config = dataclasses.replace(config, n_ctx=max(config.n_ctx, self.plan.ppl_window))
         with self.open_engine(config) as engine:
             tokens = engine.tokenize(REFERENCE_TEXT)[: self.plan.ppl_tokens]
             return perplexity(engine, tokens, self.plan.ppl_window)

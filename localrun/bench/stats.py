@@ -1,39 +1,23 @@
-"""The arithmetic of `localrun bench`: percentiles, the spread between
-repeats, and the advice drawn from a finished table. Pure functions on
+"""The arithmetic of `localrun bench`: the spread between repeats
+(percentiles: `localrun.quantiles`), and the advice drawn from a finished table. Pure functions on
 numbers, so tests can feed them known samples and synthetic rows."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from localrun.quantiles import median
 
 # A setting whose perplexity rises more than this over the baseline is not
 # recommended, however fast it is (a q4_0 K cache ruins Qwen2.5: docs/benchmarks.md).
 QUALITY_LIMIT = 0.02
 
 
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100), interpolating linearly between the two
-    nearest ranks (numpy's default "linear" method)."""
-    if not samples:
-        raise ValueError("percentile of no samples")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is outside 0-100")
-    ordered = sorted(samples)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def median(samples: Sequence[float]) -> float:
-    return percentile(samples, 50)
-
-
-def spread(samples: Sequence[float]) -> float:
-    """(max - min) / median of the repeats: how far apart they landed; 0 for one."""
+def relative_range(samples: Sequence[float]) -> float:
+    """(max - min) / median of the repeats: how far apart they landed; 0 for one
+    (a row's `spread`; `localrun.tune.race.relative_iqr` weighs noise with quartiles)."""
     mid = median(samples)
     return (max(samples) - min(samples)) / mid if mid > 0 else 0.0
 

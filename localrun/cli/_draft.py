@@ -11,19 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from localrun import store
-from localrun.cli._env import current
 from localrun.cli._output import out
-from localrun.cli._resolve import resolve_model
 from localrun.errors import LocalrunError, UsageError
 
 if TYPE_CHECKING:
-    from localrun.cli._options import Resolved
+    from localrun.cli._options import PlannedRun
     from localrun.runtime.engine import Engine
     from localrun.speculative import Speculation
 
@@ -63,25 +59,17 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
 
 
 @contextmanager
-def open_draft(
-    resolved: Resolved, engine: Engine, *, offline: bool = False, pull_matched: bool = False
-) -> Iterator[Speculation | None]:
+def open_draft(resolved: PlannedRun, engine: Engine) -> Iterator[Speculation | None]:
     """The speculation for the run's resolved draft choice on ``engine`` (the
-    model ``resolved.target`` names), closed at the end, its controller
-    starting from the verify-cost curve `localrun tune` measured here. `auto`
-    uses the matched draft when it is on disk, or pulls it first with
-    ``pull_matched`` (`--draft`); a draft model named by alias or path is
-    pulled if need be."""
+    model ``resolved.target`` names), with the draft model the plan placed
+    (`resolved.draft`), closed at the end, its controller starting from the
+    verify-cost curve `localrun tune` measured here. On auto, a matched
+    draft that cannot be used leaves prompt lookup, with a warning."""
     from localrun.speculative import open_speculation
 
-    choice, target, verify_curve = resolved.settings.draft, resolved.target, resolved.verify_curve
-    path = None
-    if choice == "auto":
-        path = _matched(target, offline=offline, pull=pull_matched)
-    elif choice not in ("none", "lookup"):
-        path = resolve_model(choice, offline=offline, tune_hint=False).path
+    choice, verify_curve = resolved.settings.draft, resolved.verify_curve
     try:
-        speculation = open_speculation(engine, choice, path, verify_curve=verify_curve)
+        speculation = open_speculation(engine, choice, resolved.draft, verify_curve=verify_curve)
     except LocalrunError as exc:
         if choice != "auto":
             raise
@@ -92,15 +80,3 @@ def open_draft(
     finally:
         if speculation is not None:
             speculation.close()
-
-
-def _matched(target: store.Target, *, offline: bool, pull: bool) -> Path | None:
-    registry = current().registry
-    found = store.matched_draft(target, registry)
-    if found is not None or not pull:
-        return found
-    draft = store.draft_target(target, registry)
-    if draft is None:
-        out().warn(f"{target.label} has no matched draft model in the registry; prompt lookup only")
-        return None
-    return resolve_model(draft.label, offline=offline, tune_hint=False).path

@@ -15,7 +15,7 @@ from localrun.errors import LocalrunError, UsageError
 from localrun.system import default_threads
 
 if TYPE_CHECKING:
-    from localrun.cli._options import Resolved
+    from localrun.cli._options import PlannedRun
     from localrun.events import SequenceDone, Stats
     from localrun.history.record import Recorder, RunContext
     from localrun.remote.config import Remote
@@ -33,7 +33,7 @@ NoLog = Annotated[
 
 def context(
     command: str,
-    resolved: Resolved,
+    resolved: PlannedRun,
     *,
     output: OutputSpec | None = None,
     engine: Engine | None = None,

@@ -4,7 +4,7 @@ run settings, a loaded engine and sampling parameters."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,7 +19,11 @@ from localrun.settings import Options, RunSettings, resolve
 from localrun.store import Target
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from localrun.assemble import Assembled, Workload
     from localrun.gguf.reader import GGUFInfo
+    from localrun.runtime import devices as found_devices
     from localrun.runtime.devices import Device as Place  # `Device` here is the --device option
     from localrun.runtime.engine import Engine, EngineConfig
     from localrun.runtime.reasoning import Reasoning, ThinkMode
@@ -270,15 +274,17 @@ def check_output_file(option: str, path: Path) -> None:
 
 
 @dataclass
-class Resolved:
-    """The model file, what its name resolved to, and the run put together
-    from it (`localrun.assemble`): header, settings, placement, wisdom."""
+class PlannedRun:
+    """The model file, what its name resolved to, and the run's plan
+    (`localrun.assemble`): header, settings, placement, wisdom, the draft placed beside it."""
 
     config: EngineConfig
     info: GGUFInfo
     target: Target
     settings: RunSettings
     wisdom: Wisdom | None = None  # what `localrun tune` measured for this model on this machine
+    draft: Path | None = None  # the draft model, placed in the plan beside the model
+    run: Assembled | None = None  # the plan it came from
 
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
@@ -291,54 +297,74 @@ class Resolved:
         return report(self.settings, self.config.placement)
 
 
-def resolve_engine(
-    model: str | None,
-    options: Options,
-    *,
-    offline: bool = False,
-    verbose: bool = False,
-    with_draft: bool = True,
-    need: int | None = None,
-    depth: int | None = None,
-    grows: bool = False,
-) -> Resolved:
-    """Settle the run's settings, then resolve the model (pulled on first use,
-    with its matched draft when ``with_draft`` and speculation is auto), then
-    put the run together (`localrun.assemble`: placement, and what is
-    automatic from this machine's wisdom; ``need``: the context the run
-    needs, ``depth``: the depth it mostly decodes at, when known); the model
-    is not loaded. Says on a terminal which KV cache type auto chose and why
-    when it is not f16 (always with ``verbose``). ``grows``: a conversation,
-    which fills the context it gets: on the CPU with no --ctx, the run needs
-    the model's trained context, the context it will have (on a GPU the
-    placement sizes the context)."""
-    from localrun.assemble import assemble
-    from localrun.runtime import devices
+@dataclass(frozen=True)
+class Settled:
+    """A run before it is planned: the model's file and name, the settings
+    as settled, and the draft model's file when one will run beside it."""
+
+    path: Path
+    target: Target
+    settings: RunSettings
+    draft: Path | None = None
+
+
+def settle(
+    model: str | None, options: Options, *, offline: bool = False, with_draft: bool = True, pull_draft: bool = False
+) -> Settled:
+    """Settle the run's settings, then resolve the model (pulled on first
+    use) and, when ``with_draft``, its draft model: the matched one on disk
+    for speculation on auto (pulled first with ``pull_draft``, `--draft`),
+    or the one `--draft-model` names (pulled if need be)."""
+    from localrun.cli._resolve import draft_path
 
     check_positive(threads=options.threads)
     env = current()
     entry = store.parse(model_name(model) or env.registry.default, env.registry).entry
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
-    # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all
-    drafting = with_draft and settings.draft == "auto"
-    draft = store.matched_draft(found.target, env.registry) if drafting else None  # placed beside the model
-    notes = bool(env.stderr_isatty)
-    found_devices = devices.probe()  # once, for the run
-    settings = without_a_gpu(settings, found_devices)
-    if grows and need is None and settings.n_ctx is None and not devices.offload_targets(found_devices):
-        from localrun.gguf.reader import read_gguf  # its context: the longest that fits, up to the trained one
+    draft = draft_path(settings.draft, found.target, offline=offline, pull=pull_draft) if with_draft else None
+    return Settled(found.path, found.target, settings, draft)
 
-        need = read_gguf(found.path).context_length  # the header alone
+
+def plan(
+    settled: Settled,
+    workload: Workload | None = None,
+    *,
+    verbose: bool = False,
+    devices: Sequence[found_devices.Device] | None = None,
+    grows: bool = False,
+) -> PlannedRun:
+    """Put the run together for ``workload`` (`localrun.assemble`: placement
+    with the draft beside the model, what is automatic from this machine's
+    wisdom, context and sequences; by default one sequence, decoded by the
+    loop ``settled``'s speculation asks for); the model is not loaded. Says
+    on a terminal which KV cache type auto chose and why when it is not f16
+    (always with ``verbose``). ``devices``: as probed (None: probed now).
+    ``grows``: a conversation, which fills the context it gets: on the CPU
+    with no --ctx, it needs the model's trained context, the context it will
+    have (on a GPU the placement sizes the context)."""
+    from localrun.assemble import OneSequence, assemble
+    from localrun.runtime import devices as probing
+
+    env = current()
+    found = tuple(devices) if devices is not None else probing.probe()  # once, for the run
+    settings = without_a_gpu(settled.settings, found)
+    if workload is None or isinstance(workload, OneSequence):
+        workload = replace(workload or OneSequence(), speculative=settings.draft != "none")
+        if grows and workload.need is None and settings.n_ctx is None and not probing.offload_targets(found):
+            from localrun.gguf.reader import read_gguf  # its context: the longest that fits, up to the trained one
+
+            workload = replace(workload, need=read_gguf(settled.path).context_length)  # the header alone
+    # notes for a person at a terminal; a log (stderr not a terminal) gets warnings only, and --json has it all
+    notes = bool(env.stderr_isatty)
     run = assemble(
-        found.path,
+        settled.path,
         settings,
-        need=need,
-        depth=depth,
+        workload=workload,
         verbose=verbose,
         hint_once=notes,
-        draft=draft,
-        devices=found_devices,
+        draft=settled.draft,
+        devices=found,
     )
     for warning in run.warnings:
         out().warn(warning)
@@ -348,7 +374,24 @@ def resolve_engine(
         out().note(run.gpu_hint)
     if "kv" in run.settings.reasons and (verbose or (run.settings.kv_news and notes)):
         out().note(f"kv cache {run.settings.reasons['kv']}")
-    return Resolved(run.config, run.info, found.target, run.settings, run.wisdom)
+    return PlannedRun(run.config, run.info, settled.target, run.settings, run.wisdom, settled.draft, run)
+
+
+def resolve_engine(
+    model: str | None,
+    options: Options,
+    *,
+    offline: bool = False,
+    verbose: bool = False,
+    with_draft: bool = True,
+    pull_draft: bool = False,
+    workload: Workload | None = None,
+    devices: Sequence[found_devices.Device] | None = None,
+    grows: bool = False,
+) -> PlannedRun:
+    """`settle` the run, then `plan` it for ``workload`` on ``devices``."""
+    settled = settle(model, options, offline=offline, with_draft=with_draft, pull_draft=pull_draft)
+    return plan(settled, workload, verbose=verbose, devices=devices, grows=grows)
 
 
 def without_a_gpu(settings: RunSettings, found: tuple[Place, ...]) -> RunSettings:
@@ -379,7 +422,7 @@ def structured_output(schema: str | None, grammar: Path | None) -> OutputSpec | 
     return parse_grammar(grammar)
 
 
-def title(resolved: Resolved) -> str:
+def title(resolved: PlannedRun) -> str:
     """What the panel calls the model: the name the user gave (an alias, or a
     file's name) and the quantization read from the file, not the file's own
     `general.name`, which can mislead."""
@@ -389,12 +432,12 @@ def title(resolved: Resolved) -> str:
     name = target.path.name if target.path is not None else target.label
     title = f"{name} ({describe(resolved.info).quantization})"
     placement = resolved.config.placement
-    if placement is not None and placement.model.offloaded:  # where it runs, when that is not the CPU
+    if placement.model.offloaded:  # where it runs, when that is not the CPU
         title += f" on {placement.model.describe()}"
     return title
 
 
-def reference(resolved: Resolved) -> str:
+def reference(resolved: PlannedRun) -> str:
     """What `-m` takes to load this model again: the registry alias, the
     file's path (absolute, so it holds from any folder), or the name given."""
     target = resolved.target
@@ -403,7 +446,7 @@ def reference(resolved: Resolved) -> str:
     return str(target.path.absolute()) if target.path is not None else target.label
 
 
-def load(resolved: Resolved) -> Engine:
+def load(resolved: PlannedRun) -> Engine:
     """The engine, loaded; a retry with fewer GPU layers is said in one warning."""
     from localrun.runtime.engine import Engine
 

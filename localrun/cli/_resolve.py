@@ -1,6 +1,7 @@
 """Model names to files for the commands: the store's resolver, with a
 progress bar and a notice when a model is pulled on first use, and, once,
-how to tune a model so pulled."""
+how to tune a model so pulled; and the draft model's file a run's
+speculation asks for (`draft_path`), resolved before the run is planned."""
 
 from __future__ import annotations
 
@@ -65,3 +66,28 @@ def _say_how_to_tune(found: store.Resolved) -> None:
             f"note: {label} runs on llama.cpp's defaults until `localrun tune {label}` measures what is "
             "fastest on this machine (about a minute)"
         )
+
+
+def draft_path(choice: str | None, target: store.Target, *, offline: bool = False, pull: bool = False) -> Path | None:
+    """The draft model's file for the speculation ``choice`` (config.toml's
+    `draft`) on the model ``target`` names, before the run is planned, so
+    that the plan places it: on auto the matched draft when it is on disk,
+    or pulled first with ``pull`` (`--draft`); a draft model named by alias
+    or path, pulled if need be; none for lookup or none."""
+    if choice == "auto":
+        return _matched(target, offline=offline, pull=pull)
+    if choice is None or choice in ("none", "lookup"):
+        return None
+    return resolve_model(choice, offline=offline, tune_hint=False).path
+
+
+def _matched(target: store.Target, *, offline: bool, pull: bool) -> Path | None:
+    registry = current().registry
+    found = store.matched_draft(target, registry)
+    if found is not None or not pull:
+        return found
+    draft = store.draft_target(target, registry)
+    if draft is None:
+        out().warn(f"{target.label} has no matched draft model in the registry; prompt lookup only")
+        return None
+    return resolve_model(draft.label, offline=offline, tune_hint=False).path

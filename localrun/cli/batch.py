@@ -20,13 +20,14 @@ from localrun.cli._signals import ctrl_c_stops
 from localrun.errors import LocalrunError, UsageError
 from localrun.events import BatchProgress, SequenceDone
 from localrun.runtime.batch.input import BatchLine, finished_ids, read_lines
-from localrun.runtime.batch.plan import BatchPlan, BatchSettings, Job, check_settings, jobs_for, plan_batch, running
-from localrun.runtime.engine import EngineConfig, Weights
+from localrun.runtime.batch.plan import BatchPlan, BatchSettings, Job, batch_plan, jobs_for, running, tokenize_jobs
+from localrun.runtime.engine import EngineConfig, Vocabulary, Weights
 from localrun.ui.batch import BatchProgressBar, JsonlWriter, error_for, record_for, summary
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
     from localrun.remote.backend import RemoteModel
+    from localrun.structured.spec import OutputSpec
 
 
 def _read_source(source: str) -> list[BatchLine]:
@@ -63,7 +64,6 @@ def _output(resume: Path | None) -> Iterator[IO[str]]:
 
 def _jobs(source: str, settings: BatchSettings, resume: Path | None) -> list[Job]:
     """The lines still to run (those ``resume`` has no record of), after the settings and the file are checked."""
-    check_settings(settings)
     if resume is not None:
         opt.check_output_file("--resume", resume)
     done_ids = finished_ids(resume) if resume is not None else set()
@@ -90,26 +90,37 @@ def _writer(out: IO[str]) -> Callable[[str], None]:
 def run(
     source: str,
     settings: BatchSettings,
-    config: EngineConfig,
+    settled: opt.Settled,
     *,
+    verbose: bool = False,
     unordered: bool = False,
     resume: Path | None = None,
     show_stats: bool = False,
-    model_name: str = "",
-    recorder: Recorder | None = None,
+    output: OutputSpec | None = None,
+    no_log: bool = False,
 ) -> ExitCode:
-    """Run the batch: OK, BATCH_FAILED when a line failed, INVALID_OUTPUT when a
-    result does not follow its schema, INTERRUPTED on Ctrl-C."""
+    """Run the batch: its lines counted in tokens with the model's vocabulary
+    alone, the run planned for them, then run. OK, BATCH_FAILED when a line
+    failed, INVALID_OUTPUT when a result does not follow its schema, INTERRUPTED on Ctrl-C."""
+    from localrun.assemble import Prompts
+    from localrun.cli.serve import model_id
+
     jobs = _jobs(source, settings, resume)
     if not jobs:
         return ExitCode.OK
+    with Vocabulary(settled.path) as vocabulary:
+        needs = tokenize_jobs(jobs, settings, vocabulary)
+    resolved = opt.plan(settled, Prompts(needs), verbose=verbose)
+    recorder = _history.recorder(_history.context("batch", resolved, output=output), no_log=no_log)
+    model_name = model_id(resolved.target)  # the name a server would answer with, never a path
+    config = resolved.config
     env = current()
     try:
         with Weights(config.model_path, config.placement, verbose=config.verbose) as weights:
             for notice in weights.notices:
                 out().warn(notice)
             config = dataclasses.replace(config, placement=weights.placement)  # fewer layers, if the load retried
-            plan = plan_batch(jobs, settings, weights, config)
+            plan = batch_plan(jobs, config)
             progress = BatchProgressBar(env.stderr, len(plan.runnable), terminal=env.stderr_isatty)
             with _output(resume) as sink, progress as bar:
                 to_terminal = resume is None and bool(env.stdout_isatty and env.stderr_isatty)

@@ -144,14 +144,16 @@ def chat(
     if resumed is not None:
         saved = resumed[1]
     opt.use_rpc(rpc)
-    resolved = _resolve(model, saved, options, offline=offline, verbose=verbose)
+    resolved = _resolve(
+        model, saved, options, offline=offline, verbose=verbose, pull_draft=draft, constrained=output is not None
+    )
     warn_past_training(resolved)
     own = resolved.info.chat_template
     thinking = opt.thinking(think, reasoning_budget, own if template is None else None, opt.title(resolved))
     env = current()
     with (
         opt.load(resolved) as engine,
-        open_draft(resolved, engine, offline=offline, pull_matched=draft) as speculation,
+        open_draft(resolved, engine) as speculation,
     ):
         session = ChatSession(
             engine,
@@ -186,20 +188,37 @@ def _markdown(option: bool | None) -> bool:
 
 
 def _resolve(
-    model: str | None, saved: Conversation | None, options: Options, *, offline: bool, verbose: bool
-) -> opt.Resolved:
+    model: str | None,
+    saved: Conversation | None,
+    options: Options,
+    *,
+    offline: bool,
+    verbose: bool,
+    pull_draft: bool = False,
+    constrained: bool = False,
+) -> opt.PlannedRun:
     """The model named, else the conversation's (as `llm -c` does), else the default."""
+    from localrun.assemble import OneSequence
     from localrun.errors import ModelNotFoundError
     from localrun.runtime.placement import conversation_depth
     from localrun.settings import parse_ctx
 
     depth = conversation_depth(parse_ctx(options.ctx) if options.ctx else None)
-    if model is not None or saved is None or saved.model is None:
-        return opt.resolve_engine(model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
+    workload = OneSequence(depth=depth, constrained=constrained)
+    named = model is not None or saved is None or saved.model is None
     try:
-        return opt.resolve_engine(saved.model, options, offline=offline, verbose=verbose, depth=depth, grows=True)
-    except ModelNotFoundError as exc:  # moved or removed since: say where the name came from
-        exc.hint = "it is the conversation's model; to go on with another, name it with -m"
+        return opt.resolve_engine(
+            model if named else saved.model if saved is not None else None,
+            options,
+            offline=offline,
+            verbose=verbose,
+            pull_draft=pull_draft,
+            workload=workload,
+            grows=True,
+        )
+    except ModelNotFoundError as exc:
+        if not named:  # moved or removed since: say where the name came from
+            exc.hint = "it is the conversation's model; to go on with another, name it with -m"
         raise
 
 

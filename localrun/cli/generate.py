@@ -18,6 +18,7 @@ from localrun.errors import UsageError
 from localrun.settings import Options, sampling_defaults
 
 if TYPE_CHECKING:
+    from localrun.assemble import OneSequence
     from localrun.events import Stats
     from localrun.remote.config import Remote
     from localrun.runtime.sampling import SamplingParams
@@ -67,7 +68,7 @@ def one_prompt(argument: str | None, option: str | None, file: Path | None) -> s
     return checked(raw.decode("utf-8", errors="surrogateescape"), f"-f {file}")
 
 
-def warn_past_training(resolved: opt.Resolved) -> None:
+def warn_past_training(resolved: opt.PlannedRun) -> None:
     """`--ctx` beyond the context the model was trained on: allowed, said."""
     trained, asked = resolved.info.context_length, resolved.settings.n_ctx
     if resolved.settings.sources.get("ctx") == "option" and asked and trained and asked > trained:
@@ -85,7 +86,7 @@ def refuse_stats_with_json(stats: bool, as_json: bool) -> None:
 
 def _local_batch(
     batch: str,
-    resolved: opt.Resolved,
+    settled: opt.Settled,
     instruction: str | None,
     raw: bool,
     sampling: SamplingParams,
@@ -96,37 +97,31 @@ def _local_batch(
     resume: Path | None,
     stats: bool,
     no_log: bool,
+    verbose: bool,
 ) -> ExitCode:
-    """`--batch` on this machine: the batch's settings from the resolved run."""
+    """`--batch` on this machine: the batch's settings from the settled run."""
     from localrun.cli import batch as batch_cli
-    from localrun.cli.serve import model_id
     from localrun.runtime.batch.plan import BatchSettings
 
-    tuned = resolved.settings.sources["parallel"] == "wisdom"
     settings = BatchSettings(
         instruction=instruction,
-        system=resolved.settings.system,
+        system=settled.settings.system,
         raw=raw,
         sampling=sampling,
         max_tokens=max_tokens,
         stop=stops,
-        # --ctx sets each sequence's context; the model's default context caps it
-        seq_ctx=resolved.settings.n_ctx if resolved.settings.sources["ctx"] == "option" else None,
-        ctx_limit=resolved.settings.n_ctx,
-        # a count the user asked for must fit; a tuned one is capped by what fits
-        parallel=None if tuned else resolved.settings.parallel,
-        tuned_parallel=resolved.settings.parallel if tuned else None,
         output=output,
     )
     return batch_cli.run(
         batch,
         settings,
-        resolved.config,
+        settled,
+        verbose=verbose,
         unordered=unordered,
         resume=resume,
         show_stats=stats,
-        model_name=model_id(resolved.target),  # the name a server would answer with, never a path
-        recorder=_history.recorder(_history.context("batch", resolved, output=output), no_log=no_log),
+        output=output,
+        no_log=no_log,
     )
 
 
@@ -324,23 +319,21 @@ def generate(
     opt.use_rpc(rpc)
     if batch is not None:  # many prompts: localrun/cli/batch.py
         _refuse_with_batch(speculation, prompt_cache, as_json)
-        resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, with_draft=False)
+        settled = opt.settle(model, options, offline=offline, with_draft=False)
         return _local_batch(
-            batch, resolved, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log
+            batch, settled, prompt, raw, sampling, max_tokens, stops, output, unordered, resume, stats, no_log, verbose
         )
     _refuse_batch_options(parallel, unordered, resume)
 
     from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
     from localrun.runtime.generate import PLAIN, Decoding, finished
-    from localrun.runtime.placement import run_extent
     from localrun.runtime.prompt import build_prompt, compose
     from localrun.runtime.promptcache import checkpoint_for
     from localrun.structured.constraint import Constraint
 
     instruction, material = read_prompt(prompt)
-    chars = sum(len(text) for text in (instruction, material, system) if text)
-    need, depth = run_extent(chars, max_tokens)
-    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, need=need, depth=depth)
+    workload = _one_sequence((instruction, material, system), max_tokens, constrained=output is not None)
+    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, pull_draft=draft, workload=workload)
     warn_past_training(resolved)
     thinking = opt.thinking(think, reasoning_budget, None if raw else resolved.info.chat_template, opt.title(resolved))
     with opt.load(resolved) as engine:
@@ -352,7 +345,7 @@ def generate(
         recorder = _history.recorder(
             _history.context("generate", resolved, output=output, engine=engine), no_log=no_log
         )
-        drafting = open_draft(resolved, engine, offline=offline, pull_matched=draft)
+        drafting = open_draft(resolved, engine)
         with ctrl_c_stops(engine), no_echo(terminal()), drafting as speculative:
             decoding: Decoding = speculative or PLAIN
             constraint = Constraint(engine, output) if output is not None else None
@@ -376,6 +369,15 @@ def generate(
     if draft_model is not None and final.draft is not None and not final.draft.proposed:
         out().note(f"note: {draft_model} drafted nothing: plain decoding measured faster at every step")
     return _exit_code(final, output, as_json)
+
+
+def _one_sequence(texts: tuple[str | None, ...], max_tokens: int | None, *, constrained: bool) -> OneSequence:
+    """The run's workload: one sequence, its context need guessed from the prompt's length."""
+    from localrun.assemble import OneSequence
+    from localrun.runtime.placement import run_extent
+
+    need, depth = run_extent(sum(len(text) for text in texts if text), max_tokens)
+    return OneSequence(need=need, depth=depth, constrained=constrained)
 
 
 def _refuse_batch_options(parallel: int | None, unordered: bool, resume: Path | None) -> None:

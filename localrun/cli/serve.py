@@ -55,26 +55,19 @@ def _plans(
     prompt_cache: bool = True,
     contexts: dict[str, RunContext] | None = None,
 ) -> list[ModelPlan]:
-    """Each model's plan; ``contexts`` gets each one's run history context, by id."""
-    from localrun.runtime.placement import conversation_depth, slots_extent
+    """Each model's plan, on the devices measured once for all of them;
+    ``contexts`` gets each one's run history context, by id."""
+    from localrun.assemble import Slots
+    from localrun.runtime import devices
     from localrun.serve.served import ModelPlan, looks_like_path
-    from localrun.settings import parse_ctx
 
-    slot_ctx = parse_ctx(options.ctx) if options.ctx else None
-    need = slots_extent(slot_ctx, options.parallel)
+    found = devices.probe()
     plans: list[ModelPlan] = []
     for name in names:
         resolved = opt.resolve_engine(
-            name,
-            options,
-            offline=offline,
-            verbose=verbose,
-            with_draft=False,
-            need=need,
-            depth=conversation_depth(slot_ctx),
+            name, options, offline=offline, verbose=verbose, with_draft=False, workload=Slots(), devices=found
         )
-        settings = resolved.settings
-        tuned = settings.sources["parallel"] == "wisdom"
+        assert resolved.run is not None  # planned just now
         ident = model_id(resolved.target)
         if any(p.id == ident for p in plans):
             raise UsageError(f"two models would both be called {ident!r}", hint="serve each once")
@@ -85,16 +78,11 @@ def _plans(
             ModelPlan(
                 id=ident,
                 names=frozenset(given - {ident}),
-                config=resolved.config,
-                info=resolved.info,
-                slot_ctx=settings.n_ctx,
-                parallel=None if tuned else settings.parallel,
-                tuned=settings.parallel if tuned else None,
+                run=resolved.run,
                 max_queue=queue,
                 template=template,
-                system=settings.system,
+                system=resolved.settings.system,
                 speculate=spec == "lookup",
-                verify_curve=resolved.verify_curve,
                 prompt_cache=prompt_cache,
             )
         )

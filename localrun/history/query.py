@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localrun.errors import UsageError
+from localrun.quantiles import percentile
 
 if TYPE_CHECKING:
     import sqlite3
@@ -247,14 +248,9 @@ def delete_runs(conn: sqlite3.Connection, ids: Sequence[int] | None) -> int:
 # ------------------------------------------------------------------ stats --
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (0..1) of sorted ``values``, interpolated; None when empty."""
-    if not values:
-        return None
-    rank = q * (len(values) - 1)
-    low = int(rank)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (rank - low)
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) of ``values``; None when there are none."""
+    return percentile(values, q) if values else None
 
 
 @dataclass
@@ -295,10 +291,10 @@ class GroupStats:
         return {
             "runs": self.runs,
             "generated_tokens": self.generated_tokens,
-            "decode_tokens_per_s_p50": percentile(self.rates, 0.5),
-            "p95_token_ms_p95": percentile(self.token_p95s, 0.95),
-            "ttft_s_p50": percentile(self.ttfts, 0.5),
-            "ttft_s_p95": percentile(self.ttfts, 0.95),
+            "decode_tokens_per_s_p50": _percentile(self.rates, 50),
+            "p95_token_ms_p95": _percentile(self.token_p95s, 95),
+            "ttft_s_p50": _percentile(self.ttfts, 50),
+            "ttft_s_p95": _percentile(self.ttfts, 95),
             "acceptance": self.accepted / self.drafted if self.drafted else None,
             "first": iso_time(self.first),
             "last": iso_time(self.last),
@@ -363,9 +359,7 @@ def series(
         line = []
         for index in sorted(bins[key]):
             rates = sorted(bins[key][index])
-            median = percentile(rates, 0.5)
-            assert median is not None
-            line.append((start + (index + 0.5) * step, median, len(rates)))
+            line.append((start + (index + 0.5) * step, percentile(rates, 50), len(rates)))
         result[key] = line
     return result
 

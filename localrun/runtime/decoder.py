@@ -92,7 +92,7 @@ class Decoder:
         least one to evaluate (its logits are what the next sample reads)."""
         return common_prefix(self.tokens, tokens, len(tokens) - 1)
 
-    def prefill(self, tokens: Sequence[int], checkpoint: Checkpoint | None = None) -> tuple[DecodeStatus, int]:
+    def prefill(self, tokens: Sequence[int], checkpoint: StoredPrefix | None = None) -> tuple[DecodeStatus, int]:
         """Make the KV cache hold exactly ``tokens``, evaluating only what
         differs from what it holds. With a ``checkpoint`` (a stored state of a
         prefix of ``tokens``), the prefix is restored from it, or evaluated and
@@ -111,7 +111,7 @@ class Decoder:
         return self.evaluate(tokens[keep:]), keep - evaluated
 
 
-class Checkpoint(Protocol):
+class StoredPrefix(Protocol):
     """A stored KV state of a prompt's prefix (see localrun.runtime.promptcache)."""
 
     @property

@@ -22,7 +22,7 @@ from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import devices, llama_log
 from localrun.runtime.llama import Native, native_call
-from localrun.runtime.placement import ModelPlacement, Placement, check_kv_config, choose_context, place
+from localrun.runtime.placement import ModelPlacement, Placement, check_kv_config
 from localrun.system import default_threads
 
 _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
@@ -61,13 +61,13 @@ def _retry_notice(tried: Placement, now: Placement) -> str:
 class Weights(Native):
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
-    def __init__(self, path: Path, placement: Placement | None = None, *, verbose: bool = False) -> None:
+    def __init__(self, path: Path, placement: Placement, *, verbose: bool = False) -> None:
         self.handle: Any = None
         self.path = path
         self.info = read_gguf(path)
         llama_log.set_verbose(verbose)
         llama_log.init_backend()
-        self.placement = placement or place(devices.probe())  # measured before the load, never after
+        self.placement = placement  # measured before the load, never after
         self.asked = self.placement  # what it was made with, before a retry with fewer layers
         self.notices: list[str] = []  # what a person should know of the load (a retry with fewer layers)
         try:
@@ -83,7 +83,7 @@ class Weights(Native):
     def serves(self, config: EngineConfig) -> bool:
         """Whether an engine of ``config`` can run on these weights: the same
         file, placed the same way (as asked, or as a retry placed it)."""
-        placed = config.placement is None or config.placement.model in (self.placement.model, self.asked.model)
+        placed = config.placement.model in (self.placement.model, self.asked.model)
         return self.path == config.model_path and placed
 
     def close(self) -> None:
@@ -95,9 +95,14 @@ class Weights(Native):
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """What an engine is made of, as a run's plan settled it (`localrun.assemble`):
+    the placement, the context and the sequences sharing it, and how the
+    context decodes."""
+
     model_path: Path
-    n_ctx: int | None = None  # None: auto, the longest context that fits the placement's budget
-    placement: Placement | None = None  # None: placed on this machine's devices before the engine loads
+    placement: Placement  # where the model goes, decided before anything loads
+    n_ctx: int  # the context, every sequence's together
+    ctx_asked: bool = False  # the context is one the user gave: a longer one is the remedy for a long prompt
     n_threads: int | None = None  # None: default_threads()
     n_batch: int = 2048
     n_ubatch: int = N_UBATCH  # the memory estimates (localrun.gguf.info) assume it
@@ -137,7 +142,91 @@ def _context_params(config: EngineConfig, flash_attn: str, n_ctx: int) -> Any:
     return cparams
 
 
-class Engine(Native):
+class Tokens:
+    """A loaded vocabulary's text and tokens: what tokenizing a prompt and
+    rendering the output need, on an `Engine` or a `Vocabulary` alone."""
+
+    info: GGUFInfo
+    vocab: Any
+    add_bos: bool
+    _pieces: dict[int, bytes]
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token renders to (control tokens render to nothing)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        piece = buf.raw[: max(n, 0)]
+        self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    @property
+    def bos_token(self) -> str:
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        return self.token_text(bos) if bos >= 0 else ""
+
+    @property
+    def eos_token(self) -> str:
+        eos = llama_cpp.llama_vocab_eos(self.vocab)
+        return self.token_text(eos) if eos >= 0 else ""
+
+
+class Vocabulary(Tokens, Native):
+    """A model file's vocabulary without its weights (llama.cpp's vocab_only
+    load): prompts are counted in tokens with it before a run is placed."""
+
+    def __init__(self, path: Path) -> None:
+        self.handle: Any = None
+        self.info = read_gguf(path)
+        llama_log.init_backend()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.vocab_only = True
+        mparams.n_gpu_layers = 0
+        with native_call():
+            self.handle = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.handle:
+            raise BadModelError(f"llama.cpp could not read the vocabulary of {path}: {llama_log.last_error()}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.handle)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.handle))
+        self._pieces = {}
+
+    def close(self) -> None:
+        if self.handle:
+            handle, self.handle = self.handle, None
+            with native_call():
+                llama_cpp.llama_model_free(handle)
+
+
+class Engine(Tokens, Native):
     """A model and one context. Close it (or use it as a context manager).
     With ``weights``, the context is made on an already loaded model, which
     the engine does not free: several engines in turn (e.g. the rows of a
@@ -151,9 +240,6 @@ class Engine(Native):
         if weights is not None and not weights.serves(config):
             raise ValueError(f"weights of {weights.path} given for an engine of {config.model_path}")
         placement = config.placement  # placed once, before this engine loads anything
-        if placement is None:
-            placement = weights.placement if weights is not None else place(devices.probe())
-            config = replace(config, placement=placement)
         self.info = weights.info if weights is not None else info or read_gguf(config.model_path)
         self.notices: list[str] = []  # what a person should know of the load (a retry with fewer layers)
         llama_log.set_verbose(config.verbose)
@@ -172,8 +258,9 @@ class Engine(Native):
         self.placement = placement
         self.flash_attn = flash_attn  # the mode asked of llama.cpp: on or off, or auto where it decides
         self.kv_cache_bytes, self.kv_cells, self.compute_buffer_bytes = llama_log.logged_buffers()
-        # llama.cpp pads a context to its step; an explicit size is what the run may use
-        self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), config.n_ctx or n_ctx)
+        self.buffers = llama_log.device_buffers()  # what the load and this context hold on each device
+        # llama.cpp pads a context to its step; the planned size is what the run may use
+        self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), n_ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
@@ -191,9 +278,7 @@ class Engine(Native):
         shape = describe(self.info)
         kv = (config.type_k, config.type_v)
         flash_attn = check_kv_config(kv, config.flash_attn, shape)  # settled from the file's header, before any load
-        n_ctx = choose_context(shape, config.n_ctx, kv, flash_attn, placement.budget)
-        if config.n_ctx is None and placement.max_ctx is not None:  # a partial offload planned for this context
-            n_ctx = min(n_ctx, placement.max_ctx)
+        n_ctx = config.n_ctx
         self._model = weights.handle if weights is not None else _load_model(self.info, placement.model)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
@@ -253,61 +338,12 @@ class Engine(Native):
         streams = 1 if self.config.kv_unified else self.n_seq_max
         return self.kv_cache_bytes / (self.kv_cells * streams)
 
-    # -- vocabulary --
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
-        if n < 0:
-            capacity = -n
-            buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
-        if n < 0:
-            raise EngineError("tokenization failed")
-        return list(buf[:n])
-
-    def piece(self, token: int) -> bytes:
-        """The bytes one token renders to (control tokens render to nothing)."""
-        cached = self._pieces.get(token)
-        if cached is not None:
-            return cached
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
-        piece = buf.raw[: max(n, 0)]
-        self._pieces[token] = piece
-        return piece
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
-
-    def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
-
-    def token_text(self, token: int) -> str:
-        raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    @property
-    def bos_token(self) -> str:
-        bos = llama_cpp.llama_vocab_bos(self.vocab)
-        return self.token_text(bos) if bos >= 0 else ""
-
-    @property
-    def eos_token(self) -> str:
-        eos = llama_cpp.llama_vocab_eos(self.vocab)
-        return self.token_text(eos) if eos >= 0 else ""
-
     def check_fits(self, n_prompt: int) -> None:
         if n_prompt < self.n_ctx:
             return
         if n_prompt >= self.n_ctx_train:
             hint = f"shorten the input: this model was trained on {self.n_ctx_train} tokens"
-        elif self.config.n_ctx is not None:  # a size the user gave: a larger one is the remedy
+        elif self.config.ctx_asked:  # a size the user gave: a larger one is the remedy
             hint = f"--ctx {n_prompt + 512} (or --ctx auto, the longest that fits in memory)"
         elif self.config.type_k == "f16" or self.config.type_v == "f16":
             hint = f"--ctx {n_prompt + 512} if memory allows, or --kv q8_0 to fit about twice the context"

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from localrun.events import Event, ReasoningEvent, StopReason, TokenEvent
-from localrun.runtime.decoder import Checkpoint, Decoder
+from localrun.runtime.decoder import Decoder, StoredPrefix
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.reasoning import AnswerGuard, Reasoning
@@ -34,7 +34,7 @@ class GenerateOptions(TypedDict, total=False):
     stop: Sequence[str]
     ignore_eos: bool
     decoder: Decoder | None
-    checkpoint: Checkpoint | None
+    checkpoint: StoredPrefix | None
     constraint: Constraint | None
     reasoning: Reasoning | None
 
@@ -55,7 +55,7 @@ class Generation:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         decoder: Decoder | None = None,
-        checkpoint: Checkpoint | None = None,
+        checkpoint: StoredPrefix | None = None,
         constraint: Constraint | None = None,
         reasoning: Reasoning | None = None,
         sample_on_device: bool = False,

@@ -3,11 +3,12 @@ on, the memory budget measured once per device before anything loads, the
 context of one engine, each sequence's context in a batch, and how many
 sequences run at once.
 
-`place()` makes a run's `Placement`; `EngineConfig` carries it, and every
-engine, batch plan and server slot sized afterwards reads its budget rather
-than the memory the OS reports then (which already lacks the weights loaded
-meanwhile). `localrun show`, `--ctx auto`, `--ctx N`, `--batch`, `serve` and
-`bench` all size through this module, so they agree.
+`place()` makes a run's `Placement`, and `localrun.assemble` sizes the
+run's context and sequences in its budget with this module's rules, before
+anything loads, rather than in the memory the OS reports later (which
+already lacks the weights loaded meanwhile). `localrun show`, `--ctx auto`,
+`--ctx N`, `--batch`, `serve` and `bench` all size through this module, so
+they agree.
 """
 
 from __future__ import annotations
@@ -94,12 +95,6 @@ class Placement:
     max_ctx: int | None = None  # a partial offload was planned for this many tokens of context
     draft: ModelPlacement = ModelPlacement()  # the draft model's share of the same devices
     retry: bool = False  # the layer count was automatic: a device out of memory may cost one retry with fewer
-
-    def less(self, used: int) -> Placement:
-        """This placement with ``used`` bytes of its budget taken (by a model loaded before)."""
-        if not self.budget or not used:
-            return self
-        return replace(self, budget=max(self.budget - used, 1))
 
     def fewer_layers(self) -> Placement | None:
         """The placement to retry with after a device ran out of memory: half
@@ -474,13 +469,6 @@ def conversation_depth(ctx: int | None) -> int:
     turn toward its context ``ctx``, so the middle of it (of DEFAULT_CTX when
     --ctx is auto or not given)."""
     return (ctx or DEFAULT_CTX) // 2
-
-
-def slots_extent(slot_ctx: int | None, parallel: int | None) -> int:
-    """The context a server needs when every slot is full, for `--kv auto`:
-    each slot's (DEFAULT_CTX when not given) times the slots (llama-server's
-    default when not given)."""
-    return (slot_ctx or DEFAULT_CTX) * (parallel or LLAMA_PARALLEL)
 
 
 def sequence_context(needs: list[int], fixed: int | None, limit: int) -> int:

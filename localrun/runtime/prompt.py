@@ -11,10 +11,10 @@ from localrun.runtime.decoder import common_prefix
 from localrun.runtime.templates import BUILTIN_TEMPLATES, Message, render_chat
 
 if TYPE_CHECKING:
-    from localrun.runtime.engine import Engine
+    from localrun.runtime.engine import Tokens
 
 
-def chat_template(engine: Engine, name: str | None = None) -> str:
+def chat_template(engine: Tokens, name: str | None = None) -> str:
     """The template a chat uses: ``name`` (a built-in) if given, else the GGUF's own."""
     if name is not None:
         if name not in BUILTIN_TEMPLATES:
@@ -30,7 +30,7 @@ def chat_template(engine: Engine, name: str | None = None) -> str:
 
 
 def render_messages(
-    engine: Engine,
+    engine: Tokens,
     template: str,
     messages: Sequence[Mapping[str, Any]],
     tools: list[dict[str, Any]] | None = None,
@@ -41,7 +41,7 @@ def render_messages(
     )
 
 
-def tokenize_rendered(engine: Engine, rendered: str) -> list[int]:
+def tokenize_rendered(engine: Tokens, rendered: str) -> list[int]:
     """Tokens of a rendered template, with a BOS unless the template wrote one."""
     bos = engine.bos_token
     return engine.tokenize(rendered, add_special=engine.add_bos and not (bos and rendered.startswith(bos)))
@@ -67,7 +67,7 @@ class Prompt:
 
 
 def build_prompt(
-    engine: Engine,
+    engine: Tokens,
     instruction: str | None,
     material: str | None = None,
     *,
@@ -92,7 +92,7 @@ def build_prompt(
     return Prompt(tokens, stable_prefix(engine, full, tokens, stable, templated=template is not None), full)
 
 
-def stable_prefix(engine: Engine, full: str, tokens: list[int], stable: str | None, *, templated: bool) -> int:
+def stable_prefix(engine: Tokens, full: str, tokens: list[int], stable: str | None, *, templated: bool) -> int:
     """How many leading ``tokens`` (of the prompt text ``full``) stand for
     everything up to the end of ``stable`` (a system prompt, piped material),
     leaving at least one: what a prompt cache keeps for the next prompt that
@@ -105,18 +105,18 @@ def stable_prefix(engine: Engine, full: str, tokens: list[int], stable: str | No
     return common_prefix(prefix, tokens, len(tokens) - 1)
 
 
-def prompt_tokens(engine: Engine, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
+def prompt_tokens(engine: Tokens, text: str, *, system: str | None = None, raw: bool = False) -> list[int]:
     return build_prompt(engine, text, system=system, raw=raw).tokens
 
 
-def chat_tokens(engine: Engine, messages: list[Message], *, raw: bool = False) -> list[int]:
+def chat_tokens(engine: Tokens, messages: list[Message], *, raw: bool = False) -> list[int]:
     """A conversation through the model's chat template; without one (or with
     ``raw``), the messages' contents joined by blank lines."""
     return chat_prompt(engine, messages, raw=raw).tokens
 
 
 def chat_prompt(
-    engine: Engine, messages: list[Message], *, raw: bool = False, switches: Mapping[str, Any] | None = None
+    engine: Tokens, messages: list[Message], *, raw: bool = False, switches: Mapping[str, Any] | None = None
 ) -> Prompt:
     """`chat_tokens`, with the rendered text (``shared`` is not worked out: 0)."""
     template = None if raw else engine.info.chat_template

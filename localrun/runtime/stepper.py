@@ -1,12 +1,12 @@
 """What a decode loop asks of speculative decoding, which
 `localrun.speculative` implements: a `Stepper` decides a sequence's tokens
 one step at a time, drafting where it pays. The loop gives it the sequence
-as a `Target`, streams what each step decides and appends it to the
+as a `SteppedSequence`, streams what each step decides and appends it to the
 target's context.
 
 The single-sequence loop (`localrun.speculative.loop`) and the batch
 scheduler (a sequence decoding alone, or several together where extra rows
-are nearly free) each have a `Target`; the stepper, and with it the
+are nearly free) each have a `SteppedSequence`; the stepper, and with it the
 controller's bookkeeping, is one for both. Decoding together, the scheduler
 packs each sequence's `Stepper.prepare` rows into one batch, and the target
 reads its rows of it. Runtime depends only on these protocols, never on
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from localrun.structured.constraint import Constraint
 
 
-class Target(Protocol):
+class SteppedSequence(Protocol):
     """One sequence of the target model, as a stepper drives it: its tokens,
     its KV cache, the rows of logits of its last batch, its sampling."""
 
@@ -83,7 +83,7 @@ class Target(Protocol):
 
 
 class Stepper(Protocol):
-    """Decides a `Target`'s tokens one step at a time, and keeps the count
+    """Decides a `SteppedSequence`'s tokens one step at a time, and keeps the count
     of what its drafts proposed and the target kept."""
 
     @property
@@ -114,7 +114,7 @@ class Speculative(Protocol):
     """A way of decoding that drafts: makes the stepper of one sequence, and
     says whether sequences decoding together in one batch may draft."""
 
-    def stepper(self, target: Target, sampling: SamplingParams) -> Stepper: ...
+    def stepper(self, target: SteppedSequence, sampling: SamplingParams) -> Stepper: ...
 
     def drafts_in_batch(self, rows: int) -> bool:
         """Whether sequences decoding together, ``rows`` of them, may draft in their shared batch."""

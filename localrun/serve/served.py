@@ -1,20 +1,20 @@
-"""The models a server was started with: each loaded once, sized into
-slots, with its engine thread; and the one way a request's ``model`` finds
-one of them (never a file, never a download)."""
+"""The models a server was started with: each loaded once as its plan
+says (`localrun.assemble`: slots of a context, placed where the models
+loaded before it left room), with its engine thread; and the one way a
+request's ``model`` finds one of them (never a file, never a download)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from localrun.assemble import Assembled, replan
 from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
-from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig
-from localrun.runtime.placement import DEFAULT_CTX, Placement, place, round_up, sequences
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
 from localrun.serve.events import ServerStatus
@@ -23,26 +23,30 @@ from localrun.speculative import Speculation, lookup_drafters
 from localrun.store.registry import Registry
 
 DEFAULT_QUEUE = 16  # requests that may wait for a slot, per model, beyond the busy slots
-UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """How to serve one model: what the CLI resolved, before anything loads."""
+    """How to serve one model: what the CLI resolved, before anything loads;
+    ``run`` is its plan (slots, placement) on the devices as measured before
+    any model loaded, made again for a model loaded after another."""
 
     id: str  # what /v1/models lists and requests name
     names: frozenset[str]  # other names it answers to (its registry alias)
-    config: EngineConfig
-    info: GGUFInfo
-    slot_ctx: int | None = None  # each slot's context; None: DEFAULT_CTX, at most the trained context
-    parallel: int | None = None  # slots asked for: they must fit; None: `tuned`, else llama-server's default
-    tuned: int | None = None  # what `localrun tune` measured fastest
+    run: Assembled
     max_queue: int = DEFAULT_QUEUE
     template: str | None = None  # a built-in chat template for a model without one
     system: str | None = None  # put first in a conversation that has no system message
     speculate: bool = False  # prompt lookup for a request decoding alone (see ContinuousBatch)
-    verify_curve: tuple[float, ...] | None = None  # `localrun tune`'s verify costs here, for the controller
     prompt_cache: bool = True  # long system prompts kept on disk (see ContinuousBatch)
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.run.config
+
+    @property
+    def info(self) -> GGUFInfo:
+        return self.run.info
 
 
 @dataclass
@@ -61,10 +65,10 @@ class ServedModel:
         return self.worker.capacity
 
     @property
-    def memory_bytes(self) -> int:
-        """What it takes of the memory budget: weights, every slot's KV cache, the compute buffer."""
-        config = self.engine.config
-        return self.shape.memory_needed(self.engine.n_ctx, config.type_k, config.type_v, self.engine.flash_attn)
+    def held(self) -> dict[str, int]:
+        """What it holds on each device, by name, as llama.cpp logged its
+        buffers: weights, every slot's KV cache, the compute and output buffers."""
+        return {b.device: b.total for b in self.engine.buffers}
 
     def describe(self) -> dict[str, Any]:
         """Its /v1/models entry (with llama-server's `meta`)."""
@@ -88,43 +92,16 @@ class ServedModel:
         self.engine.close()
 
 
-def slots_for(plan: ModelPlan, shape: ModelInfo, budget: int) -> tuple[int, int]:
-    """(each slot's context, how many slots) in ``budget`` bytes (0: unknown):
-    the slots asked for must fit; by default the tuned count (else
-    llama-server's), no more than fit."""
-    limit = shape.context_length or DEFAULT_CTX
-    slot_ctx = plan.slot_ctx if plan.slot_ctx is not None else min(DEFAULT_CTX, limit)
-    slot_ctx = round_up(slot_ctx)
-    kv = (plan.config.type_k, plan.config.type_v)
-    parallel = sequences(
-        shape,
-        slot_ctx,
-        kv,
-        budget,
-        asked=plan.parallel,
-        tuned=plan.tuned,
-        wanted=UNBOUNDED,
-        unit="slot",
-        smaller="--ctx",
-    )
-    return slot_ctx, parallel
-
-
-def load_model(plan: ModelPlan, placement: Placement) -> ServedModel:
-    """Load the model, size its slots in ``placement``'s budget (measured
-    before any model loaded, less the models loaded before this one), and
-    start its engine thread."""
-    shape = describe(plan.info)
-    slot_ctx, parallel = slots_for(plan, shape, placement.budget)
-    config = replace(plan.config, n_ctx=slot_ctx * parallel, n_seq_max=parallel, placement=placement)
-    engine = Engine(config, plan.info)
+def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
+    """Load the model as ``run`` (its plan) says, and start its engine thread."""
+    engine = Engine(run.config, run.info)
     try:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
         capacity = engine.n_ctx // engine.n_seq_max
-        speculation = Speculation(lookup_drafters(engine), verify_curve=plan.verify_curve) if plan.speculate else None
+        speculation = Speculation(lookup_drafters(engine), verify_curve=run.verify_curve) if plan.speculate else None
         worker = Worker(
             engine,
-            parallel,
+            run.parallel,
             capacity,
             max_queue=plan.max_queue,
             name=plan.id,
@@ -135,21 +112,23 @@ def load_model(plan: ModelPlan, placement: Placement) -> ServedModel:
         engine.close()
         raise
     worker.start()
-    return ServedModel(plan.id, plan.names, engine, worker, shape, template, plan.system)
+    return ServedModel(plan.id, plan.names, engine, worker, describe(plan.info), template, plan.system)
 
 
 def load_models(plans: Sequence[ModelPlan]) -> list[ServedModel]:
-    """Every model, each sized in what the ones before it left of the memory
-    budget, as the first model's placement measured it before anything
-    loaded; none stays loaded when one fails."""
+    """Every model in turn: the first as planned, each other planned again
+    on the devices as measured before any model loaded (the first plan's)
+    less what the models loaded before it measurably hold on each device;
+    none stays loaded when one fails."""
     loaded: list[ServedModel] = []
-    reserved = 0
-    measured = next((p.config.placement for p in plans if p.config.placement), None) or place(devices.probe())
+    held: dict[str, int] = {}
+    found = plans[0].run.placement.devices if plans else ()
     try:
         for plan in plans:
-            model = load_model(plan, (plan.config.placement or measured).less(reserved))
+            model = load_model(plan, replan(plan.run, found, held) if loaded else plan.run)
             loaded.append(model)
-            reserved += model.memory_bytes
+            for device, size in model.held.items():
+                held[device] = held.get(device, 0) + size
     except BaseException:
         for model in loaded:
             model.close()

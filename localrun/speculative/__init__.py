@@ -17,7 +17,7 @@ from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.stepper import Target
+from localrun.runtime.stepper import SteppedSequence
 from localrun.speculative.base import Drafter
 from localrun.speculative.control import (
     AdaptiveController,
@@ -81,7 +81,7 @@ class Speculation:
         """Like `runtime.generate.generate`, with speculation."""
         return generate_speculative(engine, prompt_tokens, sampling, speculation=self, **options)
 
-    def stepper(self, target: Target, sampling: SamplingParams) -> SpeculativeStepper:
+    def stepper(self, target: SteppedSequence, sampling: SamplingParams) -> SpeculativeStepper:
         """The stepper of one sequence: its drafts, checked by ``sampling``, and their tally."""
         return SpeculativeStepper(target, self, sampling)
 

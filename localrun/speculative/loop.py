@@ -54,7 +54,7 @@ def generate_speculative(
 
 
 class GenerationTarget:
-    """A `Generation` as a stepper drives it (`runtime.stepper.Target`):
+    """A `Generation` as a stepper drives it (`runtime.stepper.SteppedSequence`):
     sequence 0 of the engine's context, through the generation's decoder."""
 
     def __init__(self, run: Generation) -> None:

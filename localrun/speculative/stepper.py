@@ -60,7 +60,7 @@ from localrun.errors import LocalrunError
 from localrun.events import DraftStats
 from localrun.runtime.llama import DecodeStatus
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.stepper import Target
+from localrun.runtime.stepper import SteppedSequence
 from localrun.speculative.base import Draft, Drafter, Offer
 from localrun.speculative.control import PLAIN, Controller, Plan, padded_rows
 from localrun.speculative.sampling import check_draft, target_probs
@@ -138,7 +138,7 @@ class SpeculativeStepper:
     it drafts with copies of the drafters that run no model (prompt lookup),
     its own, which follow its text alone (a draft model follows one sequence)."""
 
-    def __init__(self, target: Target, speculation: Drafting, sampling: SamplingParams) -> None:
+    def __init__(self, target: SteppedSequence, speculation: Drafting, sampling: SamplingParams) -> None:
         self.target = target
         self.speculation = speculation
         self.sampling = sampling

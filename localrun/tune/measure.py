@@ -53,7 +53,7 @@ from localrun.runtime.load import LoadWatch
 from localrun.runtime.placement import LLAMA_PARALLEL, place
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
-from localrun.tune.race import Race, spread
+from localrun.tune.race import Race, relative_iqr
 from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom, kv_label
 
 
@@ -184,7 +184,7 @@ def _decision(
     candidate as a setting's value."""
     tied = race.tied()
     figures = {str(name(c)): round(race.median(c) * 1e3, 4) for c in race.candidates}
-    noise = statistics.median(spread(race.samples[c]) for c in race.candidates)
+    noise = statistics.median(relative_iqr(race.samples[c]) for c in race.candidates)
     if noise > MAX_SPREAD:
         return Decision(None, figures, unit, note=f"too noisy to decide: the samples spread {noise:.0%}")
     if len(tied) == 1:
@@ -417,7 +417,7 @@ class Tuner:
                 tuple(depths),
                 tuple(at[d].median(off) * 1e3 for d in depths),
                 tuple(at[d].median(on) * 1e3 for d in depths),
-                noise=round(statistics.median(spread(at[d].samples[k]) for d in depths for k in (off, on)), 4),
+                noise=round(statistics.median(relative_iqr(at[d].samples[k]) for d in depths for k in (off, on)), 4),
             )
         kv_cost = None
         on_kinds = [k for k in kinds if k[2] == "on"]

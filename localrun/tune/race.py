@@ -28,7 +28,7 @@ def _quartiles(xs: Sequence[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def spread(xs: Sequence[float]) -> float:
+def relative_iqr(xs: Sequence[float]) -> float:
     """The interquartile range as a share of the median: how noisy a candidate's samples are."""
     lo, hi = _quartiles(xs)
     m = statistics.median(xs)
@@ -40,7 +40,7 @@ def separated(best: Sequence[float], other: Sequence[float], margin: float = TIE
     its upper quartile below the other's lower one, and the medians further
     apart than the margin and than the samples' own typical spread."""
     mb, mo = statistics.median(best), statistics.median(other)
-    noise = (spread(best) + spread(other)) / 2
+    noise = (relative_iqr(best) + relative_iqr(other)) / 2
     return mo - mb > max(margin, noise) * mb and _quartiles(best)[1] < _quartiles(other)[0]
 
 

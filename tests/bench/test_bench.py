@@ -10,16 +10,17 @@ import numpy as np
 import pytest
 
 from localrun import bench, config
-from localrun.bench.stats import QUALITY_LIMIT, Row, advise, median, percentile, relate_to_baseline, spread
+from localrun.bench.stats import QUALITY_LIMIT, Row, advise, relate_to_baseline, relative_range
 from localrun.events import DoneEvent, Event, Stats, TokenEvent
 from localrun.gguf.reader import GGUFInfo
+from localrun.quantiles import median, percentile
 from localrun.runtime import engine
 from localrun.runtime.generate import generate
-from localrun.runtime.placement import ModelPlacement
+from localrun.runtime.placement import ModelPlacement, Placement
 from localrun.runtime.quantize import quantize
 from localrun.runtime.sampling import SamplingParams
 from localrun.tune.wisdom import wisdom_file
-from tests.helpers import cli
+from tests.helpers import cli, engine_config
 from tests.tinymodel import write_tiny_model
 
 # ------------------------------------------------------------- arithmetic --
@@ -43,8 +44,8 @@ def test_percentiles_of_known_samples() -> None:
 
 
 def test_spread_is_range_over_median() -> None:
-    assert spread([9.0, 10.0, 12.0]) == pytest.approx(0.3)
-    assert spread([5.0]) == 0.0
+    assert relative_range([9.0, 10.0, 12.0]) == pytest.approx(0.3)
+    assert relative_range([5.0]) == 0.0
 
 
 def _events(ttft: float, marks: list[tuple[int, float]], total: int) -> list[Event]:
@@ -225,11 +226,11 @@ def test_engines_share_loaded_weights(weights: dict[str, Path]) -> None:
         tokens = e.tokenize("Once upon a time")
         return "".join(ev.text for ev in generate(e, tokens, greedy, max_tokens=12) if isinstance(ev, TokenEvent))
 
-    with engine.Engine(engine.EngineConfig(path, n_ctx=256)) as own:
+    with engine.Engine(engine_config(path, n_ctx=256)) as own:
         expected = text(own)
-    with engine.Weights(path) as shared:
+    with engine.Weights(path, Placement()) as shared:
         for kv in ("f16", "q8_0"):  # one engine after another on the same load
-            with engine.Engine(engine.EngineConfig(path, n_ctx=256, type_k=kv), weights=shared) as e:
+            with engine.Engine(engine_config(path, n_ctx=256, type_k=kv), weights=shared) as e:
                 assert e.info.path == path
                 if kv == "f16":
                     assert text(e) == expected
@@ -237,7 +238,7 @@ def test_engines_share_loaded_weights(weights: dict[str, Path]) -> None:
                     assert text(e)
         assert shared.handle  # closing the engines left the model loaded
         with pytest.raises(ValueError):
-            engine.Engine(engine.EngineConfig(weights["q4_0"]), weights=shared)
+            engine.Engine(engine_config(weights["q4_0"]), weights=shared)
 
 
 def test_quick_keeps_one_row_per_technique(weights: dict[str, Path]) -> None:
@@ -367,7 +368,7 @@ def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str
     from gguf import GGMLQuantizationType, LlamaFileType
 
     from localrun.gguf.reader import read_gguf
-    from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.engine import Engine
     from localrun.runtime.generate import generate
     from localrun.runtime.sampling import SamplingParams
 
@@ -380,7 +381,7 @@ def test_quantize_writes_a_loadable_file_of_the_requested_type(weights: dict[str
     matrices = [t for t in info.tensors if len(t.shape) == 2]
     assert matrices and all(t.type == GGMLQuantizationType.Q8_0 for t in matrices)
     assert out.stat().st_size < weights["f32"].stat().st_size / 3
-    with Engine(EngineConfig(model_path=out, n_ctx=256)) as engine:
+    with Engine(engine_config(out, n_ctx=256)) as engine:
         events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=4))
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.stats.generated_tokens == 4

@@ -14,6 +14,8 @@ import pytest
 from localrun import config, paths
 from localrun.cli import main
 from localrun.cli._env import Environment
+from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
 from localrun.settings import Options, resolve
 from tests.tinymodel import write_tiny_model
 
@@ -48,9 +50,13 @@ def test_verbose_and_json_give_the_reason(wide_model: Path) -> None:
 def test_a_quantized_choice_is_said(wide_model: Path) -> None:
     path = config.config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("[defaults]\nmemory_budget = 1000000\n")  # too little for an f16 cache
-    _, _, err = at_terminal("generate", "-m", str(wide_model), "-n", "2", "hi")
-    assert "kv cache q8_0/q4_0: " in err, err
+    shape = describe(read_gguf(wide_model))
+    q8_0, smallest = shape.memory_needed(512, "q8_0", "q8_0"), shape.memory_needed(512, "q8_0", "q4_0", "on")
+    budget = (q8_0 + smallest) // 2  # too little for 512 tokens of f16 or q8_0 cache, enough for the smallest
+    assert smallest <= budget < q8_0
+    path.write_text(f"[defaults]\nmemory_budget = {budget}\n")
+    code, _, err = at_terminal("generate", "-m", str(wide_model), "--ctx", "512", "-n", "2", "hi")
+    assert code == 0 and "kv cache q8_0/q4_0: " in err, err
 
 
 def test_only_a_chosen_type_other_than_f16_is_news() -> None:

@@ -53,16 +53,19 @@ def test_parse_size(text: str, n: int) -> None:
 
 def test_show_and_auto_context_agree_on_the_budget(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --budget, `show` and `--ctx auto` size with the same reserve from the available RAM."""
+    from localrun.assemble import assemble
     from localrun.runtime import devices, placement
-    from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.engine import Engine
+    from localrun.settings import Options, resolve
 
     shape = describe(read_gguf(tiny_model))
     available = placement.RESERVE + shape.memory_needed(300, "f16")  # room for 256 tokens, not 512
     monkeypatch.setattr(devices, "probe", lambda: (devices.Device("CPU", "fake", "cpu", available, 2 * available),))
     shown = json.loads(cli("show", str(tiny_model), "--json").stdout)
     assert shown["budget_bytes"] == available - placement.RESERVE
-    with Engine(EngineConfig(model_path=tiny_model)) as engine:
-        assert shown["max_context"]["f16"] == engine.n_ctx == 256
+    run = assemble(tiny_model, resolve(Options(kv="f16", flash_attn="on")), use_wisdom=False)
+    with Engine(run.config) as engine:
+        assert shown["max_context"]["f16"] == run.config.n_ctx == engine.n_ctx == 256
 
 
 def test_sizes_are_said_in_binary_units(tiny_model: Path) -> None:

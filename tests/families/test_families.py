@@ -18,7 +18,7 @@ from localrun.events import SequenceDone
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt
 from localrun.runtime.sampling import SamplingParams
@@ -26,7 +26,7 @@ from localrun.runtime.templates import render_chat
 from localrun.speculative import Speculation
 from localrun.speculative.control import FixedController
 from localrun.speculative.draftmodel import DraftModelDrafter
-from tests.helpers import cli, collect
+from tests.helpers import cli, collect, engine_config
 from tests.serve.conftest import Server, start
 from tests.synthmodels import (
     BY_NAME,
@@ -97,7 +97,7 @@ def test_the_template_renders_and_its_markers_tokenize_whole(name: str, family_m
     """The family's own template, as the GGUF carries it, renders the prompt, and
     each special token in the rendered text becomes that one token."""
     family = BY_NAME[name]
-    with Engine(EngineConfig(model_path=family_models[name], n_ctx=2048)) as engine:
+    with Engine(engine_config(family_models[name], n_ctx=2048)) as engine:
         assert engine.info.chat_template == family.chat_template
         # what the KV cache costs, as `show` and placement estimate it and as llama.cpp allocated it
         # (a sliding-window model's two caches together: llama-cpp-python keeps the window layers' full size)
@@ -151,7 +151,7 @@ def test_speculation_is_lossless(name: str, family_models: dict[str, Path], unre
     weights (drafts rolled back, the cache cut past Gemma's and gpt-oss's sliding
     window): the text is plain greedy decoding's."""
     greedy = GREEDY
-    with Engine(EngineConfig(model_path=family_models[name], n_ctx=N_CTX_TRAIN)) as engine:
+    with Engine(engine_config(family_models[name], n_ctx=N_CTX_TRAIN)) as engine:
         prompt = engine.tokenize("hello the world")  # no template: this is about the architecture
         plain, _ = collect(generate(engine, prompt, greedy, max_tokens=3 * WINDOW))
         for draft_model in (family_models[name], unrelated_models[name]):
@@ -175,10 +175,10 @@ def test_batched_sequences_decode_as_each_alone(name: str, tmp_path: Path) -> No
     model = write_family_model(BY_NAME[name], tmp_path / f"{name}.gguf", quantized=False)
     prompts = ["hello the world", "x", "on the other hand, the", "a b c d e f g"]
     n = 2 * WINDOW
-    with Engine(EngineConfig(model_path=model, n_ctx=512)) as single:
+    with Engine(engine_config(model, n_ctx=512)) as single:
         tokens = [single.tokenize(p) for p in prompts]
         expected = [collect(generate(single, t, GREEDY, max_tokens=n))[0] for t in tokens]
-    config = EngineConfig(model_path=model, n_ctx=2 * 256, n_seq_max=2)
+    config = engine_config(model, n_ctx=2 * 256, n_seq_max=2)
     with Engine(config) as engine:
         requests = [BatchRequest(i, t, GREEDY, max_tokens=n) for i, t in enumerate(tokens)]
         done = {ev.index: ev.text for ev in run_batch(engine, requests) if isinstance(ev, SequenceDone)}

@@ -19,15 +19,15 @@ from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.batch.input import finished_ids, read_lines
 from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch, run_batch, shared_prefix
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.llama import DecodeStatus
-from localrun.runtime.placement import LLAMA_PARALLEL, default_parallel, parallel_that_fits, place, slot_context
+from localrun.runtime.placement import LLAMA_PARALLEL, default_parallel, parallel_that_fits, slot_context
 from localrun.runtime.prompt import build_prompt, prompt_tokens
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, PromptCache
 from localrun.runtime.sampling import SamplingParams
 from localrun.ui.batch import JsonlWriter
-from tests.helpers import Result, cli, collect, on_terminal
+from tests.helpers import Result, cli, collect, engine_config, on_terminal
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["hello there", "the cat sat on the mat", "x", "in the beginning was", "on the", "a b c d e f", "what now"]
@@ -36,7 +36,7 @@ PROMPTS = ["hello there", "the cat sat on the mat", "x", "in the beginning was",
 @pytest.fixture(scope="module")
 def single(tiny_model: Path) -> Iterator[Engine]:
     """One sequence: the reference every batched result is compared with."""
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=2)) as eng:
         yield eng
 
 
@@ -60,7 +60,7 @@ def batched(
 
 
 def batch_engine(model: Path, parallel: int, seq_ctx: int = 256, *, kv_unified: bool = False) -> Engine:
-    config = EngineConfig(model_path=model, n_ctx=parallel * seq_ctx, n_seq_max=parallel, kv_unified=kv_unified)
+    config = engine_config(model, n_ctx=parallel * seq_ctx, n_seq_max=parallel, kv_unified=kv_unified)
     return Engine(config)
 
 
@@ -311,7 +311,7 @@ def test_a_long_shared_prefix_is_stored_and_then_loaded_from_the_prompt_cache(lo
         _, done = drain(run)
         run.close()
     assert done[1].stats.cached_tokens == second.shared
-    with Engine(EngineConfig(model_path=long_model, n_ctx=2048)) as reference:
+    with Engine(engine_config(long_model, n_ctx=2048)) as reference:
         assert done[1].text == alone(reference, second.tokens, max_tokens=6)[0]
     (entry,) = cache.entries()
     whole = entry.read_bytes()
@@ -596,17 +596,31 @@ def test_cli_loads_the_weights_once(tiny_model: Path, tmp_path: Path, monkeypatc
 
 
 def test_plan_sizes_sequences_and_caps_them(tiny_model: Path) -> None:
-    from localrun.runtime.batch.plan import BatchSettings, jobs_for, plan_batch
-    from localrun.runtime.engine import Weights
+    from dataclasses import replace
 
-    lines = read_lines(["hello there\n", "x\n"])
-    config = EngineConfig(model_path=tiny_model, placement=place((), memory_budget=10**9))
-    with Weights(tiny_model) as weights:
-        sized = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, config)
-        capped = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, ctx_limit=256), weights, config)
-        fixed = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300, seq_ctx=300), weights, config)
-    assert (sized.seq_ctx, capped.seq_ctx, fixed.seq_ctx) == (512, 256, 512)  # steps of 256, at most trained 512
-    assert sized.parallel == capped.parallel == 2 and not sized.failed
+    from localrun.assemble import Prompts, assemble
+    from localrun.runtime.batch.plan import BatchSettings, batch_plan, jobs_for, tokenize_jobs
+    from localrun.runtime.engine import Vocabulary
+    from localrun.settings import Options, resolve
+
+    jobs = jobs_for(read_lines(["hello there\n", "x\n"]))
+    with Vocabulary(tiny_model) as vocabulary:
+        needs = tokenize_jobs(jobs, BatchSettings(max_tokens=300), vocabulary)
+    assert len(needs) == 2 and all(need > 300 for need in needs)
+
+    def plan(options: Options, **changes: Any) -> tuple[int, int]:
+        settings = replace(resolve(replace(options, memory_budget=10**9)), **changes)
+        run = assemble(tiny_model, settings, workload=Prompts(needs), devices=(), use_wisdom=False)
+        batch = batch_plan(jobs, run.config)
+        assert not batch.failed and batch.parallel == run.parallel
+        return batch.seq_ctx, batch.parallel
+
+    sized = plan(Options())
+    model_default = resolve(Options())
+    capped = plan(Options(), n_ctx=256, sources={**model_default.sources, "ctx": "model"})  # the model's default
+    fixed = plan(Options(ctx="300"))
+    assert (sized[0], capped[0], fixed[0]) == (512, 256, 512)  # steps of 256, at most trained 512
+    assert sized[1] == capped[1] == 2
 
 
 def test_a_prompt_cache_that_fails_leaves_the_request_running(

@@ -12,14 +12,14 @@ import pytest
 
 from localrun.events import SequenceDone
 from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters
 from localrun.speculative.base import Draft, Offer
 from localrun.speculative.control import PAD_SIZES, FixedController, Plan
 from localrun.speculative.lookup import PromptLookupDrafter
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 from tests.tinymodel import write_tiny_model
 
 SEQ_CTX = 512
@@ -28,7 +28,7 @@ SEQ_CTX = 512
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     model = write_tiny_model(tmp_path_factory.mktemp("lookup") / "bigram.gguf", bigram=True, n_ctx_train=4096)
-    with Engine(EngineConfig(model_path=model, n_ctx=2 * SEQ_CTX, n_seq_max=2, n_threads=2)) as eng:
+    with Engine(engine_config(model, n_ctx=2 * SEQ_CTX, n_seq_max=2, n_threads=2)) as eng:
         yield eng
 
 
@@ -120,7 +120,7 @@ def test_a_prefix_another_slot_holds_is_copied_not_evaluated(tmp_path: Path, uni
     tokens are evaluated, and its text is what it gives alone."""
     model = write_tiny_model(tmp_path / "tiny.gguf", n_ctx_train=4096)
     greedy = SamplingParams(temperature=0.0)
-    config = EngineConfig(model_path=model, n_ctx=2 * SEQ_CTX, n_seq_max=2, n_threads=2, kv_unified=unified)
+    config = engine_config(model, n_ctx=2 * SEQ_CTX, n_seq_max=2, n_threads=2, kv_unified=unified)
     with Engine(config) as engine:
         system = engine.tokenize(" ".join(f"rule {i} is to be brief" for i in range(12)))
         first = [*system, *engine.tokenize(" first question", add_special=False)]
@@ -178,7 +178,7 @@ def _together(
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     model = write_tiny_model(tmp_path_factory.mktemp("four") / "bigram.gguf", bigram=True, n_ctx_train=4096)
-    with Engine(EngineConfig(model_path=model, n_ctx=4 * SEQ_CTX, n_seq_max=4, n_threads=2)) as eng:
+    with Engine(engine_config(model, n_ctx=4 * SEQ_CTX, n_seq_max=4, n_threads=2)) as eng:
         yield eng
 
 

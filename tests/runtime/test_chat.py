@@ -13,11 +13,11 @@ import pytest
 from localrun.events import Stats, TokenEvent
 from localrun.runtime.chat import ChatSession, read_conversation
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import BUILTIN_TEMPLATES
-from tests.helpers import cli, collect
+from tests.helpers import cli, collect, engine_config
 from tests.tinymodel import CHATML, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -25,7 +25,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture
 def engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(tiny_model, n_ctx=512, n_threads=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=512, n_threads=2)) as eng:
         yield eng
 
 
@@ -62,7 +62,7 @@ def test_reused_cache_gives_the_same_reply_as_a_fresh_one(engine: Engine) -> Non
 
 
 def test_full_context_drops_oldest_turns_and_keeps_the_system_prompt(tiny_model: Path) -> None:
-    with Engine(EngineConfig(tiny_model, n_ctx=256, n_threads=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=2)) as eng:
         session = ChatSession(eng, CHATML, GREEDY, system="SYSTEM-PROMPT", max_tokens=8)
         dropped = 0
         for i in range(12):

@@ -9,19 +9,19 @@ import pytest
 from localrun.errors import ContextOverflowError
 from localrun.events import DoneEvent, Stats, TokenEvent
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.output import StopMatcher
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import Sampler, SamplingParams
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=2)) as eng:
         yield eng
 
 
@@ -65,13 +65,13 @@ def test_stop_string_cuts_output(engine: Engine) -> None:
 
 
 def test_eos_stops(eos_model: Path) -> None:
-    with Engine(EngineConfig(model_path=eos_model, n_ctx=128)) as eng:
+    with Engine(engine_config(eos_model, n_ctx=128)) as eng:
         text, stats = run(eng, "anything", max_tokens=10)
     assert (text, stats.stop_reason, stats.generated_tokens) == ("", "eos", 0)
 
 
 def test_context_full_ends_with_length(tiny_model: Path) -> None:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=64)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=64)) as eng:
         prompt = eng.tokenize("the the the")
         _, stats = run(eng, "the the the")
         n_ctx = eng.n_ctx
@@ -203,7 +203,7 @@ def test_repeat_penalty_changes_greedy_output(engine: Engine) -> None:
 
 @pytest.fixture(scope="module")
 def device_engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2, sample_on="device")) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=2, sample_on="device")) as eng:
         yield eng
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from localrun.runtime import llama_log
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.llama_log import DeviceBuffers, buffer_device, parse_device_buffers
+from tests.helpers import engine_config
 
 MIB = 1024 * 1024
 
@@ -96,6 +97,8 @@ def mib(n: float) -> int:
         ("Metal_Mapped", "Metal"),
         ("Vulkan0", "Vulkan0"),
         ("Vulkan_Host", "CPU"),
+        ("RPC0[127.0.0.1:50052]", "RPC0"),  # ggml-rpc.cpp: the device's name, then its server's endpoint
+        ("RPC1[10.0.0.2:50052]", "RPC1"),
     ],
 )
 def test_buffer_types_map_to_their_device(name: str, device: str) -> None:
@@ -176,7 +179,7 @@ def test_device_buffers_follow_the_last_load() -> None:
 
 
 def test_a_real_load_on_the_cpu_build_is_read_per_device(tiny_model: Path) -> None:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=512)) as engine:
         kv, compute = engine.kv_cache_bytes, engine.compute_buffer_bytes
     (cpu,) = llama_log.device_buffers()
     assert cpu.device == "CPU" and cpu.model > 0

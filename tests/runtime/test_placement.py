@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -10,18 +11,21 @@ from localrun.events import DoneEvent
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime.devices import Device
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.placement import GPU_RESERVE, KV_AUTO_ORDER, RESERVE, ModelPlacement, place
 from localrun.runtime.sampling import SamplingParams
-from tests.helpers import cli
+from tests.helpers import cli, engine_config
 from tests.tinymodel import write_tiny_model
+
+if TYPE_CHECKING:
+    from localrun.assemble import Assembled
 
 
 @pytest.mark.parametrize("type_k", ["f16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("type_v", ["f16", "q8_0", "q4_0"])
 def test_kv_types_load_generate_and_match_the_prediction(wide_model: Path, type_k: str, type_v: str) -> None:
-    config = EngineConfig(model_path=wide_model, n_ctx=512, type_k=type_k, type_v=type_v)
+    config = engine_config(wide_model, n_ctx=512, type_k=type_k, type_v=type_v)
     with Engine(config) as engine:
         events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=8))
         measured = engine.kv_cache_bytes
@@ -36,7 +40,7 @@ def test_kv_types_load_generate_and_match_the_prediction(wide_model: Path, type_
 
 def test_quantized_v_without_flash_attention_is_refused(wide_model: Path) -> None:
     with pytest.raises(UsageError, match="needs flash attention"):
-        Engine(EngineConfig(model_path=wide_model, type_v="q4_0", flash_attn="off"))
+        Engine(engine_config(wide_model, type_v="q4_0", flash_attn="off"))
     res = cli("generate", "-m", str(wide_model), "--kv", "q4_0", "--flash-attn", "off", "-n", "2", "hi")
     assert res.returncode == 2 and "--flash-attn on" in res.stderr and "Traceback" not in res.stderr
 
@@ -63,40 +67,47 @@ def wide_long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(folder / "wide-long.gguf", n_embd=128, n_head=4, n_head_kv=2, n_ctx_train=32768)
 
 
+def planned(model: Path, budget: int, **options: Any) -> Assembled:
+    """One sequence's plan for ``model`` in ``budget`` bytes, without wisdom."""
+    from localrun.assemble import assemble
+    from localrun.settings import Options, resolve
+
+    devices = [Device("CPU", "fake", "cpu", 0, 0)]  # nothing known of memory but the budget
+    return assemble(model, resolve(Options(memory_budget=budget, **options)), devices=devices, use_wisdom=False)
+
+
 def test_auto_context_fits_the_budget(wide_long_model: Path) -> None:
     long_model = wide_long_model
     shape = describe(read_gguf(long_model))
     per_token = shape.context_bytes_per_token("f16", flash_attn="off")  # KV, and attention scores when unfused
     assert per_token > shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * per_token
-    with Engine(
-        EngineConfig(model_path=long_model, placement=place((), memory_budget=budget), flash_attn="off")
-    ) as engine:
-        assert engine.n_ctx == 2816  # 3000 tokens of room, in steps of 256
+    run = planned(long_model, budget, flash_attn="off", kv="f16")
+    assert run.config.n_ctx == 2816 and not run.config.ctx_asked  # 3000 tokens of room, in steps of 256
+    with Engine(run.config) as engine:
+        assert engine.n_ctx == 2816  # the engine carries the plan out
     f16 = shape.kv_bytes_per_token("f16")
     budget = shape.weights_bytes + shape.compute_bytes() + 3000 * f16
-    with Engine(
-        EngineConfig(model_path=long_model, placement=place((), memory_budget=budget), type_k="q8_0", type_v="q8_0")
-    ) as engine:
+    quantized = planned(long_model, budget, kv="q8_0").config
+    # the longest context that fits: one more step of 256 would not
+    assert shape.memory_needed(quantized.n_ctx, "q8_0", "q8_0", "on") <= budget
+    assert shape.memory_needed(quantized.n_ctx + 256, "q8_0", "q8_0", "on") > budget
+    with Engine(quantized) as engine:
         assert engine.flash_attn == "on"  # a quantized V: no scores buffer
-        # the longest context that fits: one more step of 256 would not
-        assert shape.memory_needed(engine.n_ctx, "q8_0", "q8_0", "on") <= budget
-        assert shape.memory_needed(engine.n_ctx + 256, "q8_0", "q8_0", "on") > budget
 
 
 def test_auto_context_stops_at_the_trained_context(tiny_model: Path) -> None:
-    with Engine(EngineConfig(model_path=tiny_model, placement=place((), memory_budget=10**10))) as engine:
-        assert engine.n_ctx == 512
+    assert planned(tiny_model, 10**10).config.n_ctx == 512
 
 
 def test_context_that_does_not_fit_is_refused_with_numbers(long_model: Path) -> None:
     shape = describe(read_gguf(long_model))
     budget = shape.weights_bytes + shape.compute_bytes() + 1000 * shape.context_bytes_per_token("f16")
     with pytest.raises(UsageError, match=r"--ctx 8192 needs .* GiB .*memory budget") as info:
-        Engine(EngineConfig(model_path=long_model, n_ctx=8192, placement=place((), memory_budget=budget)))
+        planned(long_model, budget, ctx="8192", kv="f16")
     assert info.value.hint is not None and "--ctx auto fits 768" in info.value.hint
     with pytest.raises(UsageError, match="does not fit"):
-        Engine(EngineConfig(model_path=long_model, placement=place((), memory_budget=shape.weights_bytes)))
+        planned(long_model, shape.weights_bytes, kv="f16")
 
 
 def test_ctx_option(tiny_model: Path) -> None:
@@ -115,7 +126,7 @@ def test_auto_flash_attention_is_llama_cpps_unless_v_is_quantized(wide_model: Pa
         (big_heads, "f16", "auto"),
     ]
     for path, type_v, expected in cases:
-        with Engine(EngineConfig(model_path=path, n_ctx=512, type_v=type_v)) as engine:
+        with Engine(engine_config(path, n_ctx=512, type_v=type_v)) as engine:
             assert engine.flash_attn == expected, (path.name, type_v)
             events = list(generate(engine, engine.tokenize("hello"), SamplingParams(temperature=0), max_tokens=4))
             assert isinstance(events[-1], DoneEvent) and events[-1].stats.generated_tokens == 4
@@ -127,7 +138,7 @@ def test_unfused_attention_scores_are_counted_in_the_memory_estimate(wide_long_m
     n_ctx = 8192
     buffers: dict[str, int] = {}
     for mode in ("off", "on"):
-        with Engine(EngineConfig(model_path=wide_long_model, n_ctx=n_ctx, flash_attn=mode)) as engine:
+        with Engine(engine_config(wide_long_model, n_ctx=n_ctx, flash_attn=mode)) as engine:
             assert engine.compute_buffer_bytes is not None
             buffers[mode] = engine.compute_buffer_bytes
     info = describe(read_gguf(wide_long_model))
@@ -145,9 +156,7 @@ def test_a_context_that_does_not_fit_is_refused_before_the_load(
     monkeypatch.setattr(engine_module, "_load_model", lambda info, placed: loads.append(info))
     shape = describe(read_gguf(wide_long_model))
     with pytest.raises(UsageError, match="--ctx 8192 needs"):
-        Engine(
-            EngineConfig(model_path=wide_long_model, n_ctx=8192, placement=place((), memory_budget=shape.weights_bytes))
-        )
+        planned(wide_long_model, shape.weights_bytes, ctx="8192")
     assert loads == []
 
 
@@ -182,37 +191,53 @@ class ShrinkingMemory:
 def test_a_batch_is_sized_in_the_memory_measured_before_its_weights_loaded(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from localrun.assemble import Prompts, assemble
     from localrun.runtime.batch.input import read_lines
-    from localrun.runtime.batch.plan import BatchSettings, jobs_for, plan_batch
-    from localrun.runtime.engine import Weights
+    from localrun.runtime.batch.plan import BatchSettings, batch_plan, jobs_for, tokenize_jobs
+    from localrun.runtime.engine import Vocabulary, Weights
+    from localrun.settings import Options, resolve
 
     shape = describe(read_gguf(tiny_model))
     per_sequence = 512 * shape.kv_bytes_per_token("f16", "f16")
     assert shape.weights_bytes > per_sequence  # counting the weights twice would cost at least one sequence
     room = shape.weights_bytes + shape.compute_bytes() + 4 * per_sequence + per_sequence // 2  # four fit
     memory = ShrinkingMemory(monkeypatch, RESERVE + room)
-    lines = read_lines([f"prompt {i}\n" for i in range(4)])
-    with Weights(tiny_model) as weights:
-        batch = plan_batch(jobs_for(lines), BatchSettings(max_tokens=300), weights, EngineConfig(tiny_model))
+    jobs = jobs_for(read_lines([f"prompt {i}\n" for i in range(4)]))
+    with Vocabulary(tiny_model) as vocabulary:  # the prompts counted before the run is placed
+        needs = tokenize_jobs(jobs, BatchSettings(max_tokens=300), vocabulary)
+    run = assemble(tiny_model, resolve(Options(kv="f16")), workload=Prompts(needs), use_wisdom=False)
+    with Weights(tiny_model, run.placement) as weights:
+        batch = batch_plan(jobs, run.config)
+        assert weights.handle
     assert memory.free < RESERVE + room  # the fake did see the load
-    assert batch.seq_ctx == 512 and batch.parallel == 4
+    assert batch.seq_ctx == 512 and batch.parallel == 4 and run.config.n_seq_max == 4
     assert memory.reads == 1
 
 
 def test_served_models_share_one_measurement(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second model gets what the first left of the budget measured
-    before either loaded, not that less the first's weights again."""
+    """The second model gets what the first left of the memory measured
+    before either loaded, less what the first measurably holds, not that
+    less the first's weights again."""
+    from localrun.assemble import Slots, assemble
+    from localrun.runtime import devices
+    from localrun.runtime.placement import parallel_that_fits
     from localrun.serve.served import ModelPlan, load_models
+    from localrun.settings import Options, resolve
 
     shape = describe(read_gguf(tiny_model))
     per_slot = shape.memory_needed(2 * 512, "f16", "f16") - shape.memory_needed(512, "f16", "f16")
     room = shape.memory_needed(4 * 512, "f16", "f16") + shape.memory_needed(2 * 512, "f16", "f16") + per_slot // 2
     memory = ShrinkingMemory(monkeypatch, RESERVE + room)
-    info = read_gguf(tiny_model)
-    plans = [ModelPlan(name, frozenset(), EngineConfig(tiny_model, n_threads=1), info) for name in ("a", "b")]
+    found = devices.probe()
+    settings = resolve(Options(threads=1, kv="f16"))
+    plans = [
+        ModelPlan(name, frozenset(), assemble(tiny_model, settings, workload=Slots(), devices=found, use_wisdom=False))
+        for name in ("a", "b")
+    ]
     models = load_models(plans)
     try:
-        assert [m.worker.parallel for m in models] == [4, 2]
+        left = room - sum(models[0].held.values())
+        assert [m.worker.parallel for m in models] == [4, min(4, parallel_that_fits(shape, 512, "f16", "f16", left))]
     finally:
         for model in models:
             model.close()
@@ -228,7 +253,7 @@ def test_placement_on_a_cpu_only_machine_and_beside_a_gpu() -> None:
     beside = place([cpu, gpu], memory_budget=2**30)
     assert beside.budget == 2**30 and beside.model.describe() == "CPU"  # no GPU placement yet: the CPU's plan
     assert "shape is unknown" in dict(beside.reasons)["model"]  # nothing to weigh against the GPU's memory
-    assert beside.less(2**29).budget == 2**29 and place([]).budget == 0 == place([]).less(5).budget
+    assert place([]).budget == 0
     shown = beside.to_json()
     assert shown["devices"][1] == {
         "name": "CUDA0",
@@ -362,13 +387,13 @@ def test_a_device_out_of_memory_costs_one_retry_with_fewer_layers(
     monkeypatch.setattr(engine_module, "_load_model", load)
     shape = describe(read_gguf(tiny_model))
     plan = place([CPU, gpu("CUDA0", 2**30)], shape=shape, need=512)
-    with Engine(EngineConfig(tiny_model, n_ctx=512, placement=plan)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=512, placement=plan)) as engine:
         assert tried == [shape.layers + 1, (shape.layers) // 2] and engine.placement.model.n_gpu_layers == 1
         assert len(engine.notices) == 1 and "retried with CUDA0, 1 of 2 layers" in engine.notices[0]
     tried.clear()
     given = place([CPU, gpu("CUDA0", 2**30)], shape=shape, gpu_layers="3")
     with pytest.raises(BadModelError):  # a count the user gave is not lowered behind their back
-        Engine(EngineConfig(tiny_model, n_ctx=512, placement=given))
+        Engine(engine_config(tiny_model, n_ctx=512, placement=given))
     assert tried == [3]
 
 
@@ -400,7 +425,7 @@ def test_sampling_moves_to_the_device_only_with_the_whole_model(tiny_model: Path
 
 
 def test_a_gpu_the_build_cannot_use_gets_a_hint(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, wide_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from localrun.assemble import assemble
     from localrun.runtime import devices
@@ -417,6 +442,6 @@ def test_a_gpu_the_build_cannot_use_gets_a_hint(
         assemble(tiny_model, resolve(Options()), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False).gpu_hint is None
     )
     unmatched = assemble(
-        tiny_model, resolve(Options(kv_k="q8_0", kv_v="q4_0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False
+        wide_model, resolve(Options(kv_k="q8_0", kv_v="q4_0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False
     )
     assert any("matching K and V" in w for w in unmatched.warnings)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from localrun.events import Stats
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS, Checkpoint, PromptCache, checkpoint_for
 from localrun.runtime.sampling import SamplingParams
-from tests.helpers import cli, collect
+from tests.helpers import cli, collect, engine_config
 from tests.tinymodel import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -22,7 +22,7 @@ MATERIAL = "\n".join(f"line {i}: the cat sat on the mat near the door" for i in 
 
 @pytest.fixture
 def engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(tiny_model, n_ctx=512, n_threads=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=512, n_threads=2)) as eng:
         yield eng
 
 
@@ -100,11 +100,11 @@ def test_damaged_file_is_ignored_and_rebuilt(engine: Engine, tmp_path: Path, dam
 def test_file_from_another_model_is_not_trusted(tiny_model: Path, models_dir: Path, tmp_path: Path) -> None:
     other = write_tiny_model(models_dir / "tiny-other.gguf", seed=7)
     cache = PromptCache(tmp_path / "pc")
-    with Engine(EngineConfig(tiny_model, n_ctx=512)) as a:
+    with Engine(engine_config(tiny_model, n_ctx=512)) as a:
         pa = build_prompt(a, "q", MATERIAL)
         run(a, pa.tokens, cache.checkpoint(a, pa.tokens[: pa.shared]))
         (entry,) = cache.entries()
-    with Engine(EngineConfig(other, n_ctx=512)) as b:
+    with Engine(engine_config(other, n_ctx=512)) as b:
         pb = build_prompt(b, "q", MATERIAL)
         assert pb.tokens == pa.tokens  # same tokenizer, same prompt
         reference, _ = run(b, pb.tokens, None)
@@ -118,7 +118,7 @@ def test_file_from_another_model_is_not_trusted(tiny_model: Path, models_dir: Pa
 def test_kv_types_are_part_of_the_key(wide_model: Path, tmp_path: Path) -> None:
     cache = PromptCache(tmp_path / "pc")
     for kv in ("f16", "q8_0"):
-        with Engine(EngineConfig(wide_model, n_ctx=512, type_k=kv, type_v=kv)) as eng:
+        with Engine(engine_config(wide_model, n_ctx=512, type_k=kv, type_v=kv)) as eng:
             p = build_prompt(eng, "q", MATERIAL)
             cp = cache.checkpoint(eng, p.tokens[: p.shared])
             run(eng, p.tokens, cp)
@@ -143,7 +143,7 @@ def test_cap_evicts_least_recently_used(engine: Engine, tmp_path: Path) -> None:
 
 
 def test_auto_caches_only_long_shared_prefixes(long_model: Path, tmp_path: Path) -> None:
-    with Engine(EngineConfig(long_model, n_ctx=4096)) as eng:
+    with Engine(engine_config(long_model, n_ctx=4096)) as eng:
         short = build_prompt(eng, "q", MATERIAL)
         assert checkpoint_for(short, eng, None) is None
         assert checkpoint_for(short, eng, False) is None

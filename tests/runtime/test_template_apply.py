@@ -11,16 +11,19 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from localrun.gguf.reader import read_gguf
+from localrun.assemble import Slots, assemble
 from localrun.runtime.chat_request import render_request
-from localrun.runtime.engine import EngineConfig
+from localrun.runtime.devices import Device
 from localrun.runtime.model_template import model_template
 from localrun.serve.app import create_app
 from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models
+from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
 from tests.helpers import cli
 from tests.tinymodel import write_tiny_model
 from tests.vendored import template
+
+HOST = Device("CPU", "fake", "cpu", 0, 0)  # nothing known of memory: the default slots
 
 QWEN3 = template("Qwen-Qwen3-0.6B")
 WEATHER = {
@@ -54,9 +57,9 @@ def qwen3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(qwen3_model: Path) -> Iterator[ServedModel]:
-    plan = ModelPlan(
-        "qwen3-tiny", frozenset(), EngineConfig(model_path=qwen3_model, n_threads=1), read_gguf(qwen3_model)
-    )
+    settings = resolve(Options(threads=1))
+    run = assemble(qwen3_model, settings, workload=Slots(), devices=[HOST], use_wisdom=False)
+    plan = ModelPlan("qwen3-tiny", frozenset(), run)
     (model,) = load_models([plan])
     try:
         yield model

@@ -14,14 +14,14 @@ import pytest
 
 from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, TokenEvent
 from localrun.runtime.chat import ChatSession
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt
 from localrun.runtime.reasoning import THINK, Reasoning, reasoning_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import parse_schema
-from tests.helpers import cli, on_terminal
+from tests.helpers import cli, engine_config, on_terminal
 from tests.tinymodel import THINK_TOKENS, THINKING_CHATML, THINKING_TURNS, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -44,7 +44,7 @@ def stubborn(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(thinker: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=thinker, n_ctx=512, n_threads=2)) as eng:
+    with Engine(engine_config(thinker, n_ctx=512, n_threads=2)) as eng:
         yield eng
 
 
@@ -172,7 +172,7 @@ def test_a_schema_where_the_model_may_open_the_thinking_itself(tmp_path: Path) -
     while the output may still open the thinking, and holds for the answer."""
     template = THINKING_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     model = write_tiny_model(tmp_path / "qwen3ish.gguf", chat_template=template, extra_tokens=THINK_TOKENS)
-    with Engine(EngineConfig(model_path=model, n_ctx=512, n_threads=2)) as eng:
+    with Engine(engine_config(model, n_ctx=512, n_threads=2)) as eng:
         built = build_prompt(eng, "hello", None)
         reasoning = reasoning_for(template, built.text, budget=3)
         assert reasoning == Reasoning(THINK, starts_open=False, budget=3)

@@ -15,13 +15,13 @@ import pytest
 
 from localrun.events import TokenEvent
 from localrun.runtime import threads as threads_mod
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.threads import MAX_GAP, WINDOW, ThreadGovernor
 from localrun.speculative import open_speculation
 from localrun.ui.stream import JsonRenderer, footer
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -168,7 +168,7 @@ def test_footer_shows_the_thread_count() -> None:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512, n_threads=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=512, n_threads=2)) as eng:
         yield eng
 
 
@@ -191,7 +191,7 @@ def test_done_event_reports_the_thread_count(engine: Engine) -> None:
 
 
 def test_pinned_engine_keeps_its_count(tiny_model: Path) -> None:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2, adapt_threads=False)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=2, adapt_threads=False)) as eng:
         with pytest.raises(ValueError):
             eng.set_threads(0)
         eng.set_threads(1)
@@ -306,7 +306,7 @@ def test_a_dropped_thread_stops_running(tiny_model: Path) -> None:
     """After the count drops to 1, one thread of the process does the decoding:
     the thread dropped sleeps (it neither computes nor spins) while 1-thread
     decodes run. Counts the CPU time of every thread of the process."""
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=256, n_threads=2, adapt_threads=False)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=2, adapt_threads=False)) as eng:
         prompt = eng.tokenize("the cat sat on the mat")
         collect(generate(eng, prompt, GREEDY, max_tokens=8))  # the worker pool starts and decodes
         eng.set_threads(1)
@@ -362,7 +362,7 @@ def test_batch_steps_feed_the_governor(tiny_model: Path, monkeypatch: pytest.Mon
     from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 
     recording = Recording()
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512, n_threads=2, n_seq_max=2)) as eng:
+    with Engine(engine_config(tiny_model, n_ctx=512, n_threads=2, n_seq_max=2)) as eng:
         monkeypatch.setitem(threads_mod._governors, eng, recording)
         prompts = ("the cat", "a dog")
         list(run_batch(eng, [BatchRequest(i, eng.tokenize(p), GREEDY, max_tokens=20) for i, p in enumerate(prompts)]))

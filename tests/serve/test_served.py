@@ -6,51 +6,70 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from localrun.assemble import Assembled, Slots, assemble
 from localrun.errors import InvalidRequestError, ModelNotFoundError, UsageError
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
-from localrun.runtime.engine import EngineConfig
-from localrun.runtime.placement import place
+from localrun.runtime.devices import Device
 from localrun.serve.prompts import prepare
 from localrun.serve.schemas import ChatRequest
-from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models, slots_for
+from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models
+from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
 
+FAKE_HOST = Device("CPU", "fake", "cpu", 0, 0)  # nothing known of memory but the budget given
 
-def plan(model: Path, ident: str = "tiny", **kw: object) -> ModelPlan:
-    info = read_gguf(model)
-    return ModelPlan(ident, frozenset(), EngineConfig(model_path=model, n_threads=1), info, **kw)  # type: ignore[arg-type]
+
+def planned(model: Path, budget: int = 0, **options: Any) -> Assembled:
+    """A server's plan for ``model``: slots in ``budget`` bytes (0: unknown)."""
+    settings = resolve(Options(threads=1, memory_budget=budget or None, **options))
+    return assemble(model, settings, workload=Slots(), devices=[FAKE_HOST], use_wisdom=False)
+
+
+def plan(model: Path, ident: str = "tiny", budget: int = 0, **kw: Any) -> ModelPlan:
+    return ModelPlan(ident, frozenset(), planned(model, budget), **kw)
 
 
 def test_slots_fit_the_memory_budget(tiny_model: Path) -> None:
     shape = describe(read_gguf(tiny_model))
     three = shape.memory_needed(3 * 512, "f16", "f16") + 1000  # three slots of 512 and a little
-    assert slots_for(plan(tiny_model), shape, three) == (512, 3)  # llama-server's 4 does not fit
-    assert slots_for(plan(tiny_model, parallel=2), shape, three) == (512, 2)
-    assert slots_for(plan(tiny_model, tuned=6), shape, 0) == (512, 6)  # nothing known of memory: as tuned
-    assert slots_for(plan(tiny_model, slot_ctx=300), shape, 0)[0] == 512  # llama.cpp's step of 256
+    sized = planned(tiny_model, three)
+    assert (sized.seq_ctx, sized.parallel) == (512, 3)  # llama-server's 4 does not fit
+    assert sized.config.n_ctx == 3 * 512 and sized.config.sample_on == "host"  # the scheduler samples on the host
+    assert planned(tiny_model, three, parallel=2).parallel == 2
+    unknown = resolve(Options(threads=1))
+    tuned = replace(unknown, parallel=6, sources={**unknown.sources, "parallel": "wisdom"})
+    as_tuned = assemble(tiny_model, tuned, workload=Slots(), devices=[FAKE_HOST], use_wisdom=False)
+    assert as_tuned.parallel == 6  # nothing known of memory: as tuned
+    assert planned(tiny_model, ctx="300").seq_ctx == 512  # llama.cpp's step of 256
     with pytest.raises(UsageError, match="--parallel 5 with 512-token slots does not fit"):
-        slots_for(plan(tiny_model, parallel=5), shape, three)
+        planned(tiny_model, three, parallel=5)
     with pytest.raises(UsageError, match="not even one slot"):
-        slots_for(plan(tiny_model), shape, shape.weights_bytes)
+        planned(tiny_model, shape.weights_bytes)
+
+
+def held_alone(model: Path) -> int:
+    """What the model holds with a server's four slots, as llama.cpp logs its buffers."""
+    (alone,) = load_models([plan(model, "alone", 10**9)])
+    try:
+        return sum(alone.held.values())
+    finally:
+        alone.close()
 
 
 @pytest.fixture
 def two(tiny_model: Path) -> Iterator[list[ServedModel]]:
-    """Two models in a budget that holds five slots in all: the first takes
-    llama-server's four, the second what is left."""
+    """Two models in a budget that holds the first with llama-server's four
+    slots and the second with two: the second is planned against what the
+    first measurably holds, not against a prediction of it."""
     shape = describe(read_gguf(tiny_model))
     per_slot = shape.memory_needed(2 * 512, "f16", "f16") - shape.memory_needed(512, "f16", "f16")
-    budget = shape.memory_needed(4 * 512, "f16", "f16") + shape.memory_needed(512, "f16", "f16") + per_slot // 2
-    first = plan(tiny_model, "tiny")
-    first = replace(
-        first,
-        names=frozenset({"qwen2.5-coder:1.5b"}),
-        config=replace(first.config, placement=place((), memory_budget=budget)),
-    )
+    budget = held_alone(tiny_model) + shape.memory_needed(2 * 512, "f16", "f16") + per_slot // 2
+    first = replace(plan(tiny_model, "tiny", budget), names=frozenset({"qwen2.5-coder:1.5b"}))
     second = replace(first, id="other", names=frozenset())
     models = load_models([first, second])
     yield models
@@ -59,7 +78,8 @@ def two(tiny_model: Path) -> Iterator[list[ServedModel]]:
 
 
 def test_models_share_the_memory_budget(two: list[ServedModel]) -> None:
-    assert [m.worker.parallel for m in two] == [4, 1]
+    assert [m.worker.parallel for m in two] == [4, 2]
+    assert two[0].held["CPU"] > 0  # llama.cpp's log said what the first holds
 
 
 def test_a_request_names_a_served_model(two: list[ServedModel], tiny_model: Path) -> None:

@@ -11,14 +11,14 @@ import llama_cpp
 import pytest
 
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation
 from localrun.speculative.control import PAD_SIZES, FixedController
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.speculative.lookup import PromptLookupDrafter
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 from tests.tinymodel import write_tiny_model
 
 FLAT = tuple(1.0 + 0.3 * (r - 1) / 63 for r in range(1, 65))  # a GPU's verify curve
@@ -39,7 +39,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def bigram(models: dict[str, Path]) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=models["bigram"], n_ctx=1024, n_threads=2)) as eng:
+    with Engine(engine_config(models["bigram"], n_ctx=1024, n_threads=2)) as eng:
         yield eng
 
 
@@ -92,7 +92,7 @@ def test_a_draft_model_padded_keeps_the_text(models: dict[str, Path], sampling: 
     step); sampled, its drafts are checked by speculative sampling, which
     draws its own random numbers: with the same seed, padded or not, the
     same text."""
-    with Engine(EngineConfig(model_path=models["target"], n_ctx=1024, n_threads=2)) as engine:
+    with Engine(engine_config(models["target"], n_ctx=1024, n_threads=2)) as engine:
         prompt = engine.tokenize("once upon a time")
         texts = []
         for curve in (None, FLAT):

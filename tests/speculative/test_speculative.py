@@ -13,7 +13,7 @@ from localrun.errors import IncompatibleDraftError
 from localrun.events import DraftStats, TokenEvent
 from localrun.gguf.reader import read_gguf, read_strings
 from localrun.runtime.decoder import Decoder
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, open_speculation
@@ -22,7 +22,7 @@ from localrun.speculative.control import PLAIN, AdaptiveController, FixedControl
 from localrun.speculative.draftmodel import DraftModelDrafter, check_draft_compatible
 from localrun.speculative.lookup import RESUME_BUCKET, PromptLookupDrafter, match_bucket
 from localrun.speculative.sampling import check_draft, target_probs
-from tests.helpers import cli, collect, on_terminal
+from tests.helpers import cli, collect, engine_config, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -41,13 +41,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def engine(models: dict[str, Path]) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=models["target"], n_ctx=1024, n_threads=2)) as eng:
+    with Engine(engine_config(models["target"], n_ctx=1024, n_threads=2)) as eng:
         yield eng
 
 
 @pytest.fixture(scope="module")
 def bigram(models: dict[str, Path]) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=models["bigram"], n_ctx=1024, n_threads=2)) as eng:
+    with Engine(engine_config(models["bigram"], n_ctx=1024, n_threads=2)) as eng:
         yield eng
 
 
@@ -457,7 +457,7 @@ def test_a_named_draft_model_that_drafted_nothing_is_said(
 def test_the_draft_model_decodes_with_the_targets_thread_count(models: dict[str, Path]) -> None:
     """The thread governor speaks for the target: when it drops a thread, the
     draft model's context drops it too (else the draft would collapse under load)."""
-    with Engine(EngineConfig(model_path=models["target"], n_ctx=256, n_threads=2)) as target:
+    with Engine(engine_config(models["target"], n_ctx=256, n_threads=2)) as target:
         drafter = DraftModelDrafter(models["other"], target, eager=True, p_min=0.0)
         try:
             assert drafter.engine is not None and drafter.engine.threads == 2

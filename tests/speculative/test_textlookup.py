@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from localrun.events import Stats
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.control import FixedController
 from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 from tests.tinymodel import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -106,7 +106,7 @@ def loop_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     path = write_tiny_model(
         tmp_path_factory.mktemp("text") / "loop.gguf", bigram=True, n_ctx_train=2048, loop="f(x,y)\n"
     )
-    with Engine(EngineConfig(model_path=path, n_ctx=1024, n_threads=2)) as engine:
+    with Engine(engine_config(path, n_ctx=1024, n_threads=2)) as engine:
         yield engine
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from localrun.errors import UsageError
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters
@@ -20,7 +20,7 @@ from localrun.speculative.control import FixedController
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import OutputSpec, concise_schema, parse_grammar, parse_schema, schema_spec
-from tests.helpers import cli, collect
+from tests.helpers import cli, collect, engine_config
 
 
 def test_the_concise_form() -> None:
@@ -143,11 +143,11 @@ def test_the_schema_command_of_a_chat(tiny_model: Path) -> None:
 
     from localrun.cli.repl import Repl
     from localrun.runtime.chat import ChatSession
-    from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.engine import Engine
     from localrun.runtime.prompt import chat_template
     from localrun.runtime.sampling import SamplingParams
 
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=512)) as engine:
         session = ChatSession(engine, chat_template(engine, None), SamplingParams(temperature=0))
         repl = Repl(session, Console(file=io.StringIO()), history=tiny_model.parent / "history")
         repl._command("/schema kind a|b")
@@ -228,7 +228,7 @@ def _fixed(engine: Engine, text: str) -> Constraint:
 def test_the_draft_model_drafts_under_the_mask(tiny_model: Path) -> None:
     """A draft model's tokens follow the grammar (the tiny model left alone
     never writes this text), and drafting leaves the output's state as it was."""
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=512, n_threads=2)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=512, n_threads=2)) as engine:
         drafter = DraftModelDrafter(tiny_model, engine, eager=True, p_min=0.0)
         try:
             context = engine.tokenize("the fixed text:")
@@ -253,7 +253,7 @@ def test_a_self_draft_under_a_schema_is_always_accepted(tiny_model: Path) -> Non
     it in the batch, and the text is plain decoding's."""
     schema = schema_spec(concise_schema("name, size int, tags list[str], kind cat|dog"), "test")
     greedy = SamplingParams(temperature=0.0)
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=1024, n_threads=2)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=1024, n_threads=2)) as engine:
         prompt = engine.tokenize("describe a pet as JSON")
         plain, plain_stats = collect(
             generate(engine, prompt, greedy, max_tokens=120, constraint=Constraint(engine, schema))
@@ -294,7 +294,7 @@ def test_every_seed_at_temperature_one_validates(tiny_model: Path, speculative: 
     import jsonschema
 
     spec = schema_spec(PET, "test")
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=1024, n_threads=2)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=1024, n_threads=2)) as engine:
         prompt = engine.tokenize("a pet as JSON:")
         for seed in range(12):
             sampling = SamplingParams(temperature=1.0, seed=seed)

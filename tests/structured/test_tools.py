@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from localrun.errors import InvalidRequestError
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
@@ -20,7 +20,7 @@ from localrun.structured.toolcalls.families import FAMILIES, GRAMMARS, HERMES, L
 from localrun.structured.toolcalls.split import parse_calls
 from localrun.structured.toolcalls.vendors import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
 from localrun.structured.tools import Call, Function, tool_grammar
-from tests.helpers import collect
+from tests.helpers import collect, engine_config
 
 WEATHER = Function(
     "get_weather",
@@ -48,7 +48,7 @@ HERMES_READ = reader(HERMES)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=tiny_model, n_ctx=1024, n_threads=2)) as engine:
+    with Engine(engine_config(tiny_model, n_ctx=1024, n_threads=2)) as engine:
         yield engine
 
 

@@ -1,9 +1,8 @@
-"""Planning a batch: each line's tokens, each sequence's context, how many
-sequences run at once, and which lines cannot run (and why).
-
-`plan_batch` tokenizes on a small context over weights the run then reuses,
-so the model file is loaded once; `run_plan` runs what can run through the
-continuous batching scheduler.
+"""A batch's lines as the run's plan takes them: each line's tokens,
+counted with the model's vocabulary alone before the run is placed
+(`tokenize_jobs`, `needs`), then the lines the planned sequences can hold
+(`batch_plan`: the context and the count are the run's plan, made in
+`localrun.assemble`), run through the continuous batching scheduler (`running`).
 """
 
 from __future__ import annotations
@@ -14,15 +13,13 @@ from dataclasses import dataclass, field, replace
 
 from localrun.errors import BadModelError, UsageError
 from localrun.events import BatchEvent
-from localrun.gguf.info import CONTEXT_STEP, describe
 from localrun.runtime.batch.input import BatchLine
 from localrun.runtime.batch.scheduler import BatchRequest, run_batch
-from localrun.runtime.engine import Engine, EngineConfig, Weights
-from localrun.runtime.placement import DEFAULT_CTX, sequence_context, sequences
+from localrun.runtime.engine import Engine, EngineConfig, Tokens, Weights
+from localrun.runtime.placement import DEFAULT_CTX
 from localrun.runtime.prompt import build_prompt, chat_prompt, compose
 from localrun.runtime.reasoning import Reasoning, reasoning_for, switches_for
 from localrun.runtime.sampling import SamplingParams
-from localrun.settings import check_context
 from localrun.structured.spec import OutputSpec
 
 _LINE_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
@@ -38,10 +35,6 @@ class BatchSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
-    seq_ctx: int | None = None  # each sequence's context; None: sized from the prompts
-    ctx_limit: int | None = None  # the most a sized context may be (the model's default context), besides training
-    parallel: int | None = None  # the user's --parallel (or config); None: tuned_parallel, else llama-server's default
-    tuned_parallel: int | None = None  # what `localrun tune` measured fastest on this machine
     output: OutputSpec | None = None  # --schema/--grammar: every line's, unless the line has its own
 
 
@@ -72,24 +65,16 @@ class BatchPlan:
         return [job for job in self.jobs if job.error is not None]
 
 
-def check_settings(settings: BatchSettings) -> None:
-    """Refuse impossible settings before anything is read or loaded."""
-    if settings.parallel is not None and settings.parallel < 1:
-        raise UsageError("--parallel must be at least 1")
-    if settings.seq_ctx is not None:
-        check_context(settings.seq_ctx)
-
-
 def jobs_for(lines: Sequence[BatchLine]) -> list[Job]:
     """One job per line, in output order; a line that could not be read carries its error."""
     return [Job(position, line, error=line.error) for position, line in enumerate(lines)]
 
 
-def _tokenize(engine: Engine, job: Job, settings: BatchSettings) -> None:
+def _tokenize(vocabulary: Tokens, job: Job, settings: BatchSettings) -> None:
     line = job.line
     system = line.settings.get("system", settings.system)
     raw = settings.raw or line.raw
-    template = None if raw else engine.info.chat_template
+    template = None if raw else vocabulary.info.chat_template
     switches = switches_for(template, "auto")  # the template's thinking default, as llama.cpp renders it
     try:
         if line.messages is not None:
@@ -97,10 +82,10 @@ def _tokenize(engine: Engine, job: Job, settings: BatchSettings) -> None:
             messages = (
                 line.messages if has_system or not system else [{"role": "system", "content": system}, *line.messages]
             )
-            built = chat_prompt(engine, messages, raw=raw, switches=switches)
+            built = chat_prompt(vocabulary, messages, raw=raw, switches=switches)
         else:
             text = compose(line.prompt, settings.instruction)  # the shared argument first: a common prefix
-            built = build_prompt(engine, text, system=system, raw=raw, switches=switches)
+            built = build_prompt(vocabulary, text, system=system, raw=raw, switches=switches)
     except (UsageError, BadModelError) as exc:
         job.error = exc.message
         return
@@ -117,40 +102,25 @@ def _need(job: Job) -> int:
     return n + job.max_tokens if job.max_tokens is not None else max(DEFAULT_CTX, n + 1)
 
 
-def _parallel(n_prompts: int, seq_ctx: int, settings: BatchSettings, config: EngineConfig, weights: Weights) -> int:
-    """--parallel, checked against memory; by default the tuned count (else
-    llama-server's default), no more than fit."""
-    return sequences(
-        describe(weights.info),
-        seq_ctx,
-        (config.type_k, config.type_v),
-        (config.placement or weights.placement).budget,  # measured before the weights loaded
-        asked=settings.parallel,
-        tuned=settings.tuned_parallel,
-        wanted=n_prompts,
-        unit="sequence",
-        smaller="--ctx or --max-tokens",
-    )
+def tokenize_jobs(jobs: list[Job], settings: BatchSettings, vocabulary: Tokens) -> tuple[int, ...]:
+    """Tokenize every job that can run with the model's ``vocabulary``
+    (loaded alone, before the run is placed); a job whose prompt cannot be
+    tokenized gets its error. Returns each runnable job's context need, for the plan."""
+    for job in jobs:
+        if job.error is None:
+            _tokenize(vocabulary, job, settings)
+    return tuple(_need(job) for job in jobs if job.error is None)
 
 
-def plan_batch(jobs: list[Job], settings: BatchSettings, weights: Weights, config: EngineConfig) -> BatchPlan:
-    """Tokenize every job that can run (a small context on ``weights``), size
-    each sequence's context and the number run at once; a job whose prompt
-    cannot run gets its error."""
-    check_settings(settings)
-    with Engine(replace(config, n_ctx=CONTEXT_STEP, n_seq_max=1), weights=weights) as tokenizer:
-        n_ctx_train = tokenizer.n_ctx_train
-        for job in jobs:
-            if job.error is None:
-                _tokenize(tokenizer, job, settings)
-    needs = [_need(job) for job in jobs if job.error is None]
-    limit = min(n_ctx_train, settings.ctx_limit) if settings.ctx_limit else n_ctx_train
-    seq_ctx = sequence_context(needs, settings.seq_ctx, limit)
+def batch_plan(jobs: list[Job], config: EngineConfig) -> BatchPlan:
+    """The jobs on the run's planned sequences (``config``: their count and
+    context, together); a job whose prompt a sequence cannot hold gets its error."""
+    parallel = max(config.n_seq_max, 1)
+    seq_ctx = config.n_ctx // parallel
     for job in jobs:
         if job.error is None and job.tokens is not None and len(job.tokens) >= seq_ctx:
             job.error = f"the prompt is {len(job.tokens)} tokens; each sequence's context holds {seq_ctx}"
-    n_runnable = sum(job.error is None for job in jobs)
-    return BatchPlan(jobs, seq_ctx, _parallel(n_runnable, seq_ctx, settings, config, weights))
+    return BatchPlan(jobs, seq_ctx, parallel)
 
 
 def requests_for(plan: BatchPlan, settings: BatchSettings) -> list[BatchRequest]:
@@ -177,6 +147,5 @@ def running(
     """The engine the plan runs on (its abort flag stops the run) and the
     scheduler's events for the runnable jobs (`SequenceDone.index` is the
     job's position)."""
-    run_config = replace(config, n_ctx=plan.parallel * plan.seq_ctx, n_seq_max=plan.parallel)
-    with Engine(run_config, weights=weights) as engine:
+    with Engine(config, weights=weights) as engine:
         yield engine, run_batch(engine, requests_for(plan, settings))

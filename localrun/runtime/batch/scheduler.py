@@ -664,7 +664,7 @@ class ContinuousBatch:
 
 
 class _SlotTarget:
-    """A sequence, as its stepper drives it (`runtime.stepper.Target`), in
+    """A sequence, as its stepper drives it (`runtime.stepper.SteppedSequence`), in
     the scheduler's context: decoding alone, in batches of its own; decoding
     together with others, in ``rows`` rows from ``offset`` of the shared
     batch, with ``room`` rows of it for its own."""
