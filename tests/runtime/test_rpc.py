@@ -315,11 +315,6 @@ def test_serve_offloads_two_models_to_the_rpc_device(
         assert served.stop() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a draft given with --draft-model is loaded with no layers on the devices: "
-    "the run's placement does not include it yet",
-)
 def test_a_draft_model_offloads_beside_its_target(tiny_model: Path, models_dir: Path, server: RpcServer) -> None:
     draft = write_tiny_model(models_dir / "tiny-rpc-draft.gguf", seed=3)
     done = localrun(
