@@ -122,7 +122,7 @@ def buffer_device(name: str) -> str:
     remote = rpc.buffer_device(name)
     if remote is not None:
         return remote
-    base, _, suffix = name.partition("_")
+    base, _, suffix = name.partition("[")[0].partition("_")  # an RPC server not registered here: its own name
     if suffix == "Host" or base == "CPU":
         return "CPU"
     return base
