@@ -42,6 +42,16 @@ def _mistral_head(text: str, at: int) -> tuple[str, int] | str:
     return end if isinstance(end, str) else (name.group(1), end)
 
 
+def _cut_short(text: str, start: int, ctx: Context, calls: list[Written]) -> Region | None:
+    """A call whose arguments the text cuts short: more text may come
+    (streaming), or None when the calls before it stand, or none are calls."""
+    if not ctx.final:
+        return still_open(start)
+    if calls:
+        return None
+    return not_calls(start, len(text), "the call is cut short")
+
+
 def mistral(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, PLR0911, PLR0912  one way out for each way the text may stand
     """``[TOOL_CALLS]`` then a JSON list of calls (Mistral Nemo), or
     ``NAME[ARGS]{...}`` with an optional ``[CALL_ID]id`` (Mistral Small 3.2,
@@ -67,11 +77,9 @@ def mistral(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, 
             break
         found = read_object(text, head[1])
         if found == INCOMPLETE:
-            if not ctx.final:
-                return still_open(start)
-            if calls:  # the calls before it stand
+            if (cut := _cut_short(text, start, ctx, calls)) is None:
                 break
-            return not_calls(start, len(text), "the call is cut short")
+            return cut
         if isinstance(found, str):
             return not_calls(start, len(text), "the arguments are not JSON")
         calls.append(Written(head[0], found[0]))
@@ -284,11 +292,9 @@ def gemma4(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, P
         name = text[i + len(opening) : brace].strip()
         found = gemma_value(text, brace)
         if found == INCOMPLETE:
-            if not ctx.final:
-                return still_open(start)
-            if calls:  # the calls before it stand
+            if (cut := _cut_short(text, start, ctx, calls)) is None:
                 break
-            return not_calls(start, len(text), "the call is cut short")
+            return cut
         if isinstance(found, str):
             return not_calls(start, len(text), "the arguments are not in Gemma's notation")
         calls.append(Written(name, found[0]))
