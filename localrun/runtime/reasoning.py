@@ -440,7 +440,9 @@ class AnswerGuard:
     def __init__(self, grammar: Constraint | None, reasoning: Reasoning | None, tokenize: Callable[[str], list[int]]):
         self.grammar = grammar
         # the gate follows the thinking where there is something to force or to start after it
+        # (a grammar that covers the thinking too, as harmony's tool calls do, keeps its budget itself)
         needed = reasoning is not None and (grammar is not None or reasoning.budget is not None)
+        needed = needed and not (grammar is not None and grammar.spec.whole)
         self.gate = ThinkingGate(reasoning, tokenize) if reasoning is not None and needed else None
 
     @property

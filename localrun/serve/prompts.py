@@ -103,7 +103,9 @@ def output_spec(
             raise InvalidRequestError("response_format and tools together are not supported", "response_format")
         if use.family.grammar is None:  # a family whose calls are read, not constrained
             return None
-        return tool_grammar(model.engine, use.functions, use.family.grammar, use.choice, parallel=use.parallel)
+        budget = request.reasoning_budget_tokens if isinstance(request, ChatRequest) else None
+        fmt = use.family.grammar
+        return tool_grammar(model.engine, use.functions, fmt, use.choice, parallel=use.parallel, budget=budget)
     if request.response_format is None:
         return None
     try:

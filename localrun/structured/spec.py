@@ -38,6 +38,7 @@ class OutputSpec:
     grammar: str  # llguidance's grammar (a JSON document)
     schema: dict[str, Any] | None = None  # to validate the result against (JSON Schema only)
     source: str = ""  # where it came from, for messages
+    whole: bool = False  # the grammar covers the whole output, thinking included (not only the answer)
 
 
 def _type(name: str, text: str) -> dict[str, Any]:

@@ -76,6 +76,10 @@ def _declared(f: Function) -> dict[str, Any]:
 _MARKER = re.compile(r"(</?\|?[A-Za-z_][\w|.-]*\|?>|\[[A-Z_]+\]|<｜[^｜<>]+｜>)")
 
 
+# harmony: what ends a message and opens the next of the reply
+NEXT_MESSAGE = "<|end|><|start|>assistant"
+
+
 def _specials(engine: Tokenizer) -> dict[str, int]:
     """The markers this vocabulary holds as one special token each, and their ids."""
     from localrun.structured.constraint import tokenizer_for
@@ -83,7 +87,8 @@ def _specials(engine: Tokenizer) -> dict[str, int]:
     tok = tokenizer_for(engine)
     found = {}
     for fmt in (*GRAMMARS, FENCED):
-        for text in (fmt.begin, fmt.each, fmt.name_end, fmt.after_each, fmt.end, *(t for t, _ in fmt.triggers)):
+        texts = (fmt.begin, fmt.each, fmt.name_end, fmt.after_each, fmt.end, *(t for t, _ in fmt.triggers))
+        for text in (NEXT_MESSAGE, *texts):
             for mark in _MARKER.findall(text):
                 ids = engine.tokenize(mark, add_special=False, parse_special=True)
                 if len(ids) == 1 and tok.is_special_token(ids[0]):
@@ -187,9 +192,12 @@ def tool_grammar(
     choice: Choice,
     *,
     parallel: bool = True,
+    budget: int | None = None,
 ) -> OutputSpec:
     """The constraint for a reply: calls only (``required``), or free text
-    whose calls are constrained once their marker begins (``auto``)."""
+    whose calls are constrained once their marker begins (``auto``).
+    ``budget``: the thinking's tokens, where the grammar covers the thinking
+    too (harmony's channels)."""
     import llguidance
 
     from localrun.structured.spec import _compiled
@@ -197,6 +205,10 @@ def tool_grammar(
     specials = _specials(engine)
     rules = ["%llguidance {}", "TEXT: /(.|\\n)*/"]
     rules += _call_rules(fmt, functions, specials, "c")
+    if fmt.channels:
+        rules[1:1] = _channel_rules(choice, specials, budget)
+        grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
+        return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools", whole=True)
     more = f"({_lark_text(fmt.between, specials)} c_call)*" if parallel else ""
     calls = f"{_lark_text(fmt.begin, specials)} c_call {more} {_lark_text(fmt.end, specials)}"
     if choice == "required":
@@ -224,6 +236,31 @@ def tool_grammar(
         rules.insert(1, f"start: TEXT | {' | '.join(alternatives)}")
     grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
     return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools")
+
+
+def _channel_rules(choice: Choice, specials: dict[str, int], budget: int | None) -> list[str]:
+    """Harmony's whole reply: messages on channels, each after the header
+    ``<|channel|>NAME<|message|>``, the next one opened by
+    ``<|end|><|start|>assistant``. With ``required``, at most one analysis
+    message (the thinking, ``budget`` tokens at most: then its end and the
+    call's header are forced), then the call; with ``auto``, any messages,
+    then a call or the final answer. A call (``c_call``) is constrained from
+    its ``to=functions.`` on."""
+    channel, message = _lark_text("<|channel|>", specials), _lark_text("<|message|>", specials)
+    after = _lark_text(NEXT_MESSAGE, specials)
+    limit = f"[max_tokens={budget}]" if budget is not None else ""
+    rules = [
+        f'h_think: {channel} "analysis" {message} h_text {after}',
+        f"h_text{limit}: /(.|\\n)*/",
+    ]
+    if choice == "required":
+        return ["start: h_think? c_call", *rules]
+    return [
+        "start: (h_think | h_note)* (c_call | h_final)",
+        *rules,
+        f'h_note: {channel} "commentary" {message} TEXT {after}',
+        f'h_final: {channel} "final" {message} TEXT',
+    ]
 
 
 def _regex(text: str) -> str:

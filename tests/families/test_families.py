@@ -301,19 +301,13 @@ WEATHER: Any = [
         },
     }
 ]
-TOOLS_FAIL = {  # families whose tool calls localrun cannot constrain yet
-    "gpt-oss": "gpt-oss's calls are read, not constrained: its header lies in a channel the reasoning gate "
-    "keeps free, so a required call is not forced",
-}
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_serve_a_required_tool_call(name: str, family_server: Server, request: pytest.FixtureRequest) -> None:
+def test_serve_a_required_tool_call(name: str, family_server: Server) -> None:
     """A tool the family's template offers, a call required: the call is written in
     the family's format, parsed back and valid (the schema leaves one argument)."""
     server = family_server
-    if name in TOOLS_FAIL:
-        request.applymarker(pytest.mark.xfail(reason=TOOLS_FAIL[name], strict=True))
     messages: Any = [{"role": "user", "content": "the weather in Paris?"}]
     reply = server.client().chat.completions.create(
         model=name,

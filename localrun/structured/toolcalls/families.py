@@ -44,6 +44,7 @@ class CallFormat:
     leading: bool = False
     shape: Literal["json", "named"] = "json"
     name_end: str = ""
+    channels: bool = False  # harmony: the calls are messages on channels, after any thinking in its own
 
     @property
     def opening(self) -> str:
@@ -89,6 +90,17 @@ QWEN3_CODER = CallFormat(
     name_end=">\n",
     triggers=(("<tool_call>", "\n<function="),),
 )
+# gpt-oss: ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>``
+# (``<|call|>`` ends the turn: one call a reply)
+HARMONY = CallFormat(
+    "harmony",
+    each="<|channel|>commentary to=functions.",
+    between="",
+    after_each="<|call|>",
+    shape="named",
+    name_end=" <|constrain|>json<|message|>",
+    channels=True,
+)
 GRAMMARS: tuple[CallFormat, ...] = (
     HERMES,
     QWEN3_CODER,
@@ -98,6 +110,7 @@ GRAMMARS: tuple[CallFormat, ...] = (
     GRANITE,
     DEEPSEEK_R1,
     DEEPSEEK_V31,
+    HARMONY,
 )
 
 
@@ -135,12 +148,10 @@ GRANITE_FAMILY = Family("granite", (syntax.marker_then_json("<|tool_call|>"),), 
 _DEEPSEEK = (DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP)
 DEEPSEEK_R1_FAMILY = Family("deepseek-r1", (vendors.deepseek,), DEEPSEEK_R1, _DEEPSEEK)
 DEEPSEEK_V31_FAMILY = Family("deepseek-v3.1", (vendors.deepseek,), DEEPSEEK_V31, _DEEPSEEK)
-# the channels and the end of the header are special tokens that free text
-# cannot write under a grammar: gpt-oss's calls are read, not constrained
 HARMONY_FAMILY = Family(
     "gpt-oss",
     (vendors.harmony,),
-    None,
+    HARMONY,
     ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>"),
 )
 GEMMA4_FAMILY = Family("gemma4", (vendors.gemma4,), None, ("<|tool_call>", "<tool_call|>", '<|"|>'))
