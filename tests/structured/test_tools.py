@@ -14,13 +14,16 @@ import pytest
 from localrun.errors import InvalidRequestError
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
+from localrun.runtime.reasoning import FORMATS, HARMONY, split_reply
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.toolcalls.families import FAMILIES, GRAMMARS, HERMES, LLAMA3, MISTRAL_JSON, CallFormat, Family
+from localrun.structured.toolcalls.families import HARMONY as HARMONY_CALLS
 from localrun.structured.toolcalls.split import parse_calls
 from localrun.structured.toolcalls.vendors import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
 from localrun.structured.tools import Call, Function, tool_grammar
 from tests.helpers import collect, engine_config
+from tests.synthmodels import BY_NAME, write_family_model
 
 WEATHER = Function(
     "get_weather",
@@ -44,6 +47,7 @@ def reader(fmt: CallFormat) -> Family:
 
 
 HERMES_READ = reader(HERMES)
+HARMONY_THINKING = next(f for f in FORMATS if f.name == HARMONY)
 
 
 @pytest.fixture(scope="module")
@@ -129,20 +133,25 @@ def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
 
 @pytest.mark.parametrize("fmt", [*GRAMMARS], ids=lambda f: f.name)
 def test_every_seed_at_temperature_one_calls_validly(engine: Engine, fmt: Any) -> None:
-    """A random model sampling hot: every reply is a declared call with valid arguments."""
-    spec = tool_grammar(engine, FUNCTIONS, fmt, "required", parallel=False)
+    """A random model sampling hot: every reply is a declared call with valid
+    arguments (for harmony, after thinking that its budget closes)."""
+    spec = tool_grammar(engine, FUNCTIONS, fmt, "required", parallel=False, budget=8 if fmt.channels else None)
     prompt = engine.tokenize("call a tool:")
+    thought = []
     for seed in range(8):
         constraint = Constraint(engine, spec)
         text, stats = collect(
             generate(engine, prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=300, constraint=constraint)
         )
         assert stats.stop_reason == "eos", (seed, text)
-        content, calls = parse_calls(text, reader(fmt), FUNCTIONS)
+        thinking, answer = split_reply(text, HARMONY_THINKING if fmt.channels else None)
+        thought.append(thinking)
+        content, calls = parse_calls(answer, reader(fmt), FUNCTIONS)
         assert content == "" and len(calls) == 1, (seed, text)
         declared = {f.name: f.parameters for f in FUNCTIONS}
         jsonschema.validate(calls[0].arguments, declared[calls[0].name])
         assert json.loads(json.dumps(calls[0].arguments)) == calls[0].arguments
+    assert any(thought) == fmt.channels  # harmony's replies think first, now and then
 
 
 def test_a_doubled_brace_call_is_a_call_and_is_constrained(engine: Engine) -> None:
@@ -186,3 +195,58 @@ def test_text_then_a_call_in_a_named_format_is_constrained_once_its_marker_begin
     assert matcher.validate_tokens(tokens) < len(tokens)
     content, calls = parse_calls("Let me check.\n" + call, reader(fmt), FUNCTIONS)
     assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
+
+
+# ---------------------------------------------------------------- harmony --
+
+HARMONY_CALL = '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz": 4}<|call|>'
+HARMONY_THOUGHT = "<|channel|>analysis<|message|>The user wants the time.<|end|><|start|>assistant"
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """gpt-oss's vocabulary: its channel markers are special tokens."""
+    path = write_family_model(BY_NAME["gpt-oss"], tmp_path_factory.mktemp("gpt-oss") / "gpt-oss.gguf")
+    with Engine(engine_config(path, n_ctx=512, n_threads=2)) as engine:
+        yield engine
+
+
+def _takes(engine: Engine, spec: Any, text: str) -> bool:
+    """Whether the grammar takes all of ``text`` (special tokens as themselves) and may end there."""
+    matcher = Constraint(engine, spec).matcher
+    tokens = engine.tokenize(text, add_special=False, parse_special=True)
+    return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("thought", ["", HARMONY_THOUGHT])
+def test_a_required_harmony_call_is_a_declared_one_after_any_thinking(gpt_oss: Engine, thought: str) -> None:
+    spec = tool_grammar(gpt_oss, FUNCTIONS, HARMONY_CALLS, "required")
+    assert spec.whole  # it covers the thinking too: the channel of a call is not the final answer's
+    assert _takes(gpt_oss, spec, thought + HARMONY_CALL)
+    assert not _takes(gpt_oss, spec, thought + HARMONY_CALL.replace("get_time", "get_tim"))
+    assert not _takes(gpt_oss, spec, thought + HARMONY_CALL.replace('"tz": 4', '"tz": 99'))
+    assert not _takes(gpt_oss, spec, thought + "<|channel|>final<|message|>It is noon.")
+    thinking, answer = split_reply(thought + HARMONY_CALL, HARMONY_THINKING, starts_open=True)
+    assert thinking == ("The user wants the time." if thought else "")
+    content, calls = parse_calls(answer, reader(HARMONY_CALLS), FUNCTIONS)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
+
+
+def test_an_auto_harmony_reply_is_free_until_a_call_begins(gpt_oss: Engine) -> None:
+    spec = tool_grammar(gpt_oss, FUNCTIONS, HARMONY_CALLS, "auto")
+    assert _takes(gpt_oss, spec, HARMONY_THOUGHT + "<|channel|>final<|message|>It is noon, I think.")
+    assert _takes(gpt_oss, spec, "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant" + HARMONY_CALL)
+    assert _takes(gpt_oss, spec, HARMONY_THOUGHT + HARMONY_CALL)
+    assert not _takes(gpt_oss, spec, HARMONY_THOUGHT + HARMONY_CALL.replace("get_time", "get_tim"))
+    assert not _takes(gpt_oss, spec, HARMONY_CALL.replace('{"tz": 4}', '{"zone": 4}'))
+
+
+def test_a_harmony_thinking_budget_closes_into_the_call(gpt_oss: Engine) -> None:
+    """Past its budget the thinking's end and the call's header are forced, up to the function's name."""
+    spec = tool_grammar(gpt_oss, FUNCTIONS, HARMONY_CALLS, "required", budget=3)
+    matcher = Constraint(gpt_oss, spec).matcher
+    head = gpt_oss.tokenize("<|channel|>analysis<|message|>", add_special=False, parse_special=True)
+    thinking = gpt_oss.tokenize(" a b c d e f", add_special=False)[:3]
+    assert matcher.consume_tokens([*head, *thinking])
+    forced = gpt_oss.detokenize(matcher.compute_ff_tokens())
+    assert forced == "<|end|><|start|>assistant<|channel|>commentary to=functions.get_"
