@@ -4,12 +4,17 @@ they are cut into pieces, and cut off), and the token gate's budget."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from localrun.errors import UsageError
+from localrun.runtime.engine import Engine
 from localrun.runtime.reasoning import (
     FORMATS,
     THINK,
+    AnswerGuard,
     Reasoning,
     ReasoningFormat,
     Splitter,
@@ -22,7 +27,10 @@ from localrun.runtime.reasoning import (
     switches_for,
 )
 from localrun.runtime.templates import render_chat
+from localrun.structured.constraint import Constraint
+from localrun.structured.spec import parse_schema
 from tests import vendored
+from tests.helpers import engine_config
 
 BY_NAME = {fmt.name: fmt for fmt in FORMATS}
 
@@ -239,3 +247,16 @@ def test_harmony_budget_forces_the_final_header() -> None:
     taken = _drive(gate, [*head, *[ord("z")] * 50], 4 + len(_tokenize(harmony.forced)) + 1)
     assert taken[4 : 4 + len(_tokenize(harmony.forced))] == _tokenize(harmony.forced)
     assert gate.answering
+
+
+def test_a_grammar_over_the_whole_output_needs_no_gate(tiny_model: Path) -> None:
+    """Harmony's tool grammar covers the thinking and keeps its budget itself:
+    it applies from the first token; an answer's grammar waits for the answer."""
+    harmony = BY_NAME["harmony"]
+    answer_only = parse_schema("name str")
+    with Engine(engine_config(tiny_model, n_ctx=256, n_threads=1)) as engine:
+        for whole in (True, False):
+            grammar = Constraint(engine, replace(answer_only, whole=whole))
+            guard = AnswerGuard(grammar, Reasoning(harmony, starts_open=True, budget=4), _tokenize)
+            assert (guard.gate is None) == whole
+            assert (guard.constraint is grammar) == whole
