@@ -13,6 +13,10 @@ calls from its first token; with ``auto`` it is free text, and once a call's
 marker begins, the rest of the call is constrained. A marker that is a special
 token of the model's vocabulary is referred to as that token (free text can
 never contain it); otherwise it is matched as text.
+
+gpt-oss's harmony calls are messages on a channel of their own, after any
+thinking in another: its grammar covers the whole reply, channels, thinking
+(its budget included) and all, rather than the answer alone.
 """
 
 from __future__ import annotations
