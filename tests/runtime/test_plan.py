@@ -251,3 +251,27 @@ def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked
     assert run.config.sample_on == run.settings.sample_on == where
     if where != asked:
         assert run.settings.reasons["sample_on"]
+
+
+def test_a_bench_batching_row_on_a_partial_offload_fits_the_layers_planned_for_it(
+    long_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`localrun bench`'s batching rows are planned as --batch is: the layers
+    placed for the sequences the row runs, not for the bench's own context."""
+    from localrun.bench.harness import Bench, Plan
+
+    shape = describe(read_gguf(long_model))
+    per_layer = shape.layer_bytes + 4096 * shape.kv_bytes_per_token("f16") // shape.layers
+    room = shape.compute_bytes() + per_layer * 3 // 2  # one layer, for a context of 4096 tokens
+    gpu = FakeGpu(monkeypatch, room)
+    plan = Plan.make(True, prompts=("a" * 2100,), max_tokens=2, warmup_tokens=1)
+    bench = Bench(long_model, plan)
+    try:
+        measured = bench.batched(4)  # four sequences of over 2,048 tokens each
+    finally:
+        bench.close()
+    assert measured.decode_tokens_per_s > 0
+    batches = [held for held in gpu.contexts if held.n_ctx >= 4 * 2100]
+    assert batches or not gpu.placed(long_model).offloaded
+    for held in batches:  # the batch's context, on the layers placed for it
+        assert held.total <= room, f"{held.n_ctx} tokens on {held.placed.n_gpu_layers} layers overflow the GPU"
