@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.assemble import assemble
+from localrun.assemble import Prompts, assemble
 from localrun.bench.stats import Advice, Row
 from localrun.events import BatchProgress, DoneEvent, Event, SequenceDone, Stats, TokenEvent
 from localrun.gguf.info import ModelInfo, describe
@@ -21,7 +21,6 @@ from localrun.runtime.batch.scheduler import BatchRequest, run_batch
 from localrun.runtime.engine import Engine, EngineConfig, Tokens, Vocabulary, Weights
 from localrun.runtime.generate import PLAIN, Decoding, generate
 from localrun.runtime.perplexity import REFERENCE_TEXT, Perplexity, perplexity
-from localrun.runtime.placement import slot_context
 from localrun.runtime.prompt import prompt_tokens
 from localrun.runtime.sampling import SamplingParams
 from localrun.settings import Options, resolve
@@ -173,7 +172,8 @@ class Bench:
         self.shape = describe(read_gguf(model))
         options = Options(ctx=str(plan.n_ctx), kv="f16", flash_attn=plan.flash_attn, threads=plan.threads)
         where = dataclasses.replace(options, gpu_layers=plan.gpu_layers, device=plan.device)
-        settings = resolve(dataclasses.replace(where, memory_budget=plan.memory_budget))
+        self.options = dataclasses.replace(where, memory_budget=plan.memory_budget)
+        settings = resolve(self.options)
         # llama.cpp's defaults, placed once before any row loads: every row changes what it measures
         self.base = assemble(model, settings, verbose=plan.verbose, use_wisdom=False, draft=draft).config
         self.budget = self.base.placement.budget
@@ -260,9 +260,20 @@ class Bench:
             drafters=tuple(drafters),
         )
 
-    def batched(self, config: EngineConfig, parallel: int) -> Round:
+    def batch_config(self, needs: tuple[int, ...]) -> EngineConfig:
+        """The engine for one sequence per need in ``needs`` (prompt and
+        output tokens), planned as `--batch` plans it (`localrun.assemble`
+        with the `Prompts`): the layers placed for the batch's whole context,
+        each sequence's context sized from the largest need, not from the plan's."""
+        options = dataclasses.replace(self.options, ctx=None, parallel=len(needs))
+        return assemble(
+            self.model, resolve(options), workload=Prompts(needs), verbose=self.plan.verbose, use_wisdom=False
+        ).config
+
+    def batched(self, parallel: int) -> Round:
         """One round of continuous batching: ``parallel`` requests (the
-        prompts, cycled) through `localrun.batch`, all at once. Tokens/sec is
+        prompts, cycled) through `localrun.batch`, all at once, on the plan
+        `batch_config` makes for them. Tokens/sec is
         the aggregate of the decoding phase (from the step that evaluates the
         last prompt token to the end), as the single-sequence rows count
         decoding only; the aggregate over the whole run, prompt evaluation
@@ -271,16 +282,13 @@ class Bench:
         tokens)."""
         reset_peak_rss()
         greedy = SamplingParams(temperature=0.0)
-        with Vocabulary(config.model_path) as vocabulary:
+        with Vocabulary(self.model) as vocabulary:
             prompts = self.prompts(vocabulary)
         requests = [
             BatchRequest(i, prompts[i % len(prompts)], greedy, self.plan.max_tokens, ignore_eos=True)
             for i in range(parallel)
         ]
-        per_seq = slot_context(
-            max(len(r.tokens) for r in requests) + self.plan.max_tokens + 1, self.shape.context_length or 1 << 20
-        )
-        sized = dataclasses.replace(config, n_ctx=per_seq * parallel, n_seq_max=parallel)
+        sized = self.batch_config(tuple(len(r.tokens) + self.plan.max_tokens + 1 for r in requests))
         done: list[SequenceDone] = []
         final: BatchProgress | None = None
         prompts_done: BatchProgress | None = None  # the step that evaluated the last prompt token
@@ -314,7 +322,7 @@ class Bench:
             ttft_s=median([d.stats.ttft_s for d in done]),
             peak_rss_bytes=peak,
             kv_bytes_per_token=kv,
-            context_fits=self.context_fits(config),
+            context_fits=self.context_fits(sized),
             extra={"total_tokens_per_s": total},
         )
 

@@ -87,7 +87,7 @@ def batching_rows(bench: Bench) -> list[RowSpec]:
     return [
         RowSpec(
             f"batching n={n}",
-            measure=lambda b, n=n: b.batched(b.engine_config(type_k="f16", type_v="f16"), n),  # type: ignore[misc]
+            measure=lambda b, n=n: b.batched(n),  # type: ignore[misc]
             settings={"parallel": n},
             sequences=n,
         )

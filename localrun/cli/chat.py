@@ -13,7 +13,7 @@ with `--json`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,11 +28,12 @@ from localrun.cli._resolve import model_name
 from localrun.cli.generate import refuse_stats_with_json, warn_past_training
 from localrun.errors import UsageError
 from localrun.runtime.templates import BUILTIN_TEMPLATES
-from localrun.settings import Options, sampling_defaults
+from localrun.settings import Options, RunSettings, sampling_defaults
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
     from localrun.runtime.chat import ChatSession, Conversation
+    from localrun.runtime.placement import Placement
     from localrun.ui.stream import Renderer
 
 
@@ -177,9 +178,29 @@ def chat(
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json
         if interactive:
             console = Console(file=env.stdout, highlight=False)
-            repl = Repl(session, console, title=opt.title(resolved), recorder=recorder, markdown=_markdown(markdown))
+            repl = Repl(
+                session,
+                console,
+                title=opt.title(resolved),
+                recorder=recorder,
+                markdown=_markdown(markdown),
+                report=lambda: turn_report(resolved.settings, resolved.config.placement, session),
+            )
             return repl.run()
-        return run_piped(session, as_json, stats, resolved.report(), recorder)
+        report = turn_report(resolved.settings, resolved.config.placement, session)  # a pipe keeps its loop
+        return run_piped(session, as_json, stats, report, recorder)
+
+
+def turn_report(settings: RunSettings, placement: Placement, session: ChatSession) -> dict[str, Any]:
+    """The settings a turn's record and `--json` show: where it samples
+    settled against the loop the turn runs, as /draft and /schema leave it
+    (speculation or a grammar samples on the host, whatever the plan said
+    for plain decoding)."""
+    from localrun.assemble import OneSequence, report, sample_on
+    from localrun.runtime.generate import PLAIN
+
+    loop = OneSequence(speculative=session.decoding is not PLAIN, constrained=session.output is not None)
+    return report(sample_on(settings, placement, loop), placement)
 
 
 def _markdown(option: bool | None) -> bool:

@@ -81,8 +81,10 @@ class Repl:
         title: str = "",
         recorder: Recorder | None = None,
         markdown: bool = True,
+        report: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.session = session
+        self.report = report  # the settings a turn's record shows, for the loop it runs (/draft, /schema)
         self.markdown = markdown  # replies shown as Markdown, else as the model wrote them (/markdown)
         self.recorder = recorder  # the run history's: each turn logged after it is shown
         self.title = title or session.engine.info.name
@@ -216,6 +218,8 @@ class Repl:
                 f"dropped {oldest_turns(plan.dropped)} to fit the context of {self.session.engine.n_ctx} tokens",
                 style="yellow",
             )
+        if self.recorder is not None and self.report is not None:
+            self.recorder.context.settings = {**(self.recorder.context.settings or {}), **self.report()}
         renderer = LiveRenderer(self.console, title=self.title, markdown=self.markdown)
         with (
             ctrl_c_stops(self.session.engine),

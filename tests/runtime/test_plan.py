@@ -251,3 +251,74 @@ def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked
     assert run.config.sample_on == run.settings.sample_on == where
     if where != asked:
         assert run.settings.reasons["sample_on"]
+
+
+def test_a_bench_batching_row_on_a_partial_offload_fits_the_layers_planned_for_it(
+    long_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`localrun bench`'s batching rows are planned as --batch is: the layers
+    placed for the sequences the row runs, not for the bench's own context."""
+    from localrun.bench.harness import Bench, Plan
+
+    shape = describe(read_gguf(long_model))
+    per_layer = shape.layer_bytes + 4096 * shape.kv_bytes_per_token("f16") // shape.layers
+    room = shape.compute_bytes() + per_layer * 3 // 2  # one layer, for a context of 4096 tokens
+    gpu = FakeGpu(monkeypatch, room)
+    plan = Plan.make(True, prompts=("a" * 2100,), max_tokens=2, warmup_tokens=1)
+    bench = Bench(long_model, plan)
+    try:
+        measured = bench.batched(4)  # four sequences of over 2,048 tokens each
+    finally:
+        bench.close()
+    assert measured.decode_tokens_per_s > 0
+    batches = [held for held in gpu.contexts if held.n_ctx >= 4 * 2100]
+    assert batches or not gpu.placed(long_model).offloaded
+    for held in batches:  # the batch's context, on the layers placed for it
+        assert held.total <= room, f"{held.n_ctx} tokens on {held.placed.n_gpu_layers} layers overflow the GPU"
+
+
+def test_a_chat_turn_says_where_the_loop_it_runs_samples(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """chat planned for plain decoding on a GPU samples there; a turn that
+    /draft or /schema moves to another loop samples on the host, and its
+    record says so, not what the plan said for the first turn."""
+    import io
+
+    from rich.console import Console
+
+    from localrun.assemble import assemble, report
+    from localrun.cli.chat import turn_report
+    from localrun.cli.repl import Repl
+    from localrun.history.record import Recorder, RunContext
+    from localrun.runtime.chat import ChatSession
+    from localrun.runtime.engine import Engine
+    from localrun.runtime.sampling import SamplingParams
+    from localrun.settings import Options, resolve
+    from localrun.speculative import open_speculation
+    from tests.tinymodel import CHATML
+
+    FakeGpu(monkeypatch, 2**30)
+    run = assemble(tiny_model, resolve(Options(draft="none")), use_wisdom=False)  # chat --spec none
+    assert run.placement.model.whole and run.settings.sample_on == "device"
+    recorder = Recorder(RunContext("chat", settings=report(run.settings, run.placement)), warn=lambda _: None)
+    monkeypatch.setattr(recorder, "flush", lambda exit_status=None: None)  # the records stay pending here
+    with Engine(run.config) as engine:
+        session = ChatSession(engine, CHATML, SamplingParams(temperature=0.0), max_tokens=2)
+        session.speculation = open_speculation(engine, "lookup")
+        session.use_draft = False
+        repl = Repl(
+            session,
+            Console(file=io.StringIO(), width=200),
+            history=tmp_path / "h",
+            recorder=recorder,
+            report=lambda: turn_report(run.settings, run.placement, session),
+        )
+        for command in ("", "/draft on", "/draft off", "/schema name", "/schema off"):
+            if command:
+                assert repl._command(command) is True
+            repl._turn("hi")
+        assert session.speculation is not None
+        session.speculation.close()
+    where = [json.loads(row["settings"])["sample_on"]["value"] for row in recorder.pending]
+    assert where == ["device", "host", "device", "host", "device"]
