@@ -263,6 +263,18 @@ def _bare_list(text: str, start: int, ctx: Context) -> Region | None:
     return Region(start, found[1], calls)
 
 
+def _take_calls(text: str, start: int, found: tuple[Any, int], calls: list[Written]) -> Region | int:
+    """The calls of a JSON object read from ``start``'s region (``found``:
+    the value and where it ends) added to ``calls``, and where the next may
+    begin (past a ``;``); or, when the object is not a call, the region saying so."""
+    written = json_calls(found[0])
+    if written is None:
+        return not_calls(start, found[1], 'the JSON is not {"name": ..., "arguments": {...}}')
+    calls += written
+    i = skip_space(text, found[1])
+    return skip_space(text, i + 1) if text.startswith(";", i) else i
+
+
 def _bare_objects(text: str, start: int, ctx: Context) -> Region | None:
     calls: list[Written] = []
     i = end = start
@@ -274,14 +286,9 @@ def _bare_objects(text: str, start: int, ctx: Context) -> Region | None:
             break
         if isinstance(found, str):
             return not_calls(start, len(text), "the call is not JSON")
-        written = json_calls(found[0])
-        if written is None:
-            return not_calls(start, found[1], 'the JSON is not {"name": ..., "arguments": {...}}')
-        calls += written
-        end = found[1]
-        i = skip_space(text, end)
-        if text.startswith(";", i):
-            i = skip_space(text, i + 1)
+        if isinstance(taken := _take_calls(text, start, found, calls), Region):
+            return taken
+        end, i = found[1], taken
         if i >= len(text) and not ctx.final:
             return still_open(start)  # another may follow
     if not calls:
@@ -353,7 +360,7 @@ def marker_then_json(marker: str) -> Finder:  # noqa: C901  one way out for each
     Llama 3.1's ``<|python_tag|>``, Granite 3's ``<|tool_call|>``,
     Mistral Nemo's ``[TOOL_CALLS]``."""
 
-    def find(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: C901, PLR0911  one way out for each way the text may stand
+    def find(text: str, pos: int, ctx: Context) -> Region | None:  # noqa: PLR0911  one way out for each way the text may stand
         start, whole = find_marker(text, pos, marker)
         if start < 0:
             return None
@@ -370,14 +377,9 @@ def marker_then_json(marker: str) -> Finder:  # noqa: C901  one way out for each
                 return still_open(start)
             if isinstance(found, str):
                 break
-            written = json_calls(found[0])
-            if written is None:
-                return not_calls(start, found[1], 'the JSON is not {"name": ..., "arguments": {...}}')
-            calls += written
-            end = found[1]
-            i = skip_space(text, end)
-            if text.startswith(";", i):
-                i += 1
+            if isinstance(taken := _take_calls(text, start, found, calls), Region):
+                return taken
+            end, i = found[1], taken
         if not calls:
             return not_calls(start, len(text) if ctx.final else i, "no JSON call after " + marker)
         if skip_space(text, end) >= len(text) and not ctx.final:
