@@ -3,7 +3,8 @@ serve the OpenAI-compatible API (localrun/serve) until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
-import os
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -18,7 +19,11 @@ from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from localrun.history.record import RunContext
+    from localrun.runtime.devices import Device
+    from localrun.serve.router import Servable
     from localrun.serve.served import ModelPlan
     from localrun.store import Target
 
@@ -27,8 +32,8 @@ Models = Annotated[
     typer.Option(
         "-m",
         "--model",
-        help="A model to serve (repeatable): alias, owner/repo:QUANT, hf://... or a GGUF path. "
-        "Default: LOCALRUN_MODEL, else the registry's default.",
+        help="A model to serve (repeatable), loaded at start and kept: alias, owner/repo:QUANT, hf://... "
+        "or a GGUF path. Default: none; every pulled model loads when a request names it.",
         show_default=False,
     ),
 ]
@@ -54,6 +59,7 @@ def _plans(
     spec: str = "lookup",
     prompt_cache: bool = True,
     contexts: dict[str, RunContext] | None = None,
+    found: Sequence[Device] | None = None,
 ) -> list[ModelPlan]:
     """Each model's plan, on the devices measured once for all of them;
     ``contexts`` gets each one's run history context, by id."""
@@ -61,7 +67,7 @@ def _plans(
     from localrun.runtime import devices
     from localrun.serve.served import ModelPlan, looks_like_path
 
-    found = devices.probe()
+    found = devices.probe() if found is None else found
     plans: list[ModelPlan] = []
     for name in names:
         resolved = opt.resolve_engine(
@@ -87,6 +93,45 @@ def _plans(
             )
         )
     return plans
+
+
+def _check(*, port: int, queue: int, grace: float, spec: str, ctx: str | None, template: str | None) -> None:
+    """The flags that must be right before anything loads."""
+    if not 0 <= port <= 65535:
+        raise UsageError("--port must be from 0 to 65535")
+    if queue < 0:
+        raise UsageError("--queue must be 0 or more")
+    if grace < 0:
+        raise UsageError("--grace must be 0 or more")
+    if spec not in ("lookup", "none"):
+        raise UsageError(f"--spec {spec!r}: use lookup or none", hint="a server drafts by prompt lookup only")
+    if ctx == "auto":
+        raise UsageError("--ctx auto gives one context all the memory; a server has slots", hint="use --ctx N")
+    if template is not None and template not in BUILTIN_TEMPLATES:
+        raise UsageError(f"unknown chat template {template!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
+
+
+def _idle_unload(text: str, parse: Callable[[object, str], float]) -> float | None:
+    """--idle-unload in seconds; None: never (0, or a negative duration)."""
+    try:
+        seconds = parse(text, "--idle-unload")
+    except UsageError as exc:
+        raise UsageError(exc.message) from None
+    return None if seconds == 0 or seconds == float("inf") else seconds
+
+
+def _pulled(plan: Callable[[str], ModelPlan]) -> list[Servable]:
+    """Every registry model pulled here, servable on demand: planned (offline) when it loads."""
+    from localrun import store
+    from localrun.serve.router import Servable
+
+    registry = current().registry
+    pulled = []
+    for entry in registry.entries.values():
+        path = store.locate(store.Target.from_entry(entry))
+        if path is not None:
+            pulled.append(Servable(entry.alias, frozenset({path.name}), functools.partial(plan, entry.alias)))
+    return pulled
 
 
 def serve_command(
@@ -163,32 +208,40 @@ def serve_command(
             "1,024 tokens on, as `generate` does, and loaded by the next server or run that starts the same way).",
         ),
     ] = False,
+    models_max: Annotated[
+        int,
+        typer.Option(
+            "--models-max",
+            help="Models loaded at once; past it the least recently used idle one unloads (0: no limit).",
+        ),
+    ] = 0,
+    idle_unload: Annotated[
+        str,
+        typer.Option(
+            "--idle-unload",
+            help="Unload a model idle this long (5m, 30s, seconds; 0: never); a request's keep_alive overrides it. "
+            "Models given with -m stay.",
+        ),
+    ] = "5m",
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
 ) -> ExitCode:
     """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
+    from localrun.runtime import devices
     from localrun.serve.app import AppSettings
-    from localrun.serve.served import ModelTable, load_models
+    from localrun.serve.router import ModelTable, parse_duration
+    from localrun.serve.served import load_models
     from localrun.serve.server import check_exposure, serve
     from localrun.ui.serve import ServeView
 
     opt.check_positive(parallel=parallel)
-    if not 0 <= port <= 65535:
-        raise UsageError("--port must be from 0 to 65535")
-    if queue < 0:
-        raise UsageError("--queue must be 0 or more")
-    if grace < 0:
-        raise UsageError("--grace must be 0 or more")
-    if spec not in ("lookup", "none"):
-        raise UsageError(f"--spec {spec!r}: use lookup or none", hint="a server drafts by prompt lookup only")
-    if ctx == "auto":
-        raise UsageError("--ctx auto gives one context all the memory; a server has slots", hint="use --ctx N")
-    if template is not None and template not in BUILTIN_TEMPLATES:
-        raise UsageError(f"unknown chat template {template!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
+    _check(port=port, queue=queue, grace=grace, spec=spec, ctx=ctx, template=template)
+    if models_max < 0:
+        raise UsageError("--models-max must be 0 or more")
+    idle_s = _idle_unload(idle_unload, parse_duration)
     check_exposure(host, api_key, no_auth)
     opt.use_rpc(rpc)
     env = current()
-    names: list[str | None] = list(model) if model else [os.environ.get("LOCALRUN_MODEL") or None]
     options = Options(
         ctx=ctx,
         kv=kv,
@@ -203,18 +256,29 @@ def serve_command(
         parallel=parallel,
     )
     contexts: dict[str, RunContext] = {}
-    plans = _plans(
-        names,
-        options,
-        offline=offline,
-        verbose=verbose,
-        queue=queue,
-        template=template,
-        spec=spec,
-        prompt_cache=not no_prompt_cache,
-        contexts=contexts,
+    found = devices.probe()
+
+    def plans(names: list[str | None], offline: bool) -> list[ModelPlan]:
+        return _plans(
+            names,
+            options,
+            offline=offline,
+            verbose=verbose,
+            queue=queue,
+            template=template,
+            spec=spec,
+            prompt_cache=not no_prompt_cache,
+            contexts=contexts,
+            found=found,
+        )
+
+    pinned = plans(list(model), offline) if model else []
+    servable = [] if model else _pulled(lambda alias: plans([alias], True)[0])
+    if not pinned and not servable:
+        raise UsageError("no model is pulled to serve", hint="localrun pull MODEL, or serve -m MODEL")
+    table = ModelTable(
+        load_models(pinned), env.registry, servable=servable, models_max=models_max, idle_unload_s=idle_s
     )
-    table = ModelTable(load_models(plans), env.registry)
     for served in table.models:
         for notice in served.engine.notices:
             out().warn(f"{served.id}: {notice}")

@@ -35,8 +35,9 @@ from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
-from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
-from localrun.serve.served import ModelTable, ServedModel
+from localrun.serve.router import HoldRequests, ModelTable, model_named, split_keep_alive
+from localrun.serve.schemas import ChatRequest, CompletionRequest, json_object, parse
+from localrun.serve.served import ServedModel
 from localrun.serve.tools import CallDelta, ToolStream, ToolUse, call_objects, split_reply
 from localrun.serve.worker import Failed, JobEvent
 
@@ -330,10 +331,14 @@ def _error_handlers(app: FastAPI, on_event: OnEvent | None) -> None:
 
 
 async def _admit(
-    table: ModelTable, request: Request, parsed: ChatRequest | CompletionRequest, on_event: OnEvent | None
+    table: ModelTable,
+    request: Request,
+    parsed: ChatRequest | CompletionRequest,
+    on_event: OnEvent | None,
+    keep_alive: float | None = None,
 ) -> tuple[Job, ToolUse | None]:
     """Prepare the request off the event loop and hand it to its model's worker."""
-    jobs, use = await _admit_copies(table, request, parsed, on_event, 1)
+    jobs, use = await _admit_copies(table, request, parsed, on_event, 1, keep_alive)
     return jobs[0], use
 
 
@@ -354,11 +359,12 @@ async def _admit_copies(
     parsed: ChatRequest | CompletionRequest,
     on_event: OnEvent | None,
     copies: int,
+    keep_alive: float | None = None,
 ) -> tuple[list[Job], ToolUse | None]:
     """The request prepared once and submitted ``copies`` times (`n`), each
     copy a job of its own with its own seed; the first reports the request."""
     _note_ignored(parsed, on_event)
-    model = table.find(parsed.model)
+    model = await table.ready(parsed.model, keep_alive)
     room = model.worker.parallel + model.worker.max_queue
     if copies > room:
         raise InvalidRequestError(f"n: at most {room} here ({model.worker.parallel} slots and the queue)", "n")
@@ -401,11 +407,11 @@ async def _respond(job: Job, request: Request, stream: AsyncIterator[str] | None
 
 
 async def _generate(table: ModelTable, request: Request, kind: Kind, on_event: OnEvent | None) -> Response:
-    body = await request.body()
+    body, keep_alive = split_keep_alive(await request.body())
     parsed: ChatRequest | CompletionRequest = (
         parse(ChatRequest, body) if kind == "chat" else parse(CompletionRequest, body)
     )
-    jobs, use = await _admit_copies(table, request, parsed, on_event, parsed.choices())
+    jobs, use = await _admit_copies(table, request, parsed, on_event, parsed.choices(), keep_alive)
     job = jobs[0]
     piece = job.model.engine.piece if parsed.top_logprobs_wanted() is not None else None
     replies = [Reply(kind, job.model.id, piece=piece)]
@@ -530,8 +536,9 @@ async def _message_stream(job: Job, message: anthropic.Message) -> AsyncIterator
 
 async def _messages(table: ModelTable, request: Request, on_event: OnEvent | None) -> Response:
     """Anthropic's Messages API on the same engines."""
-    parsed = anthropic.chat_request(await request.body())
-    job, use = await _admit(table, request, parsed, on_event)
+    body, keep_alive = split_keep_alive(await request.body())
+    parsed = anthropic.chat_request(body)
+    job, use = await _admit(table, request, parsed, on_event, keep_alive)
     message = anthropic.Message(job.model.id, parsed, use, job.prompt_tokens)
     stream = _message_stream(job, message) if parsed.stream else None
     return await _respond(job, request, stream, lambda done: message.whole(done.text, done.stats, done.reasoning))
@@ -539,9 +546,32 @@ async def _messages(table: ModelTable, request: Request, on_event: OnEvent | Non
 
 async def _count_tokens(table: ModelTable, request: Request) -> dict[str, Any]:
     parsed = anthropic.chat_request(await request.body(), counting=True)
-    model = table.find(parsed.model)
+    model = await table.ready(parsed.model)
     batch_request, _ = await run_in_threadpool(prepare, model, parsed, -1)
     return {"input_tokens": len(batch_request.tokens)}
+
+
+def _model_routes(app: FastAPI, table: ModelTable) -> None:
+    """What is served and loaded, and loading and unloading by hand (llama-server's router)."""
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": table.describe()}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict[str, Any]:
+        return table.describe_one(name)
+
+    @app.post("/models/load")
+    async def load_model(request: Request) -> dict[str, Any]:
+        name = model_named(json_object(await request.body()))
+        await table.load(name)
+        return {"success": True, "model": table.describe_one(name)}
+
+    @app.post("/models/unload")
+    async def unload_model(request: Request) -> dict[str, Any]:
+        name = model_named(json_object(await request.body()))
+        return {"success": True, "unloaded": await table.unload(name)}
 
 
 def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
@@ -563,15 +593,7 @@ def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
 
     @app.post("/apply-template")
     async def apply_template_route(request: Request) -> dict[str, str]:
-        return await run_in_threadpool(apply_template.handle, table, await request.body())
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [m.describe() for m in table.models]}
-
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str) -> dict[str, Any]:
-        return table.find(name).describe()
+        return await apply_template.handle(table, await request.body())
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -592,6 +614,8 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
     app = FastAPI(title="localrun", docs_url=None, redoc_url=None, openapi_url=None)
     _error_handlers(app, on_event)
     _routes(app, table, on_event)
+    _model_routes(app, table)
+    app.add_middleware(HoldRequests, table=table)
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
     if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too
         app.add_middleware(

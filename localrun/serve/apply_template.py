@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from localrun.errors import InvalidRequestError, UsageError
 from localrun.runtime.chat_request import render_request, strip_bos
+from localrun.serve.router import ModelTable
 from localrun.serve.schemas import json_object
-from localrun.serve.served import ModelTable, ServedModel
+from localrun.serve.served import ServedModel
 
 
 def apply_template(model: ServedModel, body: dict[str, Any]) -> dict[str, str]:
@@ -32,6 +35,7 @@ def apply_template(model: ServedModel, body: dict[str, Any]) -> dict[str, str]:
     return {"prompt": strip_bos(prompt, engine.bos_token, engine.add_bos)}
 
 
-def handle(table: ModelTable, raw: bytes) -> dict[str, str]:
+async def handle(table: ModelTable, raw: bytes) -> dict[str, str]:
     body = json_object(raw)
-    return apply_template(table.find(body.get("model")), body)
+    model = await table.ready(body.get("model"))
+    return await run_in_threadpool(apply_template, model, body)

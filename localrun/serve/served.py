@@ -1,7 +1,6 @@
-"""The models a server was started with: each loaded once as its plan
-says (`localrun.assemble`: slots of a context, placed where the models
-loaded before it left room), with its engine thread; and the one way a
-request's ``model`` finds one of them (never a file, never a download)."""
+"""A served model: loaded as its plan says (`localrun.assemble`: slots of
+a context, placed where the models loaded before it left room), with its
+engine thread. Which are loaded, and when, is `localrun.serve.router`'s."""
 
 from __future__ import annotations
 
@@ -11,16 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localrun.assemble import Assembled, replan
-from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError
+from localrun.errors import LocalrunError
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
-from localrun.serve.events import ServerStatus
 from localrun.serve.worker import Worker
 from localrun.speculative import Speculation, lookup_drafters
-from localrun.store.registry import Registry
 
 DEFAULT_QUEUE = 16  # requests that may wait for a slot, per model, beyond the busy slots
 
@@ -115,20 +112,29 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
     return ServedModel(plan.id, plan.names, engine, worker, describe(plan.info), template, plan.system)
 
 
+def held_by(models: Sequence[ServedModel]) -> dict[str, int]:
+    """What ``models`` measurably hold together on each device, by name."""
+    held: dict[str, int] = {}
+    for model in models:
+        for device, size in model.held.items():
+            held[device] = held.get(device, 0) + size
+    return held
+
+
+def placed(plan: ModelPlan, held: dict[str, int]) -> Assembled:
+    """``plan``'s run beside models that hold ``held``: as planned when
+    nothing is held, else planned again on the devices as measured before any
+    model loaded (the plan's own) less what is held; a UsageError when it does not fit."""
+    return replan(plan.run, plan.run.placement.devices, held) if held else plan.run
+
+
 def load_models(plans: Sequence[ModelPlan]) -> list[ServedModel]:
-    """Every model in turn: the first as planned, each other planned again
-    on the devices as measured before any model loaded (the first plan's)
-    less what the models loaded before it measurably hold on each device;
+    """Every model in turn, each `placed` beside the ones loaded before it;
     none stays loaded when one fails."""
     loaded: list[ServedModel] = []
-    held: dict[str, int] = {}
-    found = plans[0].run.placement.devices if plans else ()
     try:
         for plan in plans:
-            model = load_model(plan, replan(plan.run, found, held) if loaded else plan.run)
-            loaded.append(model)
-            for device, size in model.held.items():
-                held[device] = held.get(device, 0) + size
+            loaded.append(load_model(plan, placed(plan, held_by(loaded))))
     except BaseException:
         for model in loaded:
             model.close()
@@ -144,61 +150,3 @@ def looks_like_path(name: str) -> bool:
         or "\\" in name
         or name.count("/") > 1
     )
-
-
-class ModelTable:
-    """The served models, found by id, by a name they answer to, or by a
-    registry alias of one of them."""
-
-    def __init__(self, models: Sequence[ServedModel], registry: Registry | None = None) -> None:
-        if not models:
-            raise ValueError("a server needs a model")
-        self.models = list(models)
-        self.registry = registry
-
-    def find(self, name: str | None) -> ServedModel:
-        if not name:
-            return self.models[0]
-        for model in self.models:
-            if name == model.id or name in model.names:
-                return model
-        if looks_like_path(name):
-            raise InvalidRequestError(
-                f"model {name!r} is a file path; a request names one of the models this server was started with",
-                "model",
-            )
-        if self.registry is not None and "/" not in name:
-            try:
-                alias = self.registry.resolve(name).alias
-            except ModelNotFoundError:
-                alias = None
-            for model in self.models:
-                if alias is not None and (alias == model.id or alias in model.names):
-                    return model
-        served = ", ".join(m.id for m in self.models)
-        raise ModelNotFoundError(f"model {name!r} is not served here", hint=f"served: {served}")
-
-    def status(self) -> ServerStatus:
-        """All models' slots and requests together."""
-        each = [m.worker.status() for m in self.models]
-        return ServerStatus(
-            slots=sum(s.parallel for s in each),
-            busy=sum(s.busy for s in each),
-            queued=sum(s.queued for s in each),
-            done=sum(s.done for s in each),
-            cancelled=sum(s.cancelled for s in each),
-            tokens_per_s=sum(s.tokens_per_s for s in each),
-        )
-
-    def notices(self) -> list[str]:
-        """What each model's scheduler had to say since the last call."""
-        return [f"{m.id}: {text}" for m in self.models for text in m.worker.notices()]
-
-    def stop(self) -> None:
-        """End every request still running or waiting (each gets an error saying why); no more are taken."""
-        for model in self.models:
-            model.worker.stop()
-
-    def close(self) -> None:
-        for model in self.models:
-            model.close()

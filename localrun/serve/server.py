@@ -18,7 +18,7 @@ import uvicorn
 from localrun.errors import UsageError
 from localrun.serve.app import AppSettings, create_app
 from localrun.serve.events import Listening, Notice, OnEvent, Stopping
-from localrun.serve.served import ModelTable
+from localrun.serve.router import ModelTable
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -97,6 +97,7 @@ class _Server(uvicorn.Server):
             self.on_event(self.table.status())
             for text in self.table.notices():
                 self.on_event(Notice(text))
+        await self.table.tick()
         return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -160,13 +161,13 @@ def serve(
         sock = bind(host, port)
         bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
-        first = table.models[0]
+        first = table.models[0] if table.models else None  # none: each loads on demand
         listening = Listening(
             url=f"http://{shown}:{bound}",
-            models=tuple(m.id for m in table.models),
+            models=tuple(m.id for m in table.models) or tuple(e["id"] for e in table.describe()),
             parallel=sum(m.worker.parallel for m in table.models),
-            slot_ctx=first.capacity,
-            flash_attn=first.engine.flash_attn,
+            slot_ctx=first.capacity if first else 0,
+            flash_attn=first.engine.flash_attn if first else "auto",
             auth=settings.api_key is not None,
         )
         config = uvicorn.Config(
