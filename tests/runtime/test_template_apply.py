@@ -16,7 +16,8 @@ from localrun.runtime.chat_request import render_request
 from localrun.runtime.devices import Device
 from localrun.runtime.model_template import model_template
 from localrun.serve.app import create_app
-from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models
+from localrun.serve.router import ModelTable
+from localrun.serve.served import ModelPlan, ServedModel, load_models
 from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
 from tests.helpers import cli

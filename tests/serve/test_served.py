@@ -16,8 +16,9 @@ from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.runtime.devices import Device
 from localrun.serve.prompts import prepare
+from localrun.serve.router import ModelTable
 from localrun.serve.schemas import ChatRequest
-from localrun.serve.served import ModelPlan, ModelTable, ServedModel, load_models
+from localrun.serve.served import ModelPlan, ServedModel, load_models
 from localrun.settings import Options, resolve
 from localrun.store.registry import load as load_registry
 

@@ -1,0 +1,199 @@
+"""Models on demand in process: one load for two first requests, a request
+during an unload, eviction that spares the busy model, a file gone, and
+`keep_alive` as ollama takes it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from localrun.errors import InvalidRequestError, LocalrunError, ServerBusyError
+from localrun.serve.router import ModelTable, Servable, parse_duration, split_keep_alive
+from localrun.serve.served import ModelPlan, ServedModel
+from tests.serve.test_served import plan
+
+
+class Counted:
+    """A servable model's planner that counts how often it is asked to plan (once a load)."""
+
+    def __init__(self, path: Path, ident: str) -> None:
+        self.path, self.ident, self.calls = path, ident, 0
+
+    def __call__(self) -> ModelPlan:
+        self.calls += 1
+        return plan(self.path, self.ident)
+
+
+def table(tiny_model: Path, *idents: str, models_max: int = 0) -> tuple[ModelTable, dict[str, Counted]]:
+    planners = {i: Counted(tiny_model, i) for i in idents}
+    servable = [Servable(i, frozenset({f"{i}.gguf"}), planners[i]) for i in idents]
+    return ModelTable([], servable=servable, models_max=models_max, idle_unload_s=None), planners
+
+
+def closed(model: ServedModel) -> bool:
+    """Its llama.cpp context and weights freed."""
+    return model.engine._ctx is None and model.engine._model is None
+
+
+def test_two_first_requests_load_once(tiny_model: Path) -> None:
+    models, planners = table(tiny_model, "a")
+
+    async def both() -> list[ServedModel]:
+        return list(await asyncio.gather(models.ready("a"), models.ready("a.gguf")))
+
+    try:
+        first, second = asyncio.run(both())
+        assert first is second and planners["a"].calls == 1
+        assert [m.id for m in models.models] == ["a"]
+    finally:
+        models.close()
+
+
+def test_a_request_during_an_unload_loads_it_again(tiny_model: Path) -> None:
+    models, planners = table(tiny_model, "a")
+
+    async def run() -> tuple[ServedModel, bool, ServedModel]:
+        before = await models.ready("a")
+        unloading = asyncio.ensure_future(models.unload("a"))
+        await asyncio.sleep(0)  # the unload has begun: the model is no longer there
+        assert models.describe_one("a")["status"]["value"] == "unloading"
+        after = await models.ready("a")
+        return before, await unloading, after
+
+    try:
+        before, unloaded, after = asyncio.run(run())
+        assert unloaded and closed(before)  # the engine was freed, not just forgotten
+        assert after is not before and not closed(after) and planners["a"].calls == 2
+    finally:
+        models.close()
+
+
+def test_eviction_spares_the_busy_model(tiny_model: Path) -> None:
+    models, _ = table(tiny_model, "a", "b", "c", models_max=2)
+
+    async def run() -> None:
+        idle = await models.ready("b")  # answered, and idle since
+        with models.holding():  # a request on "a" still streaming
+            busy = await models.ready("a")
+            with models.holding():
+                await models.ready("c")  # past --models-max: "b", idle, goes; "a" stays
+            assert closed(idle) and not closed(busy)
+            assert sorted(m.id for m in models.models) == ["a", "c"]
+        with models.holding():
+            await models.ready("a")
+            await models.ready("b")  # "a" is held again: "c", idle, goes
+        assert sorted(m.id for m in models.models) == ["a", "b"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        models.close()
+
+
+def test_a_model_that_cannot_be_evicted_is_a_503(tiny_model: Path) -> None:
+    models, _ = table(tiny_model, "a", "b", models_max=1)
+
+    async def run() -> None:
+        with models.holding():
+            await models.ready("a")
+            with pytest.raises(ServerBusyError, match="none is idle: a"):
+                await models.ready("b")
+        await models.ready("b")  # the request on "a" has ended: "a" goes
+        assert [m.id for m in models.models] == ["b"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        models.close()
+
+
+def test_a_model_file_deleted_is_an_error_and_the_rest_serve(tiny_model: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "gone.gguf"
+    shutil.copyfile(tiny_model, copy)
+    gone = Servable("gone", frozenset(), lambda: plan(copy, "gone"))
+    here = Servable("here", frozenset(), lambda: plan(tiny_model, "here"))
+    models = ModelTable([], servable=[gone, here], idle_unload_s=None)
+    copy.unlink()
+
+    async def run() -> None:
+        with pytest.raises(LocalrunError, match="gone"):
+            await models.ready("gone")
+        assert models.describe_one("gone")["status"]["value"] == "unloaded"
+        assert (await models.ready("here")).id == "here"
+
+    try:
+        asyncio.run(run())
+    finally:
+        models.close()
+
+
+def test_keep_alive_zero_unloads_after_the_request(tiny_model: Path) -> None:
+    models, _ = table(tiny_model, "a")
+
+    async def run() -> ServedModel:
+        with models.holding():
+            model = await models.ready("a", keep_alive=0.0)
+            assert await models.sweep() == []  # held by its request
+        while models.models:  # the request's end starts the sweep
+            await asyncio.sleep(0.01)
+        return model
+
+    try:
+        assert closed(asyncio.run(run()))
+        assert models.describe_one("a")["status"]["value"] == "unloaded"
+    finally:
+        models.close()
+
+
+def test_pinned_models_stay(tiny_model: Path) -> None:
+    from localrun.serve.served import load_models
+
+    (pinned,) = load_models([plan(tiny_model, "pinned")])
+    models = ModelTable([pinned], idle_unload_s=0.0)
+
+    async def run() -> None:
+        await models.ready("pinned", keep_alive=0.0)
+        assert await models.sweep() == []
+        with pytest.raises(LocalrunError, match="stays loaded"):
+            await models.unload("pinned")
+
+    try:
+        asyncio.run(run())
+        assert models.find("pinned") is pinned and not closed(pinned)
+    finally:
+        models.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("5m", 300.0),
+        ("30s", 30.0),
+        ("1h30m", 5400.0),
+        (12, 12.0),
+        ("2.5", 2.5),
+        (0, 0.0),
+        (-1, math.inf),
+        ("-5m", math.inf),
+    ],
+)
+def test_keep_alive_durations(value: object, seconds: float) -> None:
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "", True, None, [1], "m5"])
+def test_keep_alive_that_does_not_parse_is_refused_by_name(value: object) -> None:
+    with pytest.raises(InvalidRequestError, match="keep_alive") as caught:
+        parse_duration(value)
+    assert caught.value.param == "keep_alive"
+
+
+def test_keep_alive_is_taken_out_of_the_body() -> None:
+    body, seconds = split_keep_alive(b'{"model": "a", "keep_alive": "30s", "messages": []}')
+    assert seconds == 30.0 and b"keep_alive" not in body and b'"model": "a"' in body
+    untouched = b'{"model": "a"}'
+    assert split_keep_alive(untouched) == (untouched, None)
