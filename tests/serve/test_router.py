@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import InvalidRequestError, LocalrunError, ServerBusyError
+from localrun.gguf.info import describe
+from localrun.gguf.reader import read_gguf
+from localrun.serve.errors import api_error
 from localrun.serve.router import ModelTable, Servable, parse_duration, split_keep_alive
 from localrun.serve.served import ModelPlan, ServedModel
-from tests.serve.test_served import plan
+from tests.serve.test_served import held_alone, plan
 
 
 class Counted:
@@ -103,6 +106,29 @@ def test_a_model_that_cannot_be_evicted_is_a_503(tiny_model: Path) -> None:
             with pytest.raises(ServerBusyError, match="none is idle: a"):
                 await models.ready("b")
         await models.ready("b")  # the request on "a" has ended: "a" goes
+        assert [m.id for m in models.models] == ["b"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        models.close()
+
+
+def test_a_model_that_does_not_fit_is_a_503_naming_what_holds_the_memory(tiny_model: Path) -> None:
+    shape = describe(read_gguf(tiny_model))
+    budget = shape.memory_needed(4 * 512, "f16", "f16") + 1000  # the first with four slots, not one of another
+    assert budget - held_alone(tiny_model) < shape.memory_needed(512, "f16", "f16")
+    servable = [Servable(i, frozenset(), lambda i=i: plan(tiny_model, i, budget)) for i in ("a", "b")]
+    models = ModelTable([], servable=servable, idle_unload_s=None)
+
+    async def run() -> None:
+        with models.holding():
+            await models.ready("a")
+            with pytest.raises(ServerBusyError, match="'b' does not fit") as refused:
+                await models.ready("b")
+            assert refused.value.hint is not None and refused.value.hint.startswith("held by a (CPU ")
+            assert api_error(refused.value).status == 503
+        await models.ready("b")  # "a" is idle now: it makes room
         assert [m.id for m in models.models] == ["b"]
 
     try:
