@@ -3,7 +3,6 @@ HTTP with the official `openai` client, and `localrun ps` asking it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -16,37 +15,16 @@ import httpx2 as httpx
 import openai
 import pytest
 
+from scripts.bench_router import register_pulled
 from tests.serve.conftest import Server, start
 
 ALPHA, BETA = "alpha:test", "beta:test"
 
 
-def pull(home: Path, models: dict[str, Path]) -> dict[str, Path]:
-    """``models`` registered in the home's models.toml and already in its cache, as `pull` leaves them; their files."""
-    toml, files = [], {}
-    for alias, model in models.items():
-        data = model.read_bytes()
-        sha = hashlib.sha256(data).hexdigest()
-        base = alias.split(":")[0]
-        cached = home / "localrun" / "cache" / "mirror" / sha / f"{base}.gguf"
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_bytes(data)
-        files[alias] = cached
-        toml.append(
-            f'[models."{alias}"]\nrepo = "tester/{base}"\nfile = "{base}.gguf"\n'
-            f'[[models."{alias}".mirrors]]\nsha256 = "{sha}"\n'
-            f'parts = [{{ wheel = "{base}-part==1.0", member = "{base}.gguf" }}]\n'
-        )
-    config = home / "localrun" / "config" / "models.toml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text("".join(toml))
-    return files
-
-
 @pytest.fixture(scope="module")
 def on_demand(tiny_model: Path, wide_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("home")
-    pull(home, {ALPHA: tiny_model, BETA: wide_model})
+    register_pulled(home, {ALPHA: tiny_model, BETA: wide_model})
     yield from start(home, "--models-max", "1", "--parallel", "1", "--ctx", "512", "--idle-unload", "0")
 
 
@@ -140,7 +118,7 @@ def test_ps_without_a_server_says_so() -> None:
 def test_a_model_file_deleted_is_an_error_and_the_server_stays_up(
     tiny_model: Path, wide_model: Path, tmp_path: Path
 ) -> None:
-    files = pull(tmp_path, {ALPHA: tiny_model, BETA: wide_model})
+    files = register_pulled(tmp_path, {ALPHA: tiny_model, BETA: wide_model})
     for server in start(tmp_path, "--parallel", "1", "--ctx", "512"):
         client = server.client()
         files[BETA].unlink()

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Models on demand: memory before, during and after, in one `localrun serve`.
+
+    .venv/bin/python scripts/bench_router.py [MODEL_A.gguf MODEL_B.gguf] [--rounds 3] [--idle 3]
+
+Two GGUF files (default: two tiny random-weight models written here) are
+registered as pulled models in a fresh LOCALRUN_HOME (`alpha:bench`,
+`beta:bench`), and one `localrun serve` with no `-m`, `--models-max 1` and
+`--idle-unload` of --idle seconds serves them. Requests alternate between the
+two for --rounds rounds, each checked to be answered by the model named; the
+server's resident memory (VmRSS) is read after it starts (before any model
+loads), after each request, and once the idle unload has left no model
+loaded. The goal: after the idle unload, within 10% of before the first load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import openai
+
+HERE = Path(__file__).resolve().parent.parent
+_LISTENING = re.compile(r"on (http://127\.0\.0\.1:\d+)/v1")
+ALIASES = ("alpha:bench", "beta:bench")
+
+
+def register_pulled(home: Path, models: dict[str, Path]) -> dict[str, Path]:
+    """``models`` (alias: GGUF file) in ``home``'s models.toml, each already in
+    its cache as a mirror copy, as `localrun pull` leaves them; where each file lies now."""
+    toml, files = [], {}
+    for alias, model in models.items():
+        sha = hashlib.sha256(model.read_bytes()).hexdigest()
+        base = alias.split(":")[0]
+        cached = home / "localrun" / "cache" / "mirror" / sha / f"{base}.gguf"
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        if not cached.exists():
+            cached.write_bytes(model.read_bytes())
+        files[alias] = cached
+        toml.append(
+            f'[models."{alias}"]\nrepo = "bench/{base}"\nfile = "{base}.gguf"\n'
+            f'[[models."{alias}".mirrors]]\nsha256 = "{sha}"\n'
+            f'parts = [{{ wheel = "{base}-part==1.0", member = "{base}.gguf" }}]\n'
+        )
+    config = home / "localrun" / "config" / "models.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("".join(toml))
+    return files
+
+
+def rss_mib(pid: int) -> float:
+    found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    return int(found.group(1)) / 1024 if found else 0.0
+
+
+def loaded(url: str) -> list[str]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/v1/models")
+        data = json.loads(conn.getresponse().read())["data"]
+    finally:
+        conn.close()
+    return [m["id"] for m in data if m["status"]["value"] != "unloaded"]
+
+
+def start(home: Path, idle: float) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "LOCALRUN_HOME": str(home / "localrun")}
+    cmd = [sys.executable, "-m", "localrun", "serve", "--port", "0", "--models-max", "1"]
+    cmd += ["--idle-unload", f"{idle}s", "--parallel", "1", "--ctx", "512", "--no-log"]
+    proc = subprocess.Popen(cmd, cwd=HERE, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if _LISTENING.search(line):
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    ready.wait(300)
+    found = next((m for m in map(_LISTENING.search, lines) if m), None)
+    if found is None:
+        proc.kill()
+        raise RuntimeError("localrun serve did not start:\n" + "".join(lines[-20:]))
+    return proc, found.group(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="*", type=Path, help="two GGUF files (default: two tiny ones)")
+    parser.add_argument("--rounds", type=int, default=3, help="requests to each model, alternating")
+    parser.add_argument("--idle", type=float, default=3.0, help="--idle-unload, seconds")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        models = list(args.models)
+        if not models:
+            from tests.tinymodel import write_tiny_model
+
+            models = [write_tiny_model(home / "a.gguf"), write_tiny_model(home / "b.gguf", n_embd=128, n_head=4)]
+        if len(models) != 2:
+            parser.error("give two GGUF files, or none")
+        register_pulled(home, dict(zip(ALIASES, models, strict=True)))
+        proc, url = start(home, args.idle)
+        try:
+            time.sleep(1.0)
+            before = rss_mib(proc.pid)
+            print(f"before any load: {before:.0f} MiB", flush=True)
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+            peak = before
+            for turn in range(2 * args.rounds):
+                name = ALIASES[turn % 2]
+                reply = client.chat.completions.create(
+                    model=name, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16
+                )
+                assert reply.model == name, (reply.model, name)
+                assert loaded(url) == [name], loaded(url)
+                now = rss_mib(proc.pid)
+                peak = max(peak, now)
+                print(f"{name}: answered by {reply.model}; loaded {loaded(url)}; {now:.0f} MiB", flush=True)
+            client.close()
+            t0 = time.monotonic()
+            while loaded(url):
+                time.sleep(0.2)
+            after = rss_mib(proc.pid)
+            change = (after / before - 1) * 100
+            print(f"idle unload after {time.monotonic() - t0:.1f} s")
+            print(f"resident memory: {before:.0f} MiB before the first load, {peak:.0f} MiB at most, "
+                  f"{after:.0f} MiB after the idle unload ({change:+.1f}%; goal within 10%)")  # fmt: skip
+            return 0 if abs(change) <= 10 else 1
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
