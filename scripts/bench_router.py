@@ -127,9 +127,7 @@ def main() -> int:
             peak = before
             for turn in range(2 * args.rounds):
                 name = ALIASES[turn % 2]
-                reply = client.chat.completions.create(
-                    model=name, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16
-                )
+                reply = client.completions.create(model=name, prompt="Once upon a time", max_tokens=16)
                 assert reply.model == name, (reply.model, name)
                 assert loaded(url) == [name], loaded(url)
                 now = rss_mib(proc.pid)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import json
 import math
 import re
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, ServerBusyError, UsageError
 from localrun.serve.events import ServerStatus
+from localrun.serve.heap import trim_heap
 from localrun.serve.served import ModelPlan, ServedModel, held_by, load_model, looks_like_path, placed
 from localrun.store.registry import Registry
 
@@ -345,7 +347,7 @@ class ModelTable:
         entry.model = None
         entry.state = "unloading"
         entry.keep_alive = None
-        change = asyncio.ensure_future(asyncio.to_thread(model.close))
+        change = asyncio.ensure_future(asyncio.to_thread(_free, model))
         entry.change = change
         try:
             await asyncio.shield(change)
@@ -454,6 +456,15 @@ class ModelTable:
                 entry.model.close()
                 entry.model = None
                 entry.state = "unloaded"
+
+
+def _free(model: ServedModel) -> None:
+    """Close ``model`` and give what it held back to the system: the C heap
+    keeps freed buffers for reuse (a model's KV cache and compute buffers are
+    large) until trimmed."""
+    model.close()
+    gc.collect()
+    trim_heap()
 
 
 class _NoRoom(Exception):
