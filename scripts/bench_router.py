@@ -102,10 +102,30 @@ def start(home: Path, idle: float) -> tuple[subprocess.Popen[str], str]:
     return proc, found.group(1)
 
 
+def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float) -> float:
+    """Requests alternating between the two models, then the wait for the idle
+    unload; the server's resident memory (MiB) once no model is loaded."""
+    peak = before
+    for turn in range(2 * rounds):
+        name = ALIASES[turn % 2]
+        reply = client.completions.create(model=name, prompt="Once upon a time", max_tokens=16)
+        assert reply.model == name, (reply.model, name)
+        assert loaded(url) == [name], loaded(url)
+        peak = max(peak, rss_mib(pid))
+    t0 = time.monotonic()
+    while loaded(url):
+        time.sleep(0.2)
+    after = rss_mib(pid)
+    print(f"{2 * rounds} requests, each answered by the model named, one loaded at a time: at most {peak:.0f} MiB; "
+          f"idle unload after {time.monotonic() - t0:.1f} s: {after:.0f} MiB", flush=True)  # fmt: skip
+    return after
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", type=Path, help="two GGUF files (default: two tiny ones)")
     parser.add_argument("--rounds", type=int, default=3, help="requests to each model, alternating")
+    parser.add_argument("--cycles", type=int, default=2, help="rounds then an idle unload, this many times")
     parser.add_argument("--idle", type=float, default=3.0, help="--idle-unload, seconds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,24 +144,12 @@ def main() -> int:
             before = rss_mib(proc.pid)
             print(f"before any load: {before:.0f} MiB", flush=True)
             client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-            peak = before
-            for turn in range(2 * args.rounds):
-                name = ALIASES[turn % 2]
-                reply = client.completions.create(model=name, prompt="Once upon a time", max_tokens=16)
-                assert reply.model == name, (reply.model, name)
-                assert loaded(url) == [name], loaded(url)
-                now = rss_mib(proc.pid)
-                peak = max(peak, now)
-                print(f"{name}: answered by {reply.model}; loaded {loaded(url)}; {now:.0f} MiB", flush=True)
+            afters = [cycle(client, url, proc.pid, args.rounds, before) for _ in range(args.cycles)]
             client.close()
-            t0 = time.monotonic()
-            while loaded(url):
-                time.sleep(0.2)
-            after = rss_mib(proc.pid)
-            change = (after / before - 1) * 100
-            print(f"idle unload after {time.monotonic() - t0:.1f} s")
-            print(f"resident memory: {before:.0f} MiB before the first load, {peak:.0f} MiB at most, "
-                  f"{after:.0f} MiB after the idle unload ({change:+.1f}%; goal within 10%)")  # fmt: skip
+            change = (afters[0] / before - 1) * 100
+            growth = afters[-1] - afters[0]
+            print(f"resident memory: {before:.0f} MiB before the first load, {afters[0]:.0f} MiB after the first "
+                  f"idle unload ({change:+.1f}%; goal within 10%); {growth:+.1f} MiB more after {args.cycles} cycles")  # fmt: skip  # noqa: E501
             return 0 if abs(change) <= 10 else 1
         finally:
             proc.terminate()
