@@ -5,6 +5,7 @@ during an unload, eviction that spares the busy model, a file gone, and
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import shutil
 from pathlib import Path
@@ -118,7 +119,7 @@ def test_a_model_that_does_not_fit_is_a_503_naming_what_holds_the_memory(tiny_mo
     shape = describe(read_gguf(tiny_model))
     budget = shape.memory_needed(4 * 512, "f16", "f16") + 1000  # the first with four slots, not one of another
     assert budget - held_alone(tiny_model) < shape.memory_needed(512, "f16", "f16")
-    servable = [Servable(i, frozenset(), lambda i=i: plan(tiny_model, i, budget)) for i in ("a", "b")]
+    servable = [Servable(i, frozenset(), functools.partial(plan, tiny_model, i, budget)) for i in ("a", "b")]
     models = ModelTable([], servable=servable, idle_unload_s=None)
 
     async def run() -> None:
