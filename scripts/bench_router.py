@@ -60,9 +60,15 @@ def register_pulled(home: Path, models: dict[str, Path]) -> dict[str, Path]:
     return files
 
 
-def rss_mib(pid: int) -> float:
-    found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+def rss_mib(pid: int, kind: str = "VmRSS") -> float:
+    """Resident memory, MiB: all of it (VmRSS), or its anonymous part (RssAnon: the heap,
+    buffers) or its file part (RssFile: the code of the libraries, paged in as it first runs)."""
+    found = re.search(rf"{kind}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
     return int(found.group(1)) / 1024 if found else 0.0
+
+
+def parts(pid: int) -> str:
+    return f"anonymous {rss_mib(pid, 'RssAnon'):.0f} MiB, files {rss_mib(pid, 'RssFile'):.0f} MiB"
 
 
 def loaded(url: str) -> list[str]:
@@ -117,7 +123,7 @@ def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float)
         time.sleep(0.2)
     after = rss_mib(pid)
     print(f"{2 * rounds} requests, each answered by the model named, one loaded at a time: at most {peak:.0f} MiB; "
-          f"idle unload after {time.monotonic() - t0:.1f} s: {after:.0f} MiB", flush=True)  # fmt: skip
+          f"idle unload after {time.monotonic() - t0:.1f} s: {after:.0f} MiB ({parts(pid)})", flush=True)  # fmt: skip
     return after
 
 
@@ -142,7 +148,7 @@ def main() -> int:
         try:
             time.sleep(1.0)
             before = rss_mib(proc.pid)
-            print(f"before any load: {before:.0f} MiB", flush=True)
+            print(f"before any load: {before:.0f} MiB ({parts(proc.pid)})", flush=True)
             client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
             afters = [cycle(client, url, proc.pid, args.rounds, before) for _ in range(args.cycles)]
             client.close()

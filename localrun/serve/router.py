@@ -176,6 +176,7 @@ class ModelTable:
                 self.entries.append(_Entry(each.id, each.names, each.plan))
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
         self._last_sweep = 0.0
+        self._sweeping: asyncio.Future[list[str]] | None = None
 
     # -- finding --
 
@@ -389,12 +390,13 @@ class ModelTable:
                     dropped.append(entry.id)
         return dropped
 
-    async def tick(self) -> None:
-        """Called often on the event loop (the server's ticks): sweep every `SWEEP_EVERY_S`."""
+    def tick(self) -> None:
+        """Called often on the event loop (the server's ticks): a sweep every
+        `SWEEP_EVERY_S`, on a task of its own (a load under way holds the lock)."""
         now = time.monotonic()
-        if now - self._last_sweep >= SWEEP_EVERY_S:
+        if now - self._last_sweep >= SWEEP_EVERY_S and (self._sweeping is None or self._sweeping.done()):
             self._last_sweep = now
-            await self.sweep()
+            self._sweeping = asyncio.ensure_future(self.sweep())
 
     # -- what it says --
 

@@ -97,7 +97,7 @@ class _Server(uvicorn.Server):
             self.on_event(self.table.status())
             for text in self.table.notices():
                 self.on_event(Notice(text))
-        await self.table.tick()
+        self.table.tick()
         return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
