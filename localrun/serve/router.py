@@ -419,6 +419,7 @@ class ModelTable:
                     "slots": worker.parallel,
                     "slots_busy": worker.busy,
                     "queued": worker.queued,
+                    "requests": entry.holds,  # being answered (streams included)
                     "idle_s": round(now - entry.last_used, 1) if idle else 0.0,
                 }
             body["status"] = status

@@ -127,3 +127,22 @@ def test_a_model_file_deleted_is_an_error_and_the_server_stays_up(
         assert BETA in failed.value.message and failed.value.status_code < 500
         assert ask(client, ALPHA) == ALPHA  # the server stays up, and serves the rest
         assert listed(server)[BETA]["value"] == "unloaded"
+
+
+def test_eviction_never_takes_the_model_a_stream_runs_on(long_model: Path, wide_model: Path, tmp_path: Path) -> None:
+    register_pulled(tmp_path, {ALPHA: long_model, BETA: wide_model})
+    for server in start(tmp_path, "--models-max", "1", "--parallel", "1", "--ctx", "32768"):
+        client = server.client()
+        stream = client.completions.create(model=ALPHA, prompt="Once", max_tokens=30000, stream=True)
+        next(iter(stream))  # it runs
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(client, BETA)
+        assert refused.value.status_code == 503 and "none is idle: alpha:test" in refused.value.message
+        assert listed(server)[ALPHA]["value"] == "loaded" and listed(server)[ALPHA]["slots_busy"] == 1
+        stream.close()  # the stream ends: its model is idle, and goes for the next
+        for _ in range(1000):  # the server sees the client go, however long the machine takes
+            status = listed(server)[ALPHA]
+            if status["slots_busy"] == 0 and status["requests"] == 0:
+                break
+        assert ask(client, BETA) == BETA
+        assert listed(server)[ALPHA]["value"] == "unloaded"
