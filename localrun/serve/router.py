@@ -177,6 +177,7 @@ class ModelTable:
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
         self._last_sweep = 0.0
         self._sweeping: asyncio.Future[list[str]] | None = None
+        self._said: list[str] = []  # loads and unloads, for the server's log (`notices`)
 
     # -- finding --
 
@@ -288,7 +289,11 @@ class ModelTable:
                 await self._make_room(entry)
                 while True:
                     try:
+                        t0 = time.monotonic()
                         entry.model = await asyncio.to_thread(self._load_now, entry)
+                        held = sum(entry.model.held.values())
+                        self._said.append(f"{entry.id}: loaded ({_mib(held)}) in {time.monotonic() - t0:.1f} s")
+                        self._said += [f"{entry.id}: {text}" for text in entry.model.engine.notices]
                         break
                     except _NoRoom as no_room:
                         victim = self._victim(entry)
@@ -347,6 +352,7 @@ class ModelTable:
         assert model is not None
         entry.model = None
         entry.state = "unloading"
+        self._said.append(f"{entry.id}: unloaded")
         entry.keep_alive = None
         change = asyncio.ensure_future(asyncio.to_thread(_free, model))
         entry.change = change
@@ -446,7 +452,8 @@ class ModelTable:
 
     def notices(self) -> list[str]:
         """What each model's scheduler had to say since the last call."""
-        return [f"{m.id}: {text}" for m in self.models for text in m.worker.notices()]
+        said, self._said = self._said, []
+        return said + [f"{m.id}: {text}" for m in self.models for text in m.worker.notices()]
 
     def stop(self) -> None:
         """End every request still running or waiting (each gets an error saying why); no more are taken."""

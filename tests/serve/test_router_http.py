@@ -51,6 +51,11 @@ def test_alternating_requests_are_each_answered_by_the_model_named(on_demand: Se
         assert status[expected]["value"] == "loaded"
         assert [m for m, s in status.items() if s["value"] == "loaded"] == [expected]  # --models-max 1
         assert sum(status[expected]["memory"].values()) > 0 and status[expected]["slots"] == 1
+    for _ in range(1000):  # the server's log says so at its next status tick
+        if "alpha:test: unloaded" in on_demand.log:
+            break
+        httpx.get(on_demand.url + "/health", timeout=30)
+    assert "alpha:test: loaded (" in on_demand.log and "alpha:test: unloaded" in on_demand.log
 
 
 def test_load_and_unload_by_hand(on_demand: Server) -> None:
