@@ -611,7 +611,7 @@ def registered_commands(group: Any = None, prefix: str = "") -> list[str]:
     return found
 
 
-PATHLESS = {"rpc-server"}  # reads and writes no file: no config, no models, no history
+PATHLESS = {"rpc-server", "ps"}  # reads and writes no file: no config, no models, no history
 
 
 def test_every_command_has_cases() -> None:
