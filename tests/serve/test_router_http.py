@@ -151,3 +151,17 @@ def test_eviction_never_takes_the_model_a_stream_runs_on(long_model: Path, wide_
                 break
         assert ask(client, BETA) == BETA
         assert listed(server)[ALPHA]["value"] == "unloaded"
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--idle-unload", "soon"), ("--models-max", "-1")])
+def test_bad_flags_are_refused_before_anything_loads(flag: str, value: str, tmp_path: Path) -> None:
+    env = {**os.environ, "LOCALRUN_HOME": str(tmp_path)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "localrun", "serve", "--port", "0", flag, value],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 2 and flag in shown.stderr and "Traceback" not in shown.stderr
