@@ -64,6 +64,7 @@ class _Entry:
     last_used: float = field(default_factory=time.monotonic)
     holds: int = 0  # requests between `ready` and the end of their response
     keep_alive: float | None = None  # seconds idle before it unloads, from a request (inf: never)
+    created: int = field(default_factory=lambda: int(time.time()))
 
     def answers_to(self, name: str) -> bool:
         return name == self.id or name in self.names
@@ -414,7 +415,9 @@ class ModelTable:
         for entry in self.entries:
             model = entry.model
             body: dict[str, Any] = (
-                model.describe() if model is not None else {"id": entry.id, "object": "model", "owned_by": "localrun"}
+                model.describe()
+                if model is not None
+                else {"id": entry.id, "object": "model", "created": entry.created, "owned_by": "localrun"}
             )
             status: dict[str, Any] = {"value": entry.state, "pinned": entry.pinned}
             if model is not None and entry.state == "loaded":

@@ -43,6 +43,7 @@ def ask(client: openai.OpenAI, model: str, **extra: Any) -> str:
 def test_alternating_requests_are_each_answered_by_the_model_named(on_demand: Server) -> None:
     client = on_demand.client()
     assert {s["value"] for s in listed(on_demand).values()} == {"unloaded"}  # nothing loads before a request
+    assert {m.id for m in client.models.list()} == {ALPHA, BETA}  # what can be served
     for name in (ALPHA, BETA, ALPHA, "beta.gguf"):  # an alias, or the file's name
         answered = ask(client, name)
         expected = BETA if name == "beta.gguf" else name
