@@ -299,7 +299,7 @@ class ModelTable:
                     except _NoRoom as no_room:
                         victim = self._victim(entry)
                         if victim is None:
-                            raise ServerBusyError(str(no_room), hint=self._holders()) from None
+                            raise ServerBusyError(f"{no_room}; {self._holders()}", hint="retry later") from None
                         await self._drop(victim)
             entry.state = "loaded"
             entry.last_used = time.monotonic()
