@@ -30,11 +30,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, InvalidRequestError, LocalrunError
 from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats, TokenChoice
-from localrun.serve import anthropic, apply_template
+from localrun.serve import anthropic, apply_template, responses_api
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
+from localrun.serve.responses_request import turn_request
 from localrun.serve.schemas import ChatRequest, CompletionRequest, parse
 from localrun.serve.served import ModelTable, ServedModel
 from localrun.serve.tools import CallDelta, ToolStream, ToolUse, call_objects, split_reply
@@ -544,6 +545,29 @@ async def _count_tokens(table: ModelTable, request: Request) -> dict[str, Any]:
     return {"input_tokens": len(batch_request.tokens)}
 
 
+async def _responses(
+    table: ModelTable, request: Request, on_event: OnEvent | None, kept: responses_api.Kept
+) -> Response:
+    """OpenAI's Responses API on the same engines."""
+    turn = turn_request(await request.body(), kept.items)
+    job, use = await _admit(table, request, turn.chat, on_event)
+    answer = responses_api.Answer(job.model.id, turn, use, kept)
+    stream = responses_api.events(job, answer) if turn.chat.stream else None
+    return await _respond(job, request, stream, answer.whole)
+
+
+def _response_routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
+    kept = responses_api.Kept()
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await _responses(table, request, on_event, kept)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> dict[str, Any]:
+        return kept.body(response_id)
+
+
 def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -592,6 +616,7 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
     app = FastAPI(title="localrun", docs_url=None, redoc_url=None, openapi_url=None)
     _error_handlers(app, on_event)
     _routes(app, table, on_event)
+    _response_routes(app, table, on_event)
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
     if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too
         app.add_middleware(
