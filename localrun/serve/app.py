@@ -1,5 +1,5 @@
-"""The HTTP API: OpenAI's /v1/models, /v1/chat/completions and
-/v1/completions, Anthropic's /v1/messages, and /health, over the served
+"""The HTTP API: OpenAI's /v1/models, /v1/chat/completions, /v1/completions
+and /v1/responses, Anthropic's /v1/messages, and /health, over the served
 models' engine threads.
 
 A request is parsed and checked (an unsupported field is refused by name),

@@ -245,9 +245,8 @@ class Answer:
         if self.held is not None:
             rest, deltas, _ = self.held.finish()
             out += self._text(rest) + self._calls(deltas)
-        if not any(
-            item["type"] in ("message", "function_call") for item in [*self.output, *[self.open or {"type": ""}]]
-        ):
+        written = [*self.output, self.open] if self.open is not None else self.output
+        if not any(item["type"] in ("message", "function_call") for item in written):  # as `whole`: an empty message
             out += self._open(_message_item("msg_" + new_id(), None, "in_progress"), "output_text")
         out += self._close()
         return [*out, self._event("response.completed", {"response": self._end(self.output, stats)})]

@@ -23,7 +23,7 @@ KNOWN = frozenset(
 EXTENSIONS = frozenset({"seed", "top_k", "min_p", "repeat_penalty", "chat_template_kwargs", "reasoning_budget_tokens"})
 # what the official clients (and Codex) send that changes nothing here: `IGNORED` as chat completions
 # have it (said once by the server), and what asks for output this server never makes
-HARMLESS = (IGNORED - {"store"}) | {"include", "stream_options"}
+HARMLESS = (IGNORED - {"store"}) | {"include", "stream_options", "client_metadata"}
 ROLES = frozenset({"user", "system", "developer", "assistant"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal"})
 EFFORTS = {"none": "none", "minimal": "minimal", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
