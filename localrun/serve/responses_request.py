@@ -29,6 +29,7 @@ TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "re
 EFFORTS = {"none": "none", "minimal": "minimal", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 
 Item = dict[str, Any]
+OURS = {"max_tokens": "max_output_tokens", "response_format": "text.format"}  # chat's names for ours
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,22 @@ def turn_request(body: bytes, earlier: Callable[[str], list[Item]]) -> TurnReque
     chat["stream"] = data.get("stream") is True
     if "model" in data:
         chat["model"] = data["model"]
-    parsed = parse_data(ChatRequest, chat)
+    try:
+        parsed = parse_data(ChatRequest, chat)
+    except InvalidRequestError as exc:  # named as this request has it
+        raise _renamed(exc) from None
     return TurnRequest(parsed, items, _echo(data, store), store)
+
+
+def _renamed(exc: InvalidRequestError) -> InvalidRequestError:
+    """A chat field's complaint with the field named as the Responses API has it."""
+    param = exc.param or ""
+    head, dot, rest = param.partition(".")
+    ours = OURS.get(head)
+    if ours is None:
+        return exc
+    message = exc.message.replace(param, ours + dot + rest, 1) if exc.message.startswith(param) else exc.message
+    return InvalidRequestError(message, ours + dot + rest)
 
 
 def _echo(data: dict[str, Any], store: bool) -> dict[str, Any]:

@@ -105,14 +105,17 @@ def test_the_stream_reassembles_to_the_response(server: Server) -> None:
     }
     whole = create(server, **kw)
     names: list[str] = []
+    numbers: list[int] = []
     arguments = ""
     with server.client().responses.stream(model=MODEL, **kw) as stream:
         for event in stream:
             names.append(event.type)
+            numbers.append(event.sequence_number)
             if event.type == "response.function_call_arguments.delta":
                 arguments += event.delta
         streamed: Any = stream.get_final_response()
     assert names[:2] == ["response.created", "response.in_progress"] and names[-1] == "response.completed"
+    assert numbers == list(range(len(names)))
     assert "response.output_item.added" in names and "response.function_call_arguments.done" in names
 
     def shape(response: Any) -> list[tuple[str, ...]]:
@@ -125,6 +128,23 @@ def test_the_stream_reassembles_to_the_response(server: Server) -> None:
     calls = [i for i in streamed.output if i.type == "function_call"]
     assert calls and arguments == "".join(c.arguments for c in calls)
     check_call(calls[0])
+
+
+def test_a_streamed_tool_loop_with_previous_response_id(server: Server) -> None:
+    kw: Any = {"tools": TOOLS, "max_output_tokens": 150, "temperature": 1.0, "extra_body": {"seed": 2}}
+    with server.client().responses.stream(model=MODEL, input=QUESTION, tool_choice=NAMED, **kw) as stream:
+        first: Any = stream.get_final_response()
+    call = next(i for i in first.output if i.type == "function_call")
+    assert check_call(call) and call.name == "get_weather"
+    output: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees"}
+    with server.client().responses.stream(
+        model=MODEL, previous_response_id=first.id, input=[output], tool_choice="none", **kw
+    ) as stream:
+        final: Any = stream.get_final_response()
+    assert [i.type for i in final.output] == ["message"] and final.output_text
+    whole_input = [{"role": "user", "content": QUESTION}, *[i.model_dump() for i in first.output], output]
+    again = create(server, input=whole_input, tools=TOOLS, tool_choice="none", max_output_tokens=4)
+    assert again.usage.input_tokens == final.usage.input_tokens  # the streamed turn was kept whole
 
 
 def test_plain_text_streams_as_it_comes_back_whole(server: Server) -> None:
@@ -164,6 +184,7 @@ def test_a_stored_response_is_found_and_an_unstored_one_is_not(server: Server) -
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "images"),
         ({"tools": [{"type": "web_search"}]}, "web_search"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400_naming_it(server: Server, extra: dict[str, Any], named: str) -> None:
@@ -243,6 +264,8 @@ def test_a_thinking_model_gives_a_reasoning_item_whole_and_streamed(thinker: Ser
     assert reasoning == thought == streamed.output[0].content[0].text
     assert streamed.output_text == whole.output_text
     assert names.index("response.reasoning_text.done") < names.index("response.output_text.delta")
+    plain: Any = thinker.client().responses.create(model="thinker", input="hello", reasoning={"effort": "none"})
+    assert [i.type for i in plain.output] == ["message"]
     # the reasoning item goes back as input with the rest of the turn, and is read
     turn = [{"role": "user", "content": "hello"}, *[i.model_dump(exclude_none=True) for i in whole.output]]
     again: Any = thinker.client().responses.create(
