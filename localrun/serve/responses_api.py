@@ -26,6 +26,7 @@ from localrun.serve.tools import CallDelta, ToolStream, ToolUse, new_id, split_r
 from localrun.serve.worker import JobEvent
 
 KEPT = 100  # responses kept for previous_response_id (the oldest goes first)
+PARTS = {"message": "output_text", "reasoning": "reasoning_text"}  # the text part each item type streams
 
 
 class Kept:
@@ -180,22 +181,13 @@ class Answer:
         if item is None:
             return []
         out = []
-        if item["type"] == "message":
-            part = _part("output_text", self.text)
-            out.append(
-                self._event(
-                    "response.output_text.done", self._at() | {"content_index": 0, "text": self.text, "logprobs": []}
-                )
-            )
-            out.append(self._event("response.content_part.done", self._at() | {"content_index": 0, "part": part}))
-            item = _message_item(item["id"], self.text)
-        elif item["type"] == "reasoning":
-            part = _part("reasoning_text", self.text)
-            out.append(
-                self._event("response.reasoning_text.done", self._at() | {"content_index": 0, "text": self.text})
-            )
-            out.append(self._event("response.content_part.done", self._at() | {"content_index": 0, "part": part}))
-            item = _reasoning_item(item["id"], self.text)
+        if item["type"] in PARTS:
+            kind = PARTS[item["type"]]
+            at = self._at() | {"content_index": 0}
+            said: dict[str, Any] = {"text": self.text} | ({"logprobs": []} if kind == "output_text" else {})
+            out.append(self._event(f"response.{kind}.done", at | said))
+            out.append(self._event("response.content_part.done", at | {"part": _part(kind, self.text)}))
+            item = item | {"status": "completed", "content": [_part(kind, self.text)]}
         out.append(self._event("response.output_item.done", {"output_index": len(self.output), "item": item}))
         self.output.append(item)
         self.open = None
