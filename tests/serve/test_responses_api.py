@@ -211,6 +211,42 @@ def test_what_the_clients_send_beside_changes_nothing(server: Server) -> None:
     assert reply.status == "incomplete" and reply.metadata == {"run": "1"}
 
 
+def test_a_request_shaped_as_codex_sends_it_streams_a_call(server: Server) -> None:
+    """Codex's body: developer and user messages, strict function tools, its
+    fields beside them, `store: false` and the whole history each turn."""
+    shell: Any = {
+        "type": "object",
+        "properties": {"command": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2}},
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    tools: Any = [{"type": "function", "name": "shell", "description": "run", "strict": False, "parameters": shell}]
+    history: Any = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox: none"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+    ]
+    stream = server.client().responses.create(
+        model=MODEL,
+        instructions="You are a coding agent.",
+        input=history,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        reasoning={"effort": "medium", "summary": "auto"},
+        store=False,
+        stream=True,
+        include=["reasoning.encrypted_content"],
+        prompt_cache_key="thread-1",
+        text={"verbosity": "medium"},
+        max_output_tokens=200,
+        extra_body={"client_metadata": {"x": "y"}, "seed": 4},
+    )
+    done = [e.item for e in stream if e.type == "response.output_item.done"]
+    calls = [item for item in done if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "shell"
+    jsonschema.validate(json.loads(calls[0].arguments), shell)
+
+
 PERSON: dict[str, Any] = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "maximum": 99}},
