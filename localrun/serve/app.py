@@ -567,6 +567,10 @@ def _response_routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) 
     async def stored_response(response_id: str) -> dict[str, Any]:
         return kept.body(response_id)
 
+    @app.delete("/v1/responses/{response_id}")
+    async def drop_response(response_id: str) -> dict[str, Any]:
+        return kept.drop(response_id)
+
 
 def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     @app.post("/v1/chat/completions")
@@ -622,7 +626,7 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors),
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     return app

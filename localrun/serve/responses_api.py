@@ -5,7 +5,7 @@ and the reply goes back as a response object, its output a reasoning item
 OpenAI's server-sent events (response.created, output items, content parts,
 text, reasoning and argument deltas, response.completed), each with its
 `sequence_number`. Responses are kept in memory, the last `KEPT` of them,
-for `previous_response_id` and GET; `store: false` keeps none."""
+for `previous_response_id`, GET and DELETE; `store: false` keeps none."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ class Kept:
         if found is None:
             raise ApiError(404, f"no response {response_id!r} is stored here", param="response_id", code="not_found")
         return found[0]
+
+    def drop(self, response_id: str) -> dict[str, Any]:
+        self.body(response_id)  # a 404 when it is not kept
+        with self.lock:
+            self.responses.pop(response_id, None)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     def items(self, response_id: str) -> list[Item]:
         """The conversation up to and including the response, for a `previous_response_id`."""

@@ -164,6 +164,9 @@ def test_plain_text_streams_as_it_comes_back_whole(server: Server) -> None:
 def test_a_stored_response_is_found_and_an_unstored_one_is_not(server: Server) -> None:
     kept = create(server, input="hi", max_output_tokens=4)
     assert server.client().responses.retrieve(kept.id).output_text == kept.output_text
+    server.client().responses.delete(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        server.client().responses.retrieve(kept.id)
     gone = create(server, input="hi", max_output_tokens=4, store=False)
     assert gone.store is False
     with pytest.raises(openai.NotFoundError):
