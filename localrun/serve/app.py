@@ -1,5 +1,5 @@
-"""The HTTP API: OpenAI's /v1/models, /v1/chat/completions and
-/v1/completions, Anthropic's /v1/messages, and /health, over the served
+"""The HTTP API: OpenAI's /v1/models, /v1/chat/completions, /v1/completions
+and /v1/responses, Anthropic's /v1/messages, and /health, over the served
 models' engine threads.
 
 A request is parsed and checked (an unsupported field is refused by name),
@@ -30,11 +30,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, InvalidRequestError, LocalrunError
 from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats, TokenChoice
-from localrun.serve import anthropic, apply_template
+from localrun.serve import anthropic, apply_template, responses_api
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
 from localrun.serve.responses import DONE, Kind, Reply, sse
+from localrun.serve.responses_request import turn_request
 from localrun.serve.router import HoldRequests, ModelTable, model_named, split_keep_alive
 from localrun.serve.schemas import ChatRequest, CompletionRequest, json_object, parse
 from localrun.serve.served import ServedModel
@@ -574,6 +575,34 @@ def _model_routes(app: FastAPI, table: ModelTable) -> None:
         return {"success": True, "unloaded": await table.unload(name)}
 
 
+async def _responses(
+    table: ModelTable, request: Request, on_event: OnEvent | None, kept: responses_api.Kept
+) -> Response:
+    """OpenAI's Responses API on the same engines."""
+    body, keep_alive = split_keep_alive(await request.body())
+    turn = turn_request(body, kept.items)
+    job, use = await _admit(table, request, turn.chat, on_event, keep_alive)
+    answer = responses_api.Answer(job.model.id, turn, use, kept)
+    stream = responses_api.events(job, answer) if turn.chat.stream else None
+    return await _respond(job, request, stream, answer.whole)
+
+
+def _response_routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
+    kept = responses_api.Kept()
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await _responses(table, request, on_event, kept)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> dict[str, Any]:
+        return kept.body(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def drop_response(response_id: str) -> dict[str, Any]:
+        return kept.drop(response_id)
+
+
 def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -615,13 +644,14 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
     _error_handlers(app, on_event)
     _routes(app, table, on_event)
     _model_routes(app, table)
+    _response_routes(app, table, on_event)
     app.add_middleware(HoldRequests, table=table)
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
     if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors),
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     return app
