@@ -161,13 +161,21 @@ class Embedder:
 
     # -- input --
 
-    def tokenize(self, texts: Sequence[str], param: str = "input") -> list[list[int]]:
+    def tokenize(self, texts: Sequence[str], param: str = "input", line: int | None = None) -> list[list[int]]:
         """Each text's tokens (with the model's BOS/EOS or CLS/SEP); an empty
-        input or one over the context is refused, naming which."""
-        return [self.check(self.engine.tokenize(text), i, len(texts), param) for i, text in enumerate(texts)]
+        input or one over the context is refused, naming which (``line``: the
+        first text's line number, for inputs read as lines)."""
+        return [
+            self.check(self.engine.tokenize(text), i, len(texts), param, line) for i, text in enumerate(texts)
+        ]
 
-    def check(self, tokens: list[int], index: int, count: int, param: str = "input") -> list[int]:
-        where = f"input {index}" if count > 1 else "the input"
+    def check(
+        self, tokens: list[int], index: int, count: int, param: str = "input", line: int | None = None
+    ) -> list[int]:
+        if line is not None:
+            where = f"line {line + index}"
+        else:
+            where = f"{param} {index}" if count > 1 else f"the {param}"
         if not tokens:
             raise InvalidRequestError(f"{where} is empty", param)
         if len(tokens) > self.n_ctx:
