@@ -96,7 +96,11 @@ def settle_pooling(info: GGUFInfo, asked: str | None) -> int:
 
 def embedding_config(config: EngineConfig, pooling: int, n_ctx: int, n_seq: int = SEQUENCES) -> EngineConfig:
     """``config`` (a run's plan) as an embedding context: each input whole in
-    one micro-batch (an encoder attends both ways), the sequences sharing the cells."""
+    one micro-batch (an encoder attends both ways), the sequences sharing the
+    cells. The context is a multiple of the sequences (llama.cpp's pooled
+    graph is sized for as many tokens in each)."""
+    n_seq = max(1, min(n_seq, n_ctx))
+    n_ctx = -(-n_ctx // n_seq) * n_seq
     return replace(
         config,
         embeddings=True,
@@ -318,9 +322,10 @@ def open_embedder(run: Assembled, pooling: str | None = None, n_seq: int = SEQUE
     """An engine of its own for ``run`` (its plan), with embeddings on."""
     chosen = settle_pooling(run.info, pooling)
     n_ctx = context_size(run.settings.n_ctx, run.info.context_length)
-    engine = Engine(embedding_config(run.config, chosen, n_ctx, n_seq), run.info)
+    config = embedding_config(run.config, chosen, n_ctx, n_seq)
+    engine = Engine(config, run.info)
     try:
-        return Embedder(engine, engine.ctx, n_ctx, n_seq, owns_engine=True)
+        return Embedder(engine, engine.ctx, config.n_ctx, config.n_seq_max, owns_engine=True)
     except BaseException:
         engine.close()
         raise
@@ -332,13 +337,13 @@ def embedder_beside(engine: Engine, n_seq: int = SEQUENCES) -> Embedder:
     pooling = settle_pooling(engine.info, None)
     n_ctx = max(engine.n_ctx // max(engine.n_seq_max, 1), 1)
     config = embedding_config(engine.config, pooling, n_ctx, n_seq)
-    cparams = _context_params(config, engine.flash_attn, n_ctx)
+    cparams = _context_params(config, engine.flash_attn, config.n_ctx)
     with native_call():
         ctx = llama_cpp.llama_init_from_model(engine.model, cparams)
     if not ctx:
         raise EngineError(f"llama.cpp could not create an embedding context: {llama_log.last_error() or 'unknown'}")
     try:
-        return Embedder(engine, ctx, n_ctx, n_seq, owns_engine=False)
+        return Embedder(engine, ctx, config.n_ctx, config.n_seq_max, owns_engine=False)
     except BaseException:
         with contextlib.suppress(Exception), native_call():
             llama_cpp.llama_free(ctx)
