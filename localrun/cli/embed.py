@@ -111,7 +111,6 @@ def embed_command(
     resolved = opt.resolve_engine(
         model, options, offline=offline, verbose=verbose, with_draft=False, workload=OneSequence()
     )
-    assert resolved.run is not None  # planned just now
-    with open_embedder(resolved.run, pooling) as embedder:
+    with open_embedder(resolved.config, resolved.info, pooling, resolved.settings.n_ctx) as embedder:
         _write(embedder, records, as_json)
     return ExitCode.OK

@@ -7,8 +7,8 @@ sequences, each pooled vector L2-normalized. A model whose pooling is the
 rank head (rerankers) scores query/document pairs instead.
 
 The context comes either with an engine of its own (`open_embedder`, for
-`localrun embed`: the engine's config is the run's plan from
-`localrun.assemble` with embeddings switched on) or beside an engine already
+`localrun embed`: the engine's config is the run's plan, as
+`localrun.assemble` made it, with embeddings switched on) or beside an engine already
 loaded (`embedder_beside`, for a served model: a second context on the same
 weights, so generation and embeddings share one load).
 """
@@ -24,7 +24,6 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from localrun.assemble import Assembled
 from localrun.errors import ContextOverflowError, EngineError, InvalidRequestError, UsageError
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import llama_log
@@ -169,17 +168,14 @@ class Embedder:
         """Each text's tokens (with the model's BOS/EOS or CLS/SEP); an empty
         input or one over the context is refused, naming which (``line``: the
         first text's line number, for inputs read as lines)."""
-        return [
-            self.check(self.engine.tokenize(text), i, len(texts), param, line) for i, text in enumerate(texts)
-        ]
+        return [self.check(self.engine.tokenize(text), i, len(texts), param, line) for i, text in enumerate(texts)]
 
     def check(
         self, tokens: list[int], index: int, count: int, param: str = "input", line: int | None = None
     ) -> list[int]:
+        where = f"{param} {index}" if count > 1 else f"the {param}"
         if line is not None:
             where = f"line {line + index}"
-        else:
-            where = f"{param} {index}" if count > 1 else f"the {param}"
         if not tokens:
             raise InvalidRequestError(f"{where} is empty", param)
         if len(tokens) > self.n_ctx:
@@ -269,8 +265,8 @@ class Embedder:
         vocab = self.engine.vocab
         tokens = self.engine.tokenize(query, add_special=False, parse_special=False)
         doc = self.engine.tokenize(document, add_special=False, parse_special=False)
-        marks = [int(f(vocab)) for f in (llama_cpp.llama_vocab_bos, llama_cpp.llama_vocab_eos, llama_cpp.llama_vocab_sep)]
-        bos, eos, sep = (m if m >= 0 else None for m in marks)
+        marks = (llama_cpp.llama_vocab_bos, llama_cpp.llama_vocab_eos, llama_cpp.llama_vocab_sep)
+        bos, eos, sep = (m if m >= 0 else None for m in (int(mark(vocab)) for mark in marks))
         pair = ([bos] if bos is not None else []) + tokens + ([eos] if eos is not None else [])
         pair += ([sep] if sep is not None else []) + doc + ([eos] if eos is not None else [])
         return pair
@@ -318,12 +314,19 @@ def context_size(asked: int | None, trained: int | None) -> int:
     return min(DEFAULT_CTX, trained or DEFAULT_CTX)
 
 
-def open_embedder(run: Assembled, pooling: str | None = None, n_seq: int = SEQUENCES) -> Embedder:
-    """An engine of its own for ``run`` (its plan), with embeddings on."""
-    chosen = settle_pooling(run.info, pooling)
-    n_ctx = context_size(run.settings.n_ctx, run.info.context_length)
-    config = embedding_config(run.config, chosen, n_ctx, n_seq)
-    engine = Engine(config, run.info)
+def open_embedder(
+    config: EngineConfig,
+    info: GGUFInfo,
+    pooling: str | None = None,
+    ctx: int | None = None,
+    n_seq: int = SEQUENCES,
+) -> Embedder:
+    """An engine of its own on ``config`` (a run's plan) with embeddings on:
+    ``pooling`` as asked (None or auto: the model's own), inputs up to ``ctx``
+    tokens (None: `context_size`'s default)."""
+    chosen = settle_pooling(info, pooling)
+    config = embedding_config(config, chosen, context_size(ctx, info.context_length), n_seq)
+    engine = Engine(config, info)
     try:
         return Embedder(engine, engine.ctx, config.n_ctx, config.n_seq_max, owns_engine=True)
     except BaseException:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from localrun.serve.events import OnEvent, RequestDone
 from localrun.serve.schemas import json_object
 from localrun.serve.served import ModelTable, ServedModel
 
+Handler = Callable[[ModelTable, dict[str, Any]], tuple[ServedModel, dict[str, Any]]]
 EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
 
@@ -53,7 +55,9 @@ def _refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
 
 
 def _is_tokens(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def _inputs(value: Any) -> list[str] | list[list[int]]:
@@ -120,7 +124,7 @@ def _documents(value: Any) -> list[str]:
     for document in value:
         text = document.get("text") if isinstance(document, dict) else document
         if not isinstance(text, str):
-            raise InvalidRequestError("each document is a string or {\"text\": ...}", "documents")
+            raise InvalidRequestError('each document is a string or {"text": ...}', "documents")
         texts.append(text)
     return texts
 
@@ -152,7 +156,7 @@ def rerank(table: ModelTable, body: dict[str, Any]) -> tuple[ServedModel, dict[s
 def register(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
     """The embeddings and rerank routes on ``app``."""
 
-    async def answer(request: Request, handler: Any) -> dict[str, Any]:
+    async def answer(request: Request, handler: Handler) -> dict[str, Any]:
         t0 = time.perf_counter()
         body = json_object(await request.body())
         model, response = await run_in_threadpool(handler, table, body)

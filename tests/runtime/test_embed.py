@@ -22,7 +22,7 @@ TEXTS = ["the cat sat on the mat", "hello there", "a", "the quick brown fox jump
 
 def _open(path: Path, pooling: str | None = None, n_seq: int = 128, ctx: str | None = None) -> Embedder:
     run = assemble(path, resolve(Options(threads=1, ctx=ctx)), devices=[FAKE_HOST], use_wisdom=False)
-    return open_embedder(run, pooling, n_seq)
+    return open_embedder(run.config, run.info, pooling, run.settings.n_ctx, n_seq)
 
 
 @pytest.fixture(scope="module")

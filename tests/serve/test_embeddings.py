@@ -56,8 +56,12 @@ def test_two_models_give_unit_vectors_of_their_width(embedding_server: Server) -
 
 
 def test_base64_is_the_float_vector(embedding_server: Server) -> None:
-    floats = _raw(embedding_server, "/embeddings", {"model": "mean-embed", "input": "hello", "encoding_format": "float"})
-    packed = _raw(embedding_server, "/embeddings", {"model": "mean-embed", "input": "hello", "encoding_format": "base64"})
+    floats = _raw(
+        embedding_server, "/embeddings", {"model": "mean-embed", "input": "hello", "encoding_format": "float"}
+    )
+    packed = _raw(
+        embedding_server, "/embeddings", {"model": "mean-embed", "input": "hello", "encoding_format": "base64"}
+    )
     decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(decoded, floats["data"][0]["embedding"], atol=1e-6)
 
@@ -82,14 +86,17 @@ def test_dimensions_cut_a_matryoshka_model_only(embedding_server: Server) -> Non
         client.embeddings.create(model="last-embed", input="hello", dimensions=33)
 
 
-@pytest.mark.parametrize(("body", "says"), [
-    ({"input": ""}, "empty"),
-    ({"input": []}, "empty"),
-    ({"input": ["fine", ""]}, "input 1 is empty"),
-    ({"input": [1.5]}, "must be a string"),
-    ({"input": "x", "encoding_format": "int8"}, "float or base64"),
-    ({"input": "x", "pooling": "max"}, "unsupported field"),
-])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"input": ""}, "empty"),
+        ({"input": []}, "empty"),
+        ({"input": ["fine", ""]}, "input 1 is empty"),
+        ({"input": [1.5]}, "must be a string"),
+        ({"input": "x", "encoding_format": "int8"}, "float or base64"),
+        ({"input": "x", "pooling": "max"}, "unsupported field"),
+    ],
+)
 def test_bad_input_is_a_400_naming_it(embedding_server: Server, body: dict[str, Any], says: str) -> None:
     with pytest.raises(openai.BadRequestError, match=says):
         _raw(embedding_server, "/embeddings", {"model": "mean-embed", **body})
