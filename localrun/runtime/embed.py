@@ -39,7 +39,7 @@ POOLING = {
 }
 POOLING_NAMES = {value: name for name, value in POOLING.items()}
 DEFAULT_CTX = 4096  # the longest input, in tokens, unless a context is asked for
-PACK_TOKENS = 2048  # tokens packed into one decode (a longer input decodes alone)
+PACK_TOKENS = 512  # tokens packed into one decode (a longer input alone): attention spans what a decode holds
 SEQUENCES = 128  # inputs packed into one decode at most
 
 # Families trained with Matryoshka representation learning: a prefix of their
