@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,10 +42,41 @@ from scripts._stats import ratio_summary
 from scripts.bench_serve import Server, _raw, llama_server
 
 HERE = Path(__file__).resolve().parent.parent
-WORDS = (
-    "the a river light stone quiet engine market winter garden letter system north bread window music road "
-    "paper early green signal harbour clock under over slowly bright memory table number open small field"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "river",
+    "light",
+    "stone",
+    "quiet",
+    "engine",
+    "market",
+    "winter",
+    "garden",
+    "letter",
+    "system",
+    "north",
+    "bread",
+    "window",
+    "music",
+    "road",
+    "paper",
+    "early",
+    "green",
+    "signal",
+    "harbour",
+    "clock",
+    "under",
+    "over",
+    "slowly",
+    "bright",
+    "memory",
+    "table",
+    "number",
+    "open",
+    "small",
+    "field",
+]
 
 
 def lines(n: int, seed: int = 7) -> list[str]:
@@ -99,7 +129,7 @@ def main() -> None:
     model = model_path(args.model)
     texts = lines(args.lines)
     os.environ.pop("LOCALRUN_API_KEY", None)
-    options = types.SimpleNamespace(ctx=512, threads=args.threads)
+    options = argparse.Namespace(ctx=512, threads=args.threads)
     extra = ("--embeddings", "--pooling", args.pooling, "-b", "2048", "-ub", "2048")
     ours: list[float] = []
     theirs: list[float] = []

@@ -53,7 +53,8 @@ def main() -> None:
         others = [similarity[i, m] for m in range(len(texts)) if m // 2 != k]
         nearer = similarity[i, j] > max(others)
         failed += not nearer
-        print(f"{first[:40]:40}  pair {similarity[i, j]:.3f}  best unrelated {max(others):.3f}  {'ok' if nearer else 'NO'}")
+        verdict = "ok" if nearer else "NO"
+        print(f"{first[:40]:40}  pair {similarity[i, j]:.3f}  best unrelated {max(others):.3f}  {verdict}")
     sys.exit(1 if failed else 0)
 
 
