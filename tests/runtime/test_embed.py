@@ -14,6 +14,7 @@ from localrun.errors import ContextOverflowError, InvalidRequestError, UsageErro
 from localrun.runtime.devices import Device
 from localrun.runtime.embed import Embedder, open_embedder, truncated
 from localrun.settings import Options, resolve
+from tests.synthmodels import FAMILIES, write_family_model
 from tests.tinymodel import write_tiny_model
 
 FAKE_HOST = Device("CPU", "fake", "cpu", 0, 0)
@@ -98,3 +99,19 @@ def test_a_truncated_vector_is_the_prefix_at_unit_length() -> None:
     vector = np.array([3.0, 4.0, 12.0], dtype=np.float32)
     cut = truncated(vector, 2)
     assert np.allclose(cut, [0.6, 0.8]) and abs(float(np.linalg.norm(cut)) - 1) < 1e-6
+
+
+def test_a_reranker_scores_each_document_alone(tmp_path: Path) -> None:
+    qwen3 = next(f for f in FAMILIES if f.name == "qwen3")
+    with _open(write_family_model(qwen3, tmp_path / "rank.gguf", rank_head=True)) as ranker:
+        assert ranker.ranks and ranker.width == 2  # yes and no
+        documents = ["a cat is an animal", "the stock market", "cats purr"]
+        scores, tokens = ranker.rerank("what is a cat", documents)
+        assert all(0.0 < s < 1.0 for s in scores) and len(set(scores)) == 3  # P(yes), a softmax over yes/no
+        reversed_scores, _ = ranker.rerank("what is a cat", documents[::-1])
+        assert np.allclose(reversed_scores[::-1], scores, atol=2e-3)  # no document sees another
+        assert tokens > sum(len(ranker.engine.tokenize(d)) for d in documents)
+        with pytest.raises(InvalidRequestError, match="reranker"):
+            ranker.embed(["hello"])
+        with pytest.raises(InvalidRequestError, match="document 1 is empty"):
+            ranker.rerank("q", ["fine", ""])

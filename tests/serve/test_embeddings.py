@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.serve.conftest import Server, start
+from tests.synthmodels import FAMILIES, write_family_model
 from tests.tinymodel import SPECIALS, write_tiny_model
 
 SENTENCES = ["the cat sat on the mat", "hello there", "a quick brown fox"]
@@ -22,7 +23,7 @@ SENTENCES = ["the cat sat on the mat", "hello there", "a quick brown fox"]
 @pytest.fixture(scope="module")
 def embedding_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A mean-pooling model 64 wide, a last-token one 32 wide whose name makes
-    it a Matryoshka family, and a chat model with no pooling."""
+    it a Matryoshka family, a chat model with no pooling, and a reranker."""
     models = tmp_path_factory.mktemp("embedmodels")
     mean = write_tiny_model(models / "mean-embed.gguf", pooling=llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     last = write_tiny_model(
@@ -32,8 +33,10 @@ def embedding_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
         seed=1,
         name="tiny-qwen3-embedding",
     )
+    qwen3 = next(f for f in FAMILIES if f.name == "qwen3")
+    rank = write_family_model(qwen3, models / "rank.gguf", rank_head=True)
     home = tmp_path_factory.mktemp("home")
-    yield from start(home, "-m", str(mean), "-m", str(last), "-m", str(tiny_model), "--parallel", "1")
+    yield from start(home, "-m", str(mean), "-m", str(last), "-m", str(tiny_model), "-m", str(rank), "--parallel", "1")
 
 
 def _raw(server: Server, path: str, body: dict[str, Any]) -> Any:
@@ -124,3 +127,21 @@ def test_rerank_needs_a_rank_head(embedding_server: Server) -> None:
         _raw(embedding_server, "/rerank", {"model": "mean-embed", "query": "q", "documents": ["a", "b"]})
     with pytest.raises(openai.BadRequestError, match="documents"):
         _raw(embedding_server, "/rerank", {"model": "mean-embed", "query": "q", "documents": []})
+
+
+def test_rerank_orders_documents_by_relevance(embedding_server: Server) -> None:
+    documents = ["a cat is an animal", "the stock market", "cats purr", "bread and butter"]
+    body = {"model": "rank", "query": "what is a cat", "documents": documents}
+    whole = _raw(embedding_server, "/rerank", body)
+    results = whole["results"]
+    assert sorted(r["index"] for r in results) == [0, 1, 2, 3] and whole["model"] == "rank"
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True) and whole["usage"]["prompt_tokens"] > 0
+    top = _raw(embedding_server, "/rerank", {**body, "top_n": 2, "return_documents": True})["results"]
+    assert [r["index"] for r in top] == [r["index"] for r in results[:2]]
+    assert [r["document"]["text"] for r in top] == [documents[r["index"]] for r in top]
+    as_objects = [{"text": d} for d in documents]
+    same = _raw(embedding_server, "/rerank", {**body, "documents": as_objects})["results"]
+    assert [r["index"] for r in same] == [r["index"] for r in results]
+    with pytest.raises(openai.BadRequestError, match="reranker"):
+        embedding_server.client().embeddings.create(model="rank", input="hello")
