@@ -41,6 +41,7 @@ from gguf import (
     TENSOR_NAMES,
     GGUFWriter,
     LlamaFileType,
+    PoolingType,
     TokenType,
 )
 from gguf.constants import GGMLQuantizationType
@@ -434,12 +435,20 @@ def _write_rope_factors(writer: GGUFWriter, family: Family) -> None:
 
 
 def write_family_model(
-    family: Family, path: Path, *, seed: int = 0, ends: bool = False, quantized: bool = True
+    family: Family,
+    path: Path,
+    *,
+    seed: int = 0,
+    ends: bool = False,
+    quantized: bool = True,
+    rank_head: bool = False,
 ) -> Path:
     """Write ``family``'s tiny model to ``path``. ``ends``: the output
     projection is zero, every logit ties and greedy decoding picks token 0,
     the one the family ends a reply with: a reply ends at once. ``quantized``
-    False keeps gpt-oss's experts in F32 instead of MXFP4."""
+    False keeps gpt-oss's experts in F32 instead of MXFP4. ``rank_head``: a
+    reranker, as Qwen3-Reranker's files are (rank pooling, a yes/no classifier
+    on the last token)."""
     rng = np.random.default_rng(seed)
     scale = 0.5 / np.sqrt(family.n_layer / 2)  # deeper stacks stay in range
 
@@ -461,6 +470,10 @@ def write_family_model(
     if not family.tied:
         writer.add_tensor(tensor_name(family, MODEL_TENSOR.OUTPUT, "weight"), output)
     _write_rope_factors(writer, family)
+    if rank_head:
+        writer.add_pooling_type(PoolingType.RANK)
+        writer.add_classifier_output_labels(["yes", "no"])
+        writer.add_tensor("cls.output.weight", rand((2, N_EMBD)))
     for bid in range(family.n_layer):
         for kind, suffix, shape in layer_specs(family):
             name = tensor_name(family, kind, suffix, bid)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGUFWriter, PoolingType, TokenType
 
 CHATML = (
     "{% for message in messages %}"
@@ -77,6 +77,8 @@ def write_tiny_model(  # noqa: PLR0915  one writer call per GGUF key
     merges: list[str] | None = None,
     loop: str = "",
     extra_tokens: Sequence[str] = (),
+    pooling: int | None = None,
+    name: str = "tiny-test-llama",
 ) -> Path:
     """Write a model to ``path``.
 
@@ -91,7 +93,9 @@ def write_tiny_model(  # noqa: PLR0915  one writer call per GGUF key
     byte tokens is followed by the next, cyclically. ``merges`` replaces the
     BPE merges (a different vocabulary). ``extra_tokens`` adds control
     tokens (a reasoning model's ``<think>``, ``</think>``) whose logits are 0,
-    as the other control tokens' are: greedy decoding never samples them."""
+    as the other control tokens' are: greedy decoding never samples them.
+    ``pooling`` (llama.cpp's pooling type: 1 mean, 2 CLS, 3 last) makes it
+    an embedding model, as its file declares; ``name`` is its general.name."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(MERGES if merges is None else merges, extra_tokens)
     n_vocab = len(tokens)
@@ -101,7 +105,9 @@ def write_tiny_model(  # noqa: PLR0915  one writer call per GGUF key
         return (rng.standard_normal(shape) * 0.5).astype(np.float32)
 
     writer = GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-test-llama")
+    writer.add_name(name)
+    if pooling is not None:
+        writer.add_pooling_type(PoolingType(pooling))
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)

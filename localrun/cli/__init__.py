@@ -19,6 +19,7 @@ from localrun.cli import (
     cache,
     chat,
     doctor,
+    embed,
     generate,
     logs,
     models,
@@ -46,6 +47,7 @@ app.command("chat")(bounded(chat.chat))
 app.command("run", context_settings=run.CONTEXT)(bounded(run.run_command))
 app.command("serve")(bounded(serve.serve_command))
 app.command("ps")(bounded(ps.ps_command))
+app.command("embed")(bounded(embed.embed_command))
 app.command("pull")(bounded(models.pull))
 app.command("list")(bounded(models.list_models))
 app.command("rm")(bounded(models.rm))

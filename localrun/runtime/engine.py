@@ -115,6 +115,8 @@ class EngineConfig:
     adapt_threads: bool = True  # False: the thread count stays n_threads (see localrun.runtime.threads)
     max_threads: int | None = None  # the most adapting may use; None: n_threads (a tuned start may be lower)
     sample_on: str = "host"  # host, or device: a plain generation's sampler chain runs in llama.cpp's graph
+    embeddings: bool = False  # the context makes pooled embeddings (localrun.runtime.embed), not only logits
+    pooling: int = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # with embeddings: unspecified is the model's own
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -139,6 +141,8 @@ def _context_params(config: EngineConfig, flash_attn: str, n_ctx: int) -> Any:
     cparams.n_seq_max = config.n_seq_max
     cparams.kv_unified = config.kv_unified
     cparams.no_perf = True
+    cparams.embeddings = config.embeddings
+    cparams.pooling_type = config.pooling
     return cparams
 
 
@@ -327,6 +331,11 @@ class Engine(Tokens, Native):
     @property
     def ctx(self) -> Any:
         return self._ctx
+
+    @property
+    def model(self) -> Any:
+        """The llama.cpp model handle (a second context on it: `localrun.runtime.embed`)."""
+        return self._model
 
     @property
     def kv_bytes_per_token(self) -> float | None:

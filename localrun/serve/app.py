@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, InvalidRequestError, LocalrunError
 from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats, TokenChoice
-from localrun.serve import anthropic, apply_template, responses_api
+from localrun.serve import anthropic, apply_template, embeddings, responses_api
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
@@ -645,6 +645,7 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
     _routes(app, table, on_event)
     _model_routes(app, table)
     _response_routes(app, table, on_event)
+    embeddings.register(app, table, on_event)
     app.add_middleware(HoldRequests, table=table)
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
     if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too

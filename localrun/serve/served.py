@@ -13,6 +13,7 @@ from localrun.assemble import Assembled, replan
 from localrun.errors import LocalrunError
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
+from localrun.runtime.embed import Embedder, embedder_beside, makes_embeddings
 from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
@@ -56,6 +57,7 @@ class ServedModel:
     template: str | None  # None: the model has no chat template (chat requests are refused)
     system: str | None
     created: int = field(default_factory=lambda: int(time.time()))
+    embedder: Embedder | None = None  # an embedding model's second context, for /v1/embeddings and /v1/rerank
 
     @property
     def capacity(self) -> int:
@@ -86,6 +88,8 @@ class ServedModel:
 
     def close(self) -> None:
         self.worker.stop()
+        if self.embedder is not None:
+            self.embedder.close()
         self.engine.close()
 
 
@@ -105,11 +109,14 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
             speculation=speculation,
             prompt_cache=default_cache() if plan.prompt_cache else None,
         )
+        embedder = embedder_beside(engine) if makes_embeddings(plan.info) else None
     except LocalrunError:
         engine.close()
         raise
     worker.start()
-    return ServedModel(plan.id, plan.names, engine, worker, describe(plan.info), template, plan.system)
+    served = ServedModel(plan.id, plan.names, engine, worker, describe(plan.info), template, plan.system)
+    served.embedder = embedder
+    return served
 
 
 def held_by(models: Sequence[ServedModel]) -> dict[str, int]:

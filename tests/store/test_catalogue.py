@@ -46,7 +46,8 @@ def test_the_current_families_are_there_with_q4_k_m_by_default() -> None:
     assert REG.entries["qwen3-coder:30b-a3b"].draft == "qwen3:0.6b"
     assert REG.entries["deepseek-r1:8b"].repo.endswith("DeepSeek-R1-0528-Qwen3-8B-GGUF")  # the Qwen3-8B distill
     assert {e.quant for e in ENTRIES if e.family == "gpt-oss"} == {"MXFP4"}  # what gpt-oss publishes
-    assert {e.quant for e in ENTRIES if e.family not in ("gpt-oss",) and e.alias != "smollm2:135m"} == {"Q4_K_M"}
+    chat = [e for e in ENTRIES if e.family not in ("gpt-oss", "Embeddings") and e.alias != "smollm2:135m"]
+    assert {e.quant for e in chat} == {"Q4_K_M"}
     drafts = {a: REG.entries[a].draft for a in ("qwen3:32b", "gemma3:4b", "gemma3:27b", "gpt-oss:120b")}
     assert drafts == {
         "qwen3:32b": "qwen3:0.6b",
@@ -136,3 +137,9 @@ def test_show_says_where_the_checksum_comes_from(tiny_model: Path) -> None:
     assert f"checksum         sha256 {shown['sha256']}, pinned in models.toml" in human
     missing = cli("show", "qwen3:32b")
     assert missing.returncode == 3 and "hint: localrun pull qwen3:32b (18.4 GiB)" in missing.stderr
+
+
+def test_embedding_and_rerank_models_are_there() -> None:
+    embeddings = [a for a, e in REG.entries.items() if e.family == "Embeddings"]
+    assert embeddings == ["nomic-embed-text:v1.5", "qwen3-embedding:0.6b", "bge-m3:567m", "bge-reranker:v2-m3"]
+    assert REG.resolve("bge-reranker").alias == "bge-reranker:v2-m3"  # a family's only entry answers to its bare name
