@@ -52,6 +52,7 @@ def model_ids(endpoint: Endpoint) -> list[str]:
     try:
         listed = _get(f"{endpoint.v1}/models", endpoint.token, timeout=10)
     except urllib.error.HTTPError as exc:
+        exc.close()
         if exc.code == 401:
             raise RemoteUnavailableError(
                 f"the localrun server at {endpoint.url} needs an API key",

@@ -119,4 +119,6 @@ def launch(plan: LaunchPlan, *, registry: Registry, config_model: str | None, pr
             raise LaunchError("the server started serves no model", hint=f"its log: {started.log}")
         name = served_name(model, ids)
         progress(f"running {plan.agent} with {name} on {started.endpoint.url}")
-        return run_agent(program, configure(plan.agent, started.endpoint, name), plan.agent_args)
+        code = run_agent(program, configure(plan.agent, started.endpoint, name), plan.agent_args)
+    log.unlink(missing_ok=True)  # the server came up and went: its log is kept only when something failed
+    return code
