@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import os
-from enum import Enum
-from typing import Annotated
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,8 +13,11 @@ from localrun.cli._env import current
 from localrun.cli._output import out
 from localrun.errors import UsageError
 
+if TYPE_CHECKING:
+    from localrun.launch.agents import Agent
 
-class AgentName(str, Enum):
+
+class AgentName(StrEnum):
     claude = "claude"
     codex = "codex"
     opencode = "opencode"
@@ -54,8 +57,7 @@ def launch_command(
     starts one for the agent (stopped when the agent exits). --config prints
     what the agent is given instead; --config --write puts it in the agent's
     own config file."""
-    from localrun.launch import agents, session
-    from localrun.launch.server import DEFAULT_PORT
+    from localrun.launch import session
 
     if write and not config:
         raise UsageError("--write goes with --config", hint=f"localrun launch {agent.value} --config --write")
@@ -64,12 +66,10 @@ def launch_command(
     if timeout <= 0:
         raise UsageError("--timeout must be more than 0")
     env = current()
-    name: agents.Agent = agent.value  # type: ignore[assignment]  # the enum's values are the agents
+    name: Agent = agent.value
     if config:
         return _show_config(name, model, host, port, write)
-    plan = session.LaunchPlan(
-        name, model, tuple(agent_args or ()), host=host, port=port or DEFAULT_PORT, timeout_s=timeout
-    )
+    plan = session.LaunchPlan(name, model, tuple(agent_args or ()), host=host, port=port, timeout_s=timeout)
 
     def progress(text: str) -> None:
         env.stderr.write(f"{text}\n")
@@ -78,10 +78,10 @@ def launch_command(
     return session.launch(plan, registry=env.registry, config_model=env.config.model, progress=progress)
 
 
-def _show_config(agent: str, model: str | None, host: str, port: int, write: bool) -> int:
-    from localrun.launch import agents, session, write as writing
+def _show_config(name: Agent, model: str | None, host: str, port: int, write: bool) -> int:
+    from localrun.launch import agents, session
+    from localrun.launch import write as writing
 
-    name: agents.Agent = agent  # type: ignore[assignment]
     env = current()
     chosen = session.pick_model(model, env.config.model, env.registry)
     endpoint = agents.Endpoint(f"http://{host}:{port}", os.environ.get("LOCALRUN_API_KEY") or None)
@@ -105,10 +105,9 @@ def _show_config(agent: str, model: str | None, host: str, port: int, write: boo
     return 0
 
 
-def _where(agent: str) -> str:
+def _where(name: Agent) -> str:
     from localrun.launch import agents
 
-    if agent == "claude":
+    if name == "claude":
         return f"the environment, or under env in {agents.config_file('claude')}"
-    name: agents.Agent = agent  # type: ignore[assignment]
     return str(agents.config_file(name))

@@ -34,7 +34,7 @@ Progress = Callable[[str], None]
 
 def _get(url: str, token: str | None = None, timeout: float = 2.0) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (a loopback or given http URL)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
 
@@ -140,7 +140,7 @@ def started_server(
     env = {**os.environ, "LOCALRUN_API_KEY": token}  # by the environment: not in the process list
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
-        process = subprocess.Popen(  # noqa: S603 (localrun itself)
+        process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, env=env, start_new_session=True
         )
     started = Started(process, Endpoint(f"http://{host}:{port}", token), log)

@@ -41,8 +41,9 @@ def call(url, token, body=None):
 
 
 if agent == "claude":
+    hello = [{{"role": "user", "content": "hi"}}]
     reply = call(env["ANTHROPIC_BASE_URL"] + "/v1/messages", env["ANTHROPIC_AUTH_TOKEN"],
-                 {{"model": env["ANTHROPIC_MODEL"], "max_tokens": 2, "messages": [{{"role": "user", "content": "hi"}}]}})
+                 {{"model": env["ANTHROPIC_MODEL"], "max_tokens": 2, "messages": hello}})
 elif agent == "codex":
     settings = {{}}
     for i, arg in enumerate(args):
@@ -99,7 +100,7 @@ def _record(out: Path) -> dict[str, Any]:
 
 def _refused(url: str) -> bool:
     try:
-        urllib.request.urlopen(f"{url}/health", timeout=2)  # noqa: S310
+        urllib.request.urlopen(f"{url}/health", timeout=2)
     except urllib.error.URLError as exc:
         return isinstance(exc.reason, ConnectionRefusedError)
     return False
@@ -196,9 +197,8 @@ def test_a_running_server_is_used_and_left_running(
 ) -> None:
     port, key = running_server
     out = tmp_path / "agent.json"
-    result = cli_process(
-        "launch", "codex", "--port", str(port), env=_env(agents_bin, out, LOCALRUN_API_KEY=key, LOCALRUN_MODEL=str(tiny_model))
-    )  # fmt: skip
+    env = _env(agents_bin, out, LOCALRUN_API_KEY=key, LOCALRUN_MODEL=str(tiny_model))
+    result = cli_process("launch", "codex", "--port", str(port), env=env)
     assert result.returncode == 0, result.stderr
     record = _record(out)
     assert _base_url(record) == f"http://127.0.0.1:{port}"
