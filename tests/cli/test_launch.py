@@ -337,3 +337,49 @@ def test_config_write_creates_opencodes_file(tmp_path: Path) -> None:
 def test_write_needs_config() -> None:
     result = cli("launch", "claude", "--write", "-m", "qwen")
     assert result.returncode == 2 and "--write goes with --config" in result.stderr
+
+
+def test_config_write_refuses_a_provider_it_cannot_replace(tmp_path: Path) -> None:
+    home = tmp_path / "codex"
+    home.mkdir()
+    config = home / "config.toml"
+    text = 'model_providers = { localrun = { base_url = "http://mine/v1" } }\n'
+    config.write_text(text)
+    result = cli("launch", "codex", "--config", "--write", "-m", "qwen", env={"CODEX_HOME": str(home)})
+    assert result.returncode == 6, result.stderr
+    assert "cannot replace" in result.stderr
+    assert config.read_text() == text and list(home.iterdir()) == [config]  # untouched, no backup
+
+
+@pytest.mark.slow
+def test_another_server_on_the_port_is_not_taken_for_localrun(
+    agents_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class LlamaServerLike(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), LlamaServerLike)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        port = other.server_address[1]
+        out = tmp_path / "agent.json"
+        result = cli_process("launch", "claude", "-m", str(tiny_model), "--port", str(port), env=_env(agents_bin, out))
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert result.returncode == 0, result.stderr
+    assert "starting localrun serve" in result.stderr
+    record = _record(out)
+    assert record["status"] == 200 and not _base_url(record).endswith(f":{port}")
