@@ -383,3 +383,29 @@ def test_another_server_on_the_port_is_not_taken_for_localrun(
     assert "starting localrun serve" in result.stderr
     record = _record(out)
     assert record["status"] == 200 and not _base_url(record).endswith(f":{port}")
+
+
+def _serving_on(port: str) -> list[str]:
+    """The processes whose command line is `localrun serve ... --port PORT`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in args and b"--port" in args and args[args.index(b"--port") + 1] == port.encode():
+            found.append(cmdline.parent.name)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads the process list from /proc")
+def test_a_server_not_ready_in_time_is_an_error_and_is_stopped(
+    agents_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "agent.json"
+    result = cli_process("launch", "codex", "-m", str(tiny_model), "--timeout", "0.3", env=_env(agents_bin, out))
+    assert result.returncode == 1, result.stderr
+    assert "localrun serve was not ready after 0.3 s" in result.stderr and "--timeout" in result.stderr
+    port = result.stderr.split("starting localrun serve on 127.0.0.1:", 1)[1].split()[0]
+    assert not _serving_on(port)  # stopped, not left behind
+    assert not out.exists()
