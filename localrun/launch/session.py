@@ -4,10 +4,12 @@ agent exits; the agent's exit status is the command's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -79,21 +81,48 @@ def _reachable_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # a `kill`, a terminal closed
+
+
+@contextmanager
+def _ending_signals_exit() -> Iterator[None]:
+    """SIGTERM or SIGHUP while the server starts: leave by SystemExit
+    (128+N), so that the server started is stopped on the way out."""
+
+    def _leave(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, _leave) for sig in ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_agent(program: Path, config: AgentConfig, agent_args: Sequence[str]) -> int:
     """The agent on this terminal, with ``config``'s environment and
     arguments before ``agent_args``; its exit status (128+N for a signal N).
-    Ctrl-C is the agent's while it runs: launch waits for it to exit."""
+    Ctrl-C is the agent's while it runs: launch waits for it to exit. A
+    SIGTERM or SIGHUP to launch is passed on to the agent, and launch still
+    waits, so what it started is stopped after the agent."""
     env = {**os.environ, **config.env}
     process = subprocess.Popen([str(program), *config.args, *agent_args], env=env)
 
     def _let_the_agent_have_it(_signum: int, _frame: FrameType | None) -> None:
         pass
 
-    previous = signal.signal(signal.SIGINT, _let_the_agent_have_it)
+    def _pass_on(signum: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, _let_the_agent_have_it)}
+    previous |= {sig: signal.signal(sig, _pass_on) for sig in ENDING_SIGNALS}
     try:
         code = process.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 128 - code if code < 0 else code
 
 
@@ -113,7 +142,10 @@ def launch(plan: LaunchPlan, *, registry: Registry, config_model: str | None, pr
         progress(f"using the localrun server at {url}")
         return run_agent(program, configure(plan.agent, endpoint, name), plan.agent_args)
     log = paths.ensure_dir(paths.data_dir() / "launch") / f"serve-{plan.agent}-{os.getpid()}.log"
-    with started_server(plan.model, log, progress=progress, timeout_s=plan.timeout_s) as started:
+    with (
+        _ending_signals_exit(),
+        started_server(plan.model, log, progress=progress, timeout_s=plan.timeout_s) as started,
+    ):
         ids = model_ids(started.endpoint)
         if not ids:
             raise LaunchError("the server started serves no model", hint=f"its log: {started.log}")

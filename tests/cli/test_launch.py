@@ -25,7 +25,7 @@ from localrun.launch.server import free_port, is_localrun
 from tests.helpers import cli, cli_process
 
 STANDIN = """#!{python}
-import json, os, signal, sys, urllib.request
+import json, os, signal, sys, time, urllib.request
 
 agent = os.path.basename(sys.argv[0])
 args = sys.argv[1:]
@@ -71,6 +71,7 @@ if env.get("STANDIN_CTRL_C"):  # a Ctrl-C at the terminal reaches launch too
     os.kill(os.getppid(), signal.SIGINT)
 with open(env["STANDIN_OUT"], "w") as f:
     json.dump({{"agent": agent, "args": args, "env": env, "status": reply[0], "reply": reply[1]}}, f)
+time.sleep(float(env.get("STANDIN_SLEEP", "0")))  # a session that goes on until ended
 sys.exit(int(env.get("STANDIN_EXIT", "0")))
 """
 
@@ -163,6 +164,32 @@ def test_a_ctrl_c_is_the_agents_and_the_server_still_stops(agents_bin: Path, tin
     record = _record(out)
     assert record["status"] == 200
     assert _refused(_base_url(record))
+
+
+@pytest.mark.slow
+def test_a_sigterm_ends_the_agent_then_the_server(agents_bin: Path, tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "agent.json"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "localrun", "launch", "opencode", "-m", str(tiny_model)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **_env(agents_bin, out, STANDIN_SLEEP="120")},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() or not out.read_text():  # the agent has run its request and now waits
+            assert launch.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.2)
+        launch.send_signal(signal.SIGTERM)
+        _, stderr = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+    assert launch.returncode == 128 + signal.SIGTERM, stderr  # the agent's end, passed on
+    assert _refused(_base_url(_record(out)))
 
 
 @pytest.fixture
