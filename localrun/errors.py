@@ -89,3 +89,11 @@ class StreamCutError(RemoteError):
 
 class RpcError(LocalrunError):
     """An RPC server (llama.cpp's RPC backend) could not be reached, answered wrongly, or went away."""
+
+
+class AgentNotInstalledError(LocalrunError):
+    """`localrun launch`: the agent's program is not on PATH."""
+
+
+class LaunchError(LocalrunError):
+    """`localrun launch`: the server it started did not come up, or the agent could not be run."""

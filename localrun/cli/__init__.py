@@ -21,6 +21,7 @@ from localrun.cli import (
     doctor,
     embed,
     generate,
+    launch,
     logs,
     models,
     ps,
@@ -60,6 +61,7 @@ app.command("quantize")(bounded(quantize.quantize_command))
 app.command("doctor")(bounded(doctor.doctor_command))
 app.command("rpc-server")(bounded(rpc_server.rpc_server_command))
 app.command("template")(bounded(template_cli.template_command))
+app.command("launch")(bounded(launch.launch_command))
 
 
 def _print_version(value: bool) -> None:

@@ -16,6 +16,7 @@ import typer
 from localrun.cli import _aliases
 from localrun.cli._env import current
 from localrun.errors import (
+    AgentNotInstalledError,
     BadModelError,
     ConfigError,
     ContextOverflowError,
@@ -46,6 +47,7 @@ class ExitCode(IntEnum):
     REMOTE_FAILED = 10  # a remote server: unreachable, timed out, refused the API key, or failed
     STREAM_CUT = 11  # a remote's answer stopped mid-way (the text before it was written)
     RPC_FAILED = 12  # --rpc: an RPC server unreachable, of another version, or lost mid-run
+    AGENT_NOT_INSTALLED = 127  # launch: the agent's program is not on PATH (a shell's "command not found")
     INTERRUPTED = 130
 
 
@@ -61,6 +63,7 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     RemoteError: ExitCode.REMOTE_FAILED,
     StreamCutError: ExitCode.STREAM_CUT,
     RpcError: ExitCode.RPC_FAILED,
+    AgentNotInstalledError: ExitCode.AGENT_NOT_INSTALLED,
 }
 
 

@@ -629,6 +629,7 @@ def _routes(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
         status = table.status()
         return {
             "status": "ok",
+            "server": "localrun",  # how `localrun launch` tells its own server from another on the port
             "slots_idle": status.slots - status.busy,
             "slots_processing": status.busy,
             "queued": status.queued,
