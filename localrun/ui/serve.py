@@ -22,10 +22,8 @@ def listening_line(ev: Listening) -> str:
     attention = (
         "flash attention as llama.cpp decides" if ev.flash_attn == "auto" else f"flash attention {ev.flash_attn}"
     )
-    return (
-        f"serving {', '.join(ev.models)} on {ev.url}/v1 ({count(ev.parallel, 'slot')} "
-        f"of {ev.slot_ctx} tokens, {attention}, {auth}); Ctrl-C stops"
-    )
+    slots = f"{count(ev.parallel, 'slot')} of {ev.slot_ctx} tokens" if ev.parallel else "loaded on demand"
+    return f"serving {', '.join(ev.models)} on {ev.url}/v1 ({slots}, {attention}, {auth}); Ctrl-C stops"
 
 
 def request_line(ev: RequestDone) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from localrun.serve.events import Listening, Notice, RequestDone, ServerStatus, Stopping
-from localrun.ui.serve import ServeView
+from localrun.ui.serve import ServeView, listening_line
 
 
 def test_log_lines_without_a_terminal() -> None:
@@ -26,3 +26,9 @@ def test_log_lines_without_a_terminal() -> None:
         "warning: tiny: prompt cache file x.kv is truncated: ignored, rebuilding it",
         "stopping: 2 request(s) in flight get up to 10s to finish",
     ]
+
+
+def test_a_server_with_nothing_loaded_says_models_load_on_demand() -> None:
+    line = listening_line(Listening("http://127.0.0.1:8080", ("a", "b"), 0, 0, "auto", auth=False))
+    assert line.startswith("serving a, b on http://127.0.0.1:8080/v1 (loaded on demand, ")
+    assert "0 slots" not in line
