@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 SLEEP_SOON = "10000"
 SPINCOUNT = SLEEP_SOON  # the count localrun sets where it sets one
@@ -84,8 +85,8 @@ def choose(environ: MutableMapping[str, str], others: int | None, command: str |
     if others is None:
         return WaitPolicy("sleep-soon", SLEEP_SOON, "default", "the machine's load cannot be read")
     if others > 0:
-        plural = "s" if others > 1 else ""
-        return WaitPolicy("sleep-soon", SLEEP_SOON, "default", f"{others} other task{plural} competed for the CPUs at start")
+        tasks = f"{others} other task{'s' if others > 1 else ''}"
+        return WaitPolicy("sleep-soon", SLEEP_SOON, "default", f"{tasks} competed for the CPUs at start")
     return WaitPolicy("spin", None, "default", "the machine was idle at start")
 
 
@@ -118,7 +119,8 @@ def policy() -> WaitPolicy:
 def command(argv: Sequence[str]) -> str | None:
     """The CLI command in ``argv`` (its first word that is not an option), where the program is localrun's."""
     program = argv[0] if argv else ""
-    ours = os.path.basename(program) == "localrun" or program.endswith(os.path.join("localrun", "__main__.py"))
+    path = Path(program)
+    ours = path.name == "localrun" or path.parts[-2:] == ("localrun", "__main__.py")
     if not (ours or program == "-m"):  # "-m": `python -m localrun`, while the package is imported
         return None
     return next((arg for arg in argv[1:] if not arg.startswith("-")), None)
