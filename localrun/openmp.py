@@ -21,8 +21,9 @@ process cannot change its mind: `configure` runs when localrun is imported
 (localrun/__init__.py), before any module loads llama_cpp, and chooses
 
 - ``spin`` (libgomp's own default) when no other task competes for the CPUs
-  at start: the machine is idle and the run is short enough that it will
-  likely stay so; the thread governor still drops threads if a load comes;
+  at start (none runnable beyond the CPUs llama.cpp's threads leave): the
+  machine is idle and the run is short enough that it will likely stay so
+  (the thread governor still drops threads if a load comes);
 - ``sleep-soon`` (`SLEEP_SOON` spins) when other tasks compete at start, or
   the machine cannot say, or the process is a server (`localrun serve`): a
   server outlives the load it started under, and what it saves on an idle
@@ -73,10 +74,14 @@ _policy: WaitPolicy | None = None  # this process's, once configured
 _set_here = False  # whether localrun set this process's spin count (not the user)
 
 
-def choose(environ: MutableMapping[str, str], others: int | None, command: str | None = None) -> WaitPolicy:
+def choose(
+    environ: MutableMapping[str, str], others: int | None, command: str | None = None, spare: int = 0
+) -> WaitPolicy:
     """The waiting policy for a process with ``environ``, where ``others``
-    tasks compete for the CPUs at start (None: the machine cannot say),
-    running ``command`` (the CLI's command, where known)."""
+    tasks are runnable at start (None: the machine cannot say), running
+    ``command`` (the CLI's command, where known), on a machine with ``spare``
+    CPUs beyond those its threads use (others that fit there compete with
+    none of them)."""
     for key in USER_KEYS:
         if key in environ:
             return WaitPolicy("user", environ.get("GOMP_SPINCOUNT"), "env", f"{key}={environ[key]} set by the user")
@@ -84,7 +89,7 @@ def choose(environ: MutableMapping[str, str], others: int | None, command: str |
         return WaitPolicy("sleep-soon", SLEEP_SOON, "default", f"`{command}` outlives the load it starts under")
     if others is None:
         return WaitPolicy("sleep-soon", SLEEP_SOON, "default", "the machine's load cannot be read")
-    if others > 0:
+    if others > spare:
         tasks = f"{others} other task{'s' if others > 1 else ''}"
         return WaitPolicy("sleep-soon", SLEEP_SOON, "default", f"{tasks} competed for the CPUs at start")
     return WaitPolicy("spin", None, "default", "the machine was idle at start")
@@ -94,13 +99,15 @@ def configure(
     environ: MutableMapping[str, str] = os.environ,
     load: Callable[[], int | None] | None = None,
     argv: Sequence[str] | None = None,
+    spare: Callable[[], int] = lambda: 0,
 ) -> bool:
     """Choose the waiting policy (`choose`) and set its spin count in
     ``environ``; ``load`` reads how many other tasks are runnable (None:
-    cannot say). Returns whether a spin count was set."""
+    cannot say), ``spare`` the CPUs beyond those llama.cpp's threads use
+    (read only when other tasks run). Returns whether a spin count was set."""
     global _policy, _set_here
     others = _fewest(load) if load is not None and not any(key in environ for key in USER_KEYS) else None
-    chosen = choose(environ, others, command(sys.argv if argv is None else argv))
+    chosen = choose(environ, others, command(sys.argv if argv is None else argv), spare() if others else 0)
     if environ is os.environ:
         _policy = chosen
     if chosen.source != "default" or chosen.spincount is None:

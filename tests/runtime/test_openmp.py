@@ -22,6 +22,20 @@ def test_idle_at_start_spins_and_loaded_sleeps_soon() -> None:
     assert unknown.name == "sleep-soon" and "cannot be read" in unknown.why
 
 
+def test_others_on_cpus_our_threads_leave_spare_compete_with_none() -> None:
+    assert openmp.choose({}, others=4, spare=6).name == "spin"
+    assert openmp.choose({}, others=7, spare=6).name == "sleep-soon"
+    spare_read: list[int] = []
+
+    def spare() -> int:
+        spare_read.append(1)
+        return 0
+
+    idle: dict[str, str] = {}
+    assert not openmp.configure(idle, load=lambda: 0, argv=[], spare=spare) and not spare_read  # no topology read
+    assert openmp.configure(idle, load=lambda: 1, argv=[], spare=spare) and spare_read
+
+
 def test_a_server_sleeps_soon_even_when_idle_at_start() -> None:
     assert openmp.choose({}, others=0, command="serve").name == "sleep-soon"
     assert openmp.choose({}, others=0, command="generate").name == "spin"
