@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from localrun import openmp
 from localrun.errors import LocalrunError
 from localrun.gguf.info import N_UBATCH, ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
@@ -122,6 +123,7 @@ def report(settings: RunSettings, placement: Placement | None) -> dict[str, Any]
     `{"value", "source"}`, with `"why"` for an automatic one), the placement
     among them: where the model runs and the memory budgeted for it."""
     shown = settings.as_dict()
+    shown["wait"] = openmp.policy().as_setting()  # how llama.cpp's idle threads wait (localrun/openmp.py)
     if placement is not None:
         reasons = dict(placement.reasons)
         given = settings.sources.get("memory_budget", "default")

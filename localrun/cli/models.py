@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from localrun import store
+from localrun import openmp, store
 from localrun.cli import _options as opt
 from localrun.cli._env import current
 from localrun.cli._output import out
@@ -359,6 +359,7 @@ def show(
         "max_context": fits,
         "flash_attn_auto": fa_mode,
         "placement": placement.to_json(),
+        "wait": openmp.policy().as_setting(),
         "gpus": [
             {"name": f.device.name, "free": f.device.free, "layers": f.layers, "max_context": dict(f.max_context)}
             for f in per_device
@@ -390,9 +391,16 @@ def show(
         "  KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in kv.items()),
         f"  context in {human_bytes(budget_bytes)}: " + _fits_text(fits, info.weights_bytes, info.compute_bytes()),
         f"  placement        {dict(placement.reasons)['model']}",
+        f"  waiting threads  {_wait_text(openmp.policy())}",
         *(_gpu_line(f, info.layers) for f in per_device),
     ]
     out().result("\n".join(lines))
+
+
+def _wait_text(policy: openmp.WaitPolicy) -> str:
+    """How llama.cpp's idle threads wait in this process, and why."""
+    spins = "libgomp's default spin count" if policy.spincount is None else f"{policy.spincount} spins"
+    return f"{policy.name} ({spins}): {policy.why}"
 
 
 def _source(target: store.Target, path: Path) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import signal
 import socket
@@ -23,6 +22,7 @@ from typing import Any
 
 from localrun.errors import LaunchError, RemoteUnavailableError
 from localrun.launch.agents import Endpoint
+from localrun.openmp import others_environ
 
 DEFAULT_HOST = "127.0.0.1"  # `localrun serve`'s defaults
 DEFAULT_PORT = 8080
@@ -137,7 +137,7 @@ def started_server(
     argv = [sys.executable, "-m", "localrun", "serve", "--host", host, "--port", str(port), *extra_args]
     if model is not None:
         argv += ["-m", model]
-    env = {**os.environ, "LOCALRUN_API_KEY": token}  # by the environment: not in the process list
+    env = {**others_environ(), "LOCALRUN_API_KEY": token}  # by the environment: not in the process list
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
         process = subprocess.Popen(

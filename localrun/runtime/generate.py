@@ -186,8 +186,11 @@ def generate(
             if run.ended():
                 break
             forced = run.fast_forward()  # tokens the grammar leaves no choice about: no sampling step for them
-            yield from run.emit(forced)
-            decided = [token, *forced]
+            if forced:
+                yield from run.emit(forced)
+                decided = [token, *forced]
+            else:
+                decided = [token]
         yield from run.finish()
 
 

@@ -80,13 +80,27 @@ _logits_address: Any = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes
 )
 
 
+_VIEWS = 64  # rows' views kept: a batch's rows, one per sequence; a single sequence's row is one
+_views: dict[tuple[int, int], Any] = {}  # (address, n_vocab): the numpy view of that row
+
+
 def logits(engine: Engine, row: int) -> Any:
-    """The logits of ``row`` of the engine's last batch, as a numpy view (no copy)."""
+    """The logits of ``row`` of the engine's last batch, as a numpy view (no
+    copy). A decode loop reads the same row of the same buffer step after
+    step: the view made for an address is kept and given again (it is only
+    given for an address llama.cpp just returned, so it never outlives the
+    buffer it views)."""
     address = _logits_address(engine.ctx, row)
     if not address:
         raise EngineError(f"llama.cpp has no logits for row {row} of the last batch")
-    row_buffer: Any = _row_type(engine.n_vocab).from_address(address)  # a buffer numpy can view
-    return np.frombuffer(row_buffer, dtype=np.float32)
+    key = (address, engine.n_vocab)
+    view = _views.get(key)
+    if view is None:
+        if len(_views) >= _VIEWS:
+            _views.clear()
+        row_buffer: Any = _row_type(engine.n_vocab).from_address(address)  # a buffer numpy can view
+        view = _views[key] = np.frombuffer(row_buffer, dtype=np.float32)
+    return view
 
 
 class Sampler:

@@ -57,11 +57,15 @@ def test_json_event_contract(tiny_model: Path) -> None:
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
     names = {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch", "sample_on"}
-    assert set(done["settings"]) == names | {"placement", "memory_budget"}
+    assert set(done["settings"]) == names | {"placement", "memory_budget", "wait"}
+    wait = done["settings"]["wait"]  # how llama.cpp's idle threads wait: this process's policy, and why
+    assert wait["value"].split()[0] in ("spin", "sleep-soon", "user") and wait["why"]
     assert done["settings"]["placement"]["value"] == "CPU" and done["settings"]["placement"]["why"]
     assert done["settings"]["memory_budget"]["value"] > 0
     assert done["settings"]["sample_on"]["value"] == "host" and done["settings"]["sample_on"]["why"]
-    assert all(s["source"] in ("option", "model", "config", "wisdom", "default") for s in done["settings"].values())
+    assert all(
+        s["source"] in ("option", "model", "config", "wisdom", "default", "env") for s in done["settings"].values()
+    )
     assert done["settings"]["draft"] == {"value": "auto", "source": "default"}
     assert done["cached_tokens"] == 0 and done["threads"] >= 1
     assert done["generated_tokens"] == 10 and done["stop_reason"] == "length" and done["prompt_tokens"] > 0

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from localrun import openmp
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.units import parse_size
@@ -29,6 +30,7 @@ def test_show_json_from_gguf_metadata(tiny_model: Path) -> None:
     # heads of 16: auto runs an f16 cache without flash attention, whose scores
     # (f32, a 512-token ubatch, 4 heads and the mask) take room for each token of context
     assert info["flash_attn_auto"] == "auto"  # nothing measured: llama.cpp's own
+    assert info["wait"] == openmp.policy().as_setting()  # how llama.cpp's idle threads wait, and why
     shape = describe(read_gguf(tiny_model))
     fits = info["max_context"]["f16"]  # the longest context that fits: the trained one, or one step more would not
     assert 0 < fits <= 512 and shape.memory_needed(fits, "f16") <= 8_000_000
@@ -39,6 +41,7 @@ def test_show_json_from_gguf_metadata(tiny_model: Path) -> None:
 def test_show_human_and_errors(tiny_model: Path) -> None:
     res = cli("show", str(tiny_model))
     assert res.returncode == 0 and "grouped-query attention" in res.stdout and "KV cache / token" in res.stdout
+    assert f"waiting threads  {openmp.policy().name} (" in res.stdout and openmp.policy().why in res.stdout
     assert cli("show", str(tiny_model), "--budget", "lots").returncode == 2
     missing = cli("show", "smollm2:135m")  # known, but not downloaded here: README's 3, model not found
     assert missing.returncode == 3 and "hint: localrun pull smollm2:135m" in missing.stderr
