@@ -182,6 +182,7 @@ _CONFIG_USERS: dict[str, Callable[[World], tuple[list[str], str | None]]] = {
     "serve": lambda w: ([*model_args(w), "--port", "0"], None),
     "bench": lambda w: ([*model_args(w), "--quick", "-n", "2", "--rounds", "1"], None),
     "doctor": lambda w: ([], None),
+    "launch": lambda w: (["claude", "--config"], None),  # the model from config.toml
 }
 
 
@@ -241,7 +242,9 @@ _MODEL_USERS: dict[str, Callable[[Path], list[str]]] = {
     "bench": lambda p: ["-m", str(p)],
     "tune": lambda p: [str(p)],
     "quantize": lambda p: [str(p), str(p.with_name("out.gguf")), "--type", "q8_0"],
+    "embed": lambda p: ["-m", str(p)],
 }
+_MODEL_STDIN = {"embed": "hello\n"}  # embed reads its inputs first
 _MODEL_CODES = {
     "missing": ExitCode.MODEL_NOT_FOUND,
     "folder": ExitCode.BAD_MODEL,
@@ -259,7 +262,7 @@ def _model_case(command: str, kind: str) -> Case:
             path.write_bytes(w.model.read_bytes()[:3000])
         else:
             w.bad(path, kind)
-        return Expect(_MODEL_USERS[command](path), _MODEL_CODES[kind], path)
+        return Expect(_MODEL_USERS[command](path), _MODEL_CODES[kind], path, input=_MODEL_STDIN.get(command))
 
     return case
 
