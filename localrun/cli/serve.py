@@ -229,6 +229,7 @@ def serve_command(
     """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
     from localrun.runtime import devices
     from localrun.serve.app import AppSettings
+    from localrun.serve.heap import one_arena
     from localrun.serve.router import ModelTable, parse_duration
     from localrun.serve.served import load_models
     from localrun.serve.server import check_exposure, serve
@@ -256,6 +257,7 @@ def serve_command(
         parallel=parallel,
     )
     contexts: dict[str, RunContext] = {}
+    one_arena()  # before any model's thread: what an unload frees can go back to the system
     found = devices.probe()
 
     def plans(names: list[str | None], offline: bool) -> list[ModelPlan]:

@@ -23,10 +23,11 @@ import gc
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -35,6 +36,8 @@ from localrun.serve.events import ServerStatus
 from localrun.serve.heap import trim_heap
 from localrun.serve.served import ModelPlan, ServedModel, held_by, load_model, looks_like_path, placed
 from localrun.store.registry import Registry
+
+_T = TypeVar("_T")
 
 DEFAULT_IDLE_UNLOAD_S = 300.0
 SWEEP_EVERY_S = 1.0  # how often idle models are looked for (`tick`)
@@ -291,7 +294,7 @@ class ModelTable:
                 while True:
                     try:
                         t0 = time.monotonic()
-                        entry.model = await asyncio.to_thread(self._load_now, entry)
+                        entry.model = await in_own_thread(self._load_now, entry)
                         held = sum(entry.model.held.values())
                         self._said.append(f"{entry.id}: loaded ({_mib(held)}) in {time.monotonic() - t0:.1f} s")
                         self._said += [f"{entry.id}: {text}" for text in entry.model.engine.notices]
@@ -355,7 +358,7 @@ class ModelTable:
         entry.state = "unloading"
         self._said.append(f"{entry.id}: unloaded")
         entry.keep_alive = None
-        change = asyncio.ensure_future(asyncio.to_thread(_free, model))
+        change = asyncio.ensure_future(in_own_thread(_free, model))
         entry.change = change
         try:
             await asyncio.shield(change)
@@ -469,6 +472,37 @@ class ModelTable:
                 entry.model.close()
                 entry.model = None
                 entry.state = "unloaded"
+
+
+async def in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
+    """``work(*args)`` on a thread started for it, which ends with it. A
+    model's load or unload runs llama.cpp (its warm-up decodes on an OpenMP
+    team of threads that lives as long as the calling thread): on a pool's
+    thread, those threads and their stacks would stay after the model is
+    gone; here they end with the thread."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            outcome: tuple[_T | None, BaseException | None] = (work(*args), None)
+        except BaseException as exc:
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    # not a daemon: the interpreter waits for it at exit, never stopping a free halfway
+    thread = threading.Thread(target=run, name=f"localrun-{getattr(work, '__name__', 'work')}")
+    thread.start()
+    return await done
 
 
 def _free(model: ServedModel) -> None:

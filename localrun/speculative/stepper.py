@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from numpy.random import default_rng  # at import: numpy loads its random module lazily, on a first request
 
 from localrun.errors import LocalrunError
 from localrun.events import DraftStats
@@ -142,7 +143,7 @@ class SpeculativeStepper:
         self.target = target
         self.speculation = speculation
         self.sampling = sampling
-        self.rng = np.random.default_rng(sampling.seed)
+        self.rng = default_rng(sampling.seed)
         self.tally = Tally([d.profile.name for d in speculation.drafters])
         self.status = DecodeStatus.OK
         self._round: Round | None = None

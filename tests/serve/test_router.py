@@ -8,6 +8,7 @@ import asyncio
 import functools
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from localrun.errors import InvalidRequestError, LocalrunError, ServerBusyError
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
 from localrun.serve.errors import api_error
-from localrun.serve.router import ModelTable, Servable, parse_duration, split_keep_alive
+from localrun.serve.router import ModelTable, Servable, in_own_thread, parse_duration, split_keep_alive
 from localrun.serve.served import ModelPlan, ServedModel
 from tests.serve.test_served import held_alone, plan
 
@@ -74,6 +75,44 @@ def test_a_request_during_an_unload_loads_it_again(tiny_model: Path) -> None:
         assert after is not before and not closed(after) and planners["a"].calls == 2
     finally:
         models.close()
+
+
+def test_a_load_and_an_unload_leave_no_thread_behind(tiny_model: Path) -> None:
+    """Each runs on a thread of its own that ends with it, and the native
+    threads it started (the warm-up's OpenMP team) go with it: once the model
+    is unloaded, the running server has the threads it had before the load."""
+    models, _ = table(tiny_model, "a")
+
+    def native_threads() -> set[str]:
+        return {p.name for p in Path("/proc/self/task").iterdir()} if sys.platform.startswith("linux") else set()
+
+    async def run() -> tuple[set[str], set[str], bool]:
+        before = native_threads()
+        await models.ready("a")  # loaded with a warm-up decode
+        during = native_threads() - before
+        unloaded = await models.unload("a")
+        await asyncio.sleep(0.5)  # what ended with the unload has exited
+        return during, native_threads() - before, unloaded
+
+    try:
+        during, left, unloaded = asyncio.run(run())
+        assert unloaded and (during or not sys.platform.startswith("linux"))  # the model's worker ran meanwhile
+        assert left == set()
+    finally:
+        models.close()
+
+
+def test_work_in_its_own_thread_gives_its_result_or_its_error() -> None:
+    def boom() -> None:
+        raise ValueError("the model's file is gone")
+
+    async def run() -> tuple[int, str]:
+        result = await in_own_thread(lambda a, b: a + b, 2, 3)
+        with pytest.raises(ValueError, match="file is gone") as raised:
+            await in_own_thread(boom)
+        return result, str(raised.value)
+
+    assert asyncio.run(run()) == (5, "the model's file is gone")
 
 
 def test_eviction_spares_the_busy_model(tiny_model: Path) -> None:
