@@ -31,6 +31,13 @@ if TYPE_CHECKING:
     from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
 
+Pooling = Annotated[
+    str,
+    typer.Option(
+        "--pooling",
+        help="auto: the model's own; mean, cls or last pool a model that declares none (a generative model).",
+    ),
+]
 Model = Annotated[
     str | None,
     typer.Option(

@@ -19,13 +19,6 @@ if TYPE_CHECKING:
 
 CHUNK = 512  # lines embedded before their vectors are written out
 
-Pooling = Annotated[
-    str,
-    typer.Option(
-        "--pooling",
-        help="auto: the model's own; mean, cls or last pool a model that declares none (a generative model).",
-    ),
-]
 JsonRecords = Annotated[
     bool,
     typer.Option(
@@ -86,7 +79,7 @@ def _write(embedder: Embedder, records: list[tuple[str, Any]], as_json: bool) ->
 def embed_command(
     model: opt.Model = None,
     as_json: JsonRecords = False,
-    pooling: Pooling = "auto",
+    pooling: opt.Pooling = "auto",
     ctx: Annotated[
         str | None, typer.Option("--ctx", help="The longest input in tokens (default: 4096, at most the trained).")
     ] = None,

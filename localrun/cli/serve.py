@@ -58,6 +58,7 @@ def _plans(
     template: str | None,
     spec: str = "lookup",
     prompt_cache: bool = True,
+    pooling: str = "auto",
     contexts: dict[str, RunContext] | None = None,
     found: Sequence[Device] | None = None,
 ) -> list[ModelPlan]:
@@ -90,6 +91,7 @@ def _plans(
                 system=resolved.settings.system,
                 speculate=spec == "lookup",
                 prompt_cache=prompt_cache,
+                pooling=pooling,
             )
         )
     return plans
@@ -223,11 +225,13 @@ def serve_command(
             "Models given with -m stay.",
         ),
     ] = "5m",
+    pooling: opt.Pooling = "auto",
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
 ) -> ExitCode:
     """Serve models over an OpenAI-compatible HTTP API (chat, completions, streaming)."""
     from localrun.runtime import devices
+    from localrun.runtime.embed import check_pooling
     from localrun.serve.app import AppSettings
     from localrun.serve.heap import one_arena
     from localrun.serve.router import ModelTable, parse_duration
@@ -237,6 +241,7 @@ def serve_command(
 
     opt.check_positive(parallel=parallel)
     _check(port=port, queue=queue, grace=grace, spec=spec, ctx=ctx, template=template)
+    check_pooling(pooling)
     if models_max < 0:
         raise UsageError("--models-max must be 0 or more")
     idle_s = _idle_unload(idle_unload, parse_duration)
@@ -270,6 +275,7 @@ def serve_command(
             template=template,
             spec=spec,
             prompt_cache=not no_prompt_cache,
+            pooling=pooling,
             contexts=contexts,
             found=found,
         )

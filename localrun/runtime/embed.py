@@ -76,12 +76,17 @@ def matryoshka(info: GGUFInfo) -> bool:
     return any(family in names for family in MATRYOSHKA)
 
 
+def check_pooling(asked: str | None) -> None:
+    """``asked`` is auto, None or a pooling that makes a vector."""
+    if asked is not None and asked != "auto" and (asked not in POOLING or asked == "none"):
+        raise UsageError(f"unknown pooling {asked!r}", hint="use auto, mean, cls, last or rank")
+
+
 def settle_pooling(info: GGUFInfo, asked: str | None) -> int:
     """The pooling to run: ``asked`` (a name of `POOLING`), else the model's own;
     a model that declares none (a generative model) needs one asked for."""
+    check_pooling(asked)
     if asked is not None and asked != "auto":
-        if asked not in POOLING or asked == "none":
-            raise UsageError(f"unknown pooling {asked!r}", hint="use mean, cls, last or rank")
         return POOLING[asked]
     if not makes_embeddings(info):
         raise UsageError(
@@ -334,12 +339,13 @@ def open_embedder(
         raise
 
 
-def embedder_beside(engine: Engine, n_seq: int = SEQUENCES) -> Embedder:
-    """A second context on ``engine``'s loaded model with embeddings on and the
-    model's own pooling, each input up to the engine's slot context."""
-    pooling = settle_pooling(engine.info, None)
+def embedder_beside(engine: Engine, pooling: str | None = None, n_seq: int = SEQUENCES) -> Embedder:
+    """A second context on ``engine``'s loaded model with embeddings on,
+    ``pooling`` as asked (None or auto: the model's own), each input up to
+    the engine's slot context."""
+    chosen = settle_pooling(engine.info, pooling)
     n_ctx = max(engine.n_ctx // max(engine.n_seq_max, 1), 1)
-    config = embedding_config(engine.config, pooling, n_ctx, n_seq)
+    config = embedding_config(engine.config, chosen, n_ctx, n_seq)
     cparams = _context_params(config, engine.flash_attn, config.n_ctx)
     with native_call():
         ctx = llama_cpp.llama_init_from_model(engine.model, cparams)

@@ -37,6 +37,7 @@ class ModelPlan:
     system: str | None = None  # put first in a conversation that has no system message
     speculate: bool = False  # prompt lookup for a request decoding alone (see ContinuousBatch)
     prompt_cache: bool = True  # long system prompts kept on disk (see ContinuousBatch)
+    pooling: str = "auto"  # embeddings: the model's own (none for a generative model), or this pooling for any
 
     @property
     def config(self) -> EngineConfig:
@@ -109,7 +110,8 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
             speculation=speculation,
             prompt_cache=default_cache() if plan.prompt_cache else None,
         )
-        embedder = embedder_beside(engine) if makes_embeddings(plan.info) else None
+        embeds = plan.pooling != "auto" or makes_embeddings(plan.info)
+        embedder = embedder_beside(engine, plan.pooling) if embeds else None
     except LocalrunError:
         engine.close()
         raise

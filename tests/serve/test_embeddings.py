@@ -145,3 +145,17 @@ def test_rerank_orders_documents_by_relevance(embedding_server: Server) -> None:
     assert [r["index"] for r in same] == [r["index"] for r in results]
     with pytest.raises(openai.BadRequestError, match="reranker"):
         embedding_server.client().embeddings.create(model="rank", input="hello")
+
+
+def test_pooling_asked_embeds_with_generative_models(tiny_model: Path, tmp_path: Path) -> None:
+    """`serve --pooling mean`: every model served makes vectors, generative
+    ones too (as `localrun embed --pooling mean` does), and still chats."""
+    wider = write_tiny_model(tmp_path / "wider.gguf", n_embd=128, n_head=4, seed=3)
+    for server in start(tmp_path / "home", "-m", str(tiny_model), "-m", str(wider), "--pooling", "mean"):
+        client = server.client()
+        for model, width in (("tiny", 64), ("wider", 128)):
+            result = client.embeddings.create(model=model, input=SENTENCES)
+            assert [len(d.embedding) for d in result.data] == [width] * len(SENTENCES)
+            assert all(abs(float(np.linalg.norm(d.embedding)) - 1.0) < 1e-4 for d in result.data)
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert reply.usage is not None and reply.usage.completion_tokens == 2

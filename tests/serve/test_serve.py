@@ -275,3 +275,8 @@ def test_a_non_loopback_host_needs_a_key(tiny_model: Path) -> None:
     assert res.returncode == 2 and "--api-key" in res.stderr
     res = cli("serve", "-m", str(tiny_model), "--api-key", "k", "--no-auth")
     assert res.returncode == 2
+
+
+def test_an_unknown_pooling_is_refused_before_anything_loads(tiny_model: Path) -> None:
+    res = cli("serve", "-m", str(tiny_model), "--pooling", "median")
+    assert res.returncode == 2 and "unknown pooling 'median'" in res.stderr and "loading" not in res.stderr
