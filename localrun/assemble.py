@@ -15,6 +15,7 @@ should see come back in `Assembled`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +43,7 @@ from localrun.runtime.placement import (
 from localrun.settings import AUTO, RunSettings
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
+from localrun.tune import attention
 from localrun.tune.wisdom import Wisdom
 
 PINNED = ("option", "config", "model")  # where a thread count comes from that adapting must keep
@@ -268,6 +270,7 @@ def assemble(
     found = (
         tuned.find(path, (settings.type_k, settings.type_v), hint_once=hint_once) if use_wisdom else tuned.Found(None)
     )
+    on_cpu = use_wisdom and not placement.model.offloaded  # attention on the CPU: its mode measured here
     settings = tuned.apply(
         settings,
         shape,
@@ -276,6 +279,7 @@ def assemble(
         depth=extent.depth,
         budget=placement.budget,
         kv_pairs=placement.kv_pairs,
+        attention=functools.partial(attention.measured, shape) if on_cpu else None,
     )
     settings = sample_on(settings, placement, workload)
     config = _config(info, shape, settings, workload, extent, placement, verbose)

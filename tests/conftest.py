@@ -25,6 +25,9 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
         monkeypatch.setenv(var, str(home / var.lower()))
     monkeypatch.delenv("LOCALRUN_MODEL", raising=False)
     monkeypatch.delenv("LOCALRUN_DEBUG", raising=False)
+    # a second's probe of flash attention per fresh home would add minutes to the suite: llama.cpp's auto,
+    # as before; tests/tune/test_attention.py turns it on
+    monkeypatch.setenv("LOCALRUN_PROBE_ATTENTION", "0")
     yield
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from localrun.gguf.info import ModelInfo
 from localrun.runtime.placement import DEFAULT_CTX, KV_AUTO_ORDER, KvPairs, choose_kv
 from localrun.settings import AUTO, RunSettings, Source
 from localrun.system import default_threads
-from localrun.tune.wisdom import TIE_MARGIN, ModelKey, Wisdom, WisdomFile, kv_label
+from localrun.tune.wisdom import TIE_MARGIN, Attention, ModelKey, Wisdom, WisdomFile, kv_label
+
+AttentionProbe = Callable[[int], Attention | None]  # a thread count: the curve measured at it, or None
 
 
 @dataclass(frozen=True)
@@ -117,18 +120,33 @@ def _kv(
     return choice.type_k, choice.type_v
 
 
-def _flash_attn(s: _Settled, wisdom: Wisdom | None, kv: tuple[str, str], depth: int | None) -> None:
-    curve = wisdom.flash_attn if wisdom is not None and wisdom.kv == kv_label(*kv) else None
-    if s.settings.flash_attn != AUTO or kv[1] != "f16" or curve is None:
+def _flash_attn(
+    s: _Settled, wisdom: Wisdom | None, kv: tuple[str, str], depth: int | None, probed: AttentionProbe | None
+) -> None:
+    """The mode measured faster at ``depth``: by `localrun tune` on the model,
+    else by ``probed`` (`localrun.tune.attention`) on its attention shape."""
+    if s.settings.flash_attn != AUTO or kv[1] != "f16":
         return
-    mode = curve.choice(depth)
     at = f"at depth {depth}" if depth is not None else "over the depths measured"
-    if mode is None:
-        s.reasons["flash_attn"] = f"auto: on and off measured alike {at}"
+    curve = wisdom.flash_attn if wisdom is not None and wisdom.kv == kv_label(*kv) else None
+    if curve is not None:
+        mode = curve.choice(depth)
+        if mode is None:
+            s.reasons["flash_attn"] = f"auto: on and off measured alike {at}"
+            return
+        cross = curve.crossover
+        where = f"; the two cross near depth {cross}" if cross is not None else ""
+        s.take("flash_attn", mode, f"{mode}: faster {at}{where} (localrun tune)")
         return
-    cross = curve.crossover
-    where = f"; the two cross near depth {cross}" if cross is not None else ""
-    s.take("flash_attn", mode, f"{mode}: faster {at}{where} (localrun tune)")
+    threads = s.values.get("threads") or s.settings.threads or default_threads()
+    shape_curve = probed(threads) if probed is not None and isinstance(threads, int) else None
+    if shape_curve is None:
+        return
+    mode = shape_curve.choice(depth, max_gain=None)  # steps of attention alone: no bound on the ratio
+    if mode is None:
+        s.reasons["flash_attn"] = f"auto: on and off measured alike {at} for this attention shape"
+        return
+    s.take("flash_attn", mode, f"{mode}: faster {at} for this model's attention shape (measured here)")
 
 
 def apply(
@@ -140,6 +158,7 @@ def apply(
     depth: int | None = None,
     budget: int = 0,
     kv_pairs: KvPairs = KV_AUTO_ORDER,
+    attention: AttentionProbe | None = None,
 ) -> RunSettings:
     """``settings`` with its automatic values settled for ``shape``.
 
@@ -147,11 +166,14 @@ def apply(
     --ctx given, else DEFAULT_CTX); ``depth``: the context depth the run will
     mostly decode at (None: unknown), for flash attention; ``budget``: the
     bytes the run's placement has for the model (0: unknown), and
-    ``kv_pairs`` the K/V types it may take in order, for `--kv auto`."""
+    ``kv_pairs`` the K/V types it may take in order, for `--kv auto`;
+    ``attention``: the flash-attention curve of the model's attention shape
+    at a thread count, measured here when first asked for (None: not
+    measured), where the wisdom has no curve of the model's own."""
     s = _Settled(settings)
     if wisdom is not None:
         _measured_counts(s, wisdom)
     if settings.threads is None and "threads" not in s.values:
         s.values["threads"] = default_threads()  # llama.cpp's default, named so that --json shows it
-    _flash_attn(s, wisdom, _kv(s, shape, wisdom, need, budget, kv_pairs), depth)
+    _flash_attn(s, wisdom, _kv(s, shape, wisdom, need, budget, kv_pairs), depth, attention)
     return s.result()

@@ -99,7 +99,7 @@ class TuneProgress:
     label: str
 
 
-class _Context:
+class Context:
     """One engine context with PROMPT tokens in every sequence, and the
     timed operations the phases need."""
 
@@ -279,7 +279,7 @@ class Tuner:
             shape = describe(weights.info)
             type_k, type_v = self.kv
             fa_base = "on" if type_v != "f16" else "auto"
-            main = _Context(weights, self._config(2 * self.ranges.largest_batch, type_k, type_v, fa_base, cpu_count()))
+            main = Context(weights, self._config(2 * self.ranges.largest_batch, type_k, type_v, fa_base, cpu_count()))
             tokens = main.tokens
             try:
                 threads = self._threads(main)
@@ -316,7 +316,7 @@ class Tuner:
     def _steps(self, seconds_per_step: float) -> int:
         return max(2, min(32, round(SAMPLE_S / max(seconds_per_step, 1e-4))))
 
-    def _threads(self, ctx: _Context) -> Decision | None:
+    def _threads(self, ctx: Context) -> Decision | None:
         if not self.ranges.threads:  # every layer on a GPU: the CPU's thread count decides nothing
             return None
         deadline = self._phase("threads")
@@ -334,7 +334,7 @@ class Tuner:
             return None
         return _decision(race, physical_cores(), "ms/token", max_gain=MAX_GAIN)
 
-    def _verify(self, ctx: _Context) -> tuple[float, ...]:
+    def _verify(self, ctx: Context) -> tuple[float, ...]:
         deadline = self._phase("verify")
         race = Race(list(range(1, self.ranges.max_rows + 1)))
         race.run(self._watched(ctx.rows_s), min_rounds=2, max_rounds=5, deadline=deadline)
@@ -342,7 +342,7 @@ class Tuner:
             return ()
         return tuple(race.median(r) * 1e3 for r in race.candidates)
 
-    def _parallel(self, ctx: _Context) -> Decision | None:
+    def _parallel(self, ctx: Context) -> Decision | None:
         deadline = self._phase("parallel")
         ctx.share_prompt(self.ranges.sequences)
         race = Race(list(self.ranges.parallel))
@@ -351,7 +351,7 @@ class Tuner:
             return None
         return _decision(race, LLAMA_PARALLEL, "ms/token")
 
-    def _ubatch(self, ctx: _Context) -> tuple[Decision | None, float]:
+    def _ubatch(self, ctx: Context) -> tuple[Decision | None, float]:
         """The prompt batch size; and the prompt rate (tokens/s) it measured."""
         deadline = self._phase("ubatch")
         budget = SHARES["ubatch"] * self.seconds
@@ -392,7 +392,7 @@ class Tuner:
         depth = max(MIN_DEPTH, min(depth, MAX_DEPTH, limit))
         depths = [PROMPT, depth] if depth < 4 * MIN_DEPTH else [PROMPT, depth // 2, depth]
         contexts = {
-            kind: _Context(weights, self._config(depth + 2 * rows, *kind[:2], kind[2], threads), tokens)
+            kind: Context(weights, self._config(depth + 2 * rows, *kind[:2], kind[2], threads), tokens)
             for kind in kinds
         }
         try:

@@ -114,15 +114,19 @@ class Attention:
         a, b = _fit(self.depths, self.off_ms if mode == "off" else self.on_ms)
         return a + b * depth
 
-    def choice(self, depth: float | None = None) -> str | None:
+    def choice(self, depth: float | None = None, max_gain: float | None = MAX_GAIN) -> str | None:
         """The faster mode at ``depth`` (None: the middle of the depths
-        measured); None when they are within the tie margin or the noise."""
+        measured); None when they are within the tie margin or the noise, or
+        one is more than ``max_gain`` times as fast as the other (None: no
+        bound, for steps of attention alone, as `localrun.tune.attention` times)."""
         if depth is None:
             depth = sum(self.depths) / len(self.depths)
         depth = min(depth, 4 * max(self.depths))  # a line says little far beyond what was measured
         off, on = self.predicted("off", depth), self.predicted("on", depth)
-        if abs(off - on) <= max(TIE_MARGIN, self.noise) * min(off, on) or max(off, on) > MAX_GAIN * min(off, on):
-            return None  # a tie, or a gain no setting gives (the machine was busy): llama.cpp's auto
+        if abs(off - on) <= max(TIE_MARGIN, self.noise) * min(off, on):
+            return None  # a tie: llama.cpp's auto
+        if max_gain is not None and max(off, on) > max_gain * min(off, on):
+            return None  # a gain no setting gives to a whole step (the machine was busy): llama.cpp's auto
         return "off" if off < on else "on"
 
     @property
