@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_serve.py [MODEL] [--clients 4,8] [--tokens 128]
         [--rounds 1] [--turns 20] [--load 64] [--load-clients 16] [--threads N]
-        [--llama-server PATH/TO/llama-server] [--quick]
+        [--llama-server PATH/TO/llama-server] [--busy N] [--fixed-threads T] [--quick]
 
 1. throughput: for each N of --clients, N concurrent streaming clients (the
    official `openai` client, greedy, one prompt each, a coding task whose
@@ -18,7 +18,8 @@
    tokens each generated are printed). Ratios serve / batch and serve /
    llama-server are taken within each round, whose order turns by one each
    round (serve first, then --batch first, ...) so that a drift in the
-   machine's speed favours none.
+   machine's speed favours none. --fixed-threads T adds `serve --threads T`
+   to the rotation, and the ratio serve / serve -tT.
 2. single client: one streaming client, decode tokens/sec seen by the client
    (tokens after the first / time from the first chunk to the last), against
    `localrun generate --spec none --json` on the same prompt (its done event)
@@ -42,6 +43,9 @@
    prompt cache), then a second new server's first request with it (loaded
    from the prompt cache), then one started with --no-prompt-cache; time to
    first token of each, and cached / not.
+
+--busy N runs every part beside N competing CPU-bound processes (a shared
+machine's load), started before the first part and stopped after the last.
 
 Servers are started by this script on 127.0.0.1 with a port the system picks.
 A shared machine is noisy: read the ranges. `--quick` (2 clients, 24 tokens,
@@ -77,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openai
 
 from localrun.openmp import others_environ
+from scripts._load import cpu_load
 from scripts._models import HelpFormatter, model_path
 from scripts._stats import ratio_summary
 from scripts.bench_batch import SHORT, SYSTEM, run_cli_batch
@@ -335,7 +340,8 @@ def part_throughput(model: Path, args: argparse.Namespace) -> None:
 def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
     """Part 1 for ``n`` clients: its rounds, and its lines of figures."""
     prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
-    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": []}
+    fixed = f"serve -t{args.fixed_threads}"
+    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": [], fixed: []}
     made: dict[str, list[int]] = {name: [] for name in rates}  # tokens generated, each round
     full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
     attention = "auto"
@@ -365,9 +371,14 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
         with llama_server(args.llama_server, model, n, args, attention) as server:
             clients("llama-server", server)
 
+    def on_fixed() -> None:
+        with localrun_server(model, n, args, "--threads", str(args.fixed_threads)) as server:
+            clients(fixed, server)
+
     # serve first (it tells the others its flash attention), then each round
     # starts one further on, so a drift in the machine's speed favours none
     systems = [on_serve, on_batch, *([on_native] if args.llama_server else [])]
+    systems += [on_fixed] if args.fixed_threads else []
     for r in range(args.rounds):
         for run in systems[r % len(systems) :] + systems[: r % len(systems)]:
             run()
@@ -376,6 +387,8 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
     line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
     if native:
         line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
+    if rates[fixed]:
+        line += f", {fixed} {statistics.median(rates[fixed]):.1f}, serve/{fixed} {ratio_summary(serve, rates[fixed])}"
     print(line, flush=True)
     counts = "; ".join(f"{name} {'/'.join(map(str, got))}" for name, got in made.items() if got)
     print(f"      flash attention {attention} in all; tokens generated per round: {counts}; "
@@ -577,6 +590,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="fixed CPU threads everywhere (default: each one's own)")
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server, for a column beside serve")
     parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run")
+    parser.add_argument("--busy", type=int, default=0, help="competing CPU-bound processes through every part")
+    parser.add_argument("--fixed-threads", type=int, help="part 1: serve --threads T beside serve's default")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small everything")
     args = parser.parse_args()
     if args.quick:
@@ -585,8 +600,11 @@ def main() -> None:
     model = model_path(args.model)
     os.environ.pop("LOCALRUN_API_KEY", None)
     parts = {"1": part_throughput, "2": part_single, "3": part_chat, "4": part_load, "5": part_restart}
-    for key in args.parts.split(","):
-        parts[key.strip()](model, args)
+    with cpu_load(args.busy):
+        if args.busy:
+            print(f"beside {args.busy} competing CPU-bound process(es)", flush=True)
+        for key in args.parts.split(","):
+            parts[key.strip()](model, args)
 
 
 if __name__ == "__main__":
