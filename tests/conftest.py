@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,11 @@ from tests.tinymodel import write_tiny_model
 # localrun processes the tests start get Python's usual Ctrl-C behaviour.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# A second's probe of flash attention per fresh home would add minutes to the suite: llama.cpp's auto, as
+# before, in every process the tests start (module-scoped servers start before any function's fixture);
+# tests/tune/test_attention.py turns it on for its own.
+os.environ["LOCALRUN_PROBE_ATTENTION"] = "0"
+
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -25,9 +31,6 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
         monkeypatch.setenv(var, str(home / var.lower()))
     monkeypatch.delenv("LOCALRUN_MODEL", raising=False)
     monkeypatch.delenv("LOCALRUN_DEBUG", raising=False)
-    # a second's probe of flash attention per fresh home would add minutes to the suite: llama.cpp's auto,
-    # as before; tests/tune/test_attention.py turns it on
-    monkeypatch.setenv("LOCALRUN_PROBE_ATTENTION", "0")
     yield
 
 
