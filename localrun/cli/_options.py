@@ -35,7 +35,7 @@ Pooling = Annotated[
     str,
     typer.Option(
         "--pooling",
-        help="auto: the model's own; mean, cls or last pool a model that declares none (a generative model).",
+        help="auto: the model's own (embedding models); mean, cls, last or rank: any model, generative ones too.",
     ),
 ]
 Model = Annotated[

@@ -80,10 +80,6 @@ class AttentionShape:
         return cls(shape.heads, shape.kv_heads or shape.heads, shape.key_length, shape.value_length)
 
     @property
-    def label(self) -> str:
-        return f"{self.heads}x{self.key_length} query, {self.kv_heads}x{self.value_length} KV heads"
-
-    @property
     def probed(self) -> bool:
         """Whether the probe's model can have this shape."""
         return self.key_length == self.value_length and self.heads > 0 and self.heads % self.kv_heads == 0
