@@ -24,7 +24,9 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   falls to `CLEAR_CORES` and `CLEAR_SHARE` (in between, the last verdict holds).
   At the full count without contention it does nothing at all: an idle
   machine never pays for a probe.
-- Down: while contended, the next window is a probe with one thread fewer. A
+- Down: while contended (`CONFIRM` windows in a row: one reading of the
+  load can catch a task passing by, a kernel thread, a pipeline's next
+  process starting), the next window is a probe with one thread fewer. A
   probe is kept when its median step beats the median of the window just
   before it (at the settled count) by `MARGIN`, and then, while the count it
   reached is still contended, the next window probes one fewer again. A probe
@@ -87,6 +89,7 @@ MARGIN = 0.05  # a probe is kept when its median step is this much shorter than 
 MIN_GAP = 4  # windows before a probe up, or a probe down again after one that lost; doubles per loss
 MAX_GAP = 64
 ABORT = 2.0  # a probe step this many times slower than the settled median ends the probe
+CONFIRM = 2  # windows in a row judged contended before a probe down
 
 
 class ThreadGovernor:
@@ -114,6 +117,7 @@ class ThreadGovernor:
         self._probe: int | None = None
         self._base: float | None = None  # the median step of the last window at the settled count
         self._contended: bool | None = None  # None: not yet judged at this count
+        self._contended_run = 0  # windows in a row judged contended
         self._windows = 0
         self._up_gap = self._down_gap = MIN_GAP
         self._next_up = self._next_down = 0  # the window from which a probe that way may run
@@ -206,7 +210,7 @@ class ThreadGovernor:
         ):
             self._probe = self.threads + 1
             self._last_up = now
-        elif self._contended and self.threads > 1 and now >= self._next_down:
+        elif self._contended and self._contended_run >= CONFIRM and self.threads > 1 and now >= self._next_down:
             self._probe = self.threads - 1
         return self.running
 
@@ -241,6 +245,7 @@ class ThreadGovernor:
             self._up_gap = self._down_gap = MIN_GAP
             self._next_up = self._next_down = now
         self._contended = bool(contended)
+        self._contended_run = self._contended_run + 1 if self._contended else 0
 
 
 _governors: weakref.WeakKeyDictionary[Engine, ThreadGovernor] = weakref.WeakKeyDictionary()

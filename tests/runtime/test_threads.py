@@ -18,7 +18,7 @@ from localrun.runtime import threads as threads_mod
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
-from localrun.runtime.threads import MAX_GAP, WINDOW, ThreadGovernor
+from localrun.runtime.threads import CONFIRM, MAX_GAP, WINDOW, ThreadGovernor
 from localrun.speculative import open_speculation
 from localrun.ui.stream import JsonRenderer, footer
 from tests.helpers import collect, engine_config
@@ -68,6 +68,24 @@ def test_idle_machine_never_probes() -> None:
     gov4 = ThreadGovernor(4)
     idle4 = Machine({1: 0.1, 2: 0.055, 3: 0.04, 4: 0.03}, dict.fromkeys((1, 2, 3, 4), 0.99))
     assert set(drive(gov4, idle4, 5000)) == {4}
+
+
+def test_one_window_that_reads_a_passing_task_probes_nothing() -> None:
+    """A short step on an idle machine loses some of its threads' time to their
+    own sleeping, and the machine then decides: a reading that catches a task
+    passing by (a kernel thread, the next process of a pipeline starting) in one
+    window, and not the next, is not contention."""
+    sleepy = Machine({1: 1 / 400.0, 2: 1 / 650.0}, {1: 1.0, 2: 0.85})  # 0.3 cores lost, nothing else running
+    readings = itertools.count()
+
+    def free_cpus() -> int:
+        return 1 if next(readings) % 40 == 7 else 2  # now and then, one reading sees another task
+
+    gov = ThreadGovernor(2, free_cpus=free_cpus)
+    assert set(drive(gov, sleepy, 4000)) == {2}
+    busy = ThreadGovernor(2, free_cpus=lambda: 1)  # a task that stays: a probe down after CONFIRM windows
+    counts = drive(busy, sleepy, (CONFIRM + 1) * WINDOW)
+    assert counts.index(1) == CONFIRM * WINDOW
 
 
 def test_contention_moves_down_and_stays() -> None:
@@ -151,7 +169,7 @@ def test_pinned_never_changes() -> None:
 
 def test_resume_drops_a_running_probe() -> None:
     gov = ThreadGovernor(2)
-    drive(gov, BUSY, WINDOW)  # one window: contended, the next is a probe
+    drive(gov, BUSY, CONFIRM * WINDOW)  # windows judged contended: the next is a probe
     assert gov.running == 1 and gov.threads == 2
     assert gov.resume(gov.threads) == 2 and gov.running == 2
 
@@ -338,7 +356,7 @@ def test_a_change_of_rows_starts_the_window_afresh() -> None:
     """A batch's steps are compared only with steps of as many rows: a probe
     whose window saw a sequence end is dropped, not judged."""
     gov = ThreadGovernor(2)
-    drive(gov, BUSY, WINDOW)  # contended: the next window probes one fewer
+    drive(gov, BUSY, CONFIRM * WINDOW)  # contended: the next window probes one fewer
     assert gov.running == 1
     gov.observe(0.01, 0.01, rows=3)  # a sequence joined: the probe is dropped
     assert gov.running == 2 and gov.threads == 2
