@@ -70,8 +70,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,11 +126,9 @@ def _drain(proc: subprocess.Popen[str], lines: list[str], ready: threading.Event
 
 
 @contextmanager
-def localrun_server(model: Path, parallel: int, args: argparse.Namespace, *extra: str) -> Iterator[Server]:
-    cmd = [sys.executable, "-m", "localrun", "serve", "-m", str(model), "--port", "0", "--parallel", str(parallel)]
-    cmd += ["--ctx", str(args.ctx), "--queue", str(args.load), *extra]
-    if args.threads is not None:
-        cmd += ["--threads", str(args.threads)]
+def serve_process(serve_args: Sequence[str]) -> Iterator[Server]:
+    """`localrun serve --port 0 SERVE_ARGS` from this checkout, until the block ends."""
+    cmd = [sys.executable, "-m", "localrun", "serve", "--port", "0", *serve_args]
     proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     lines: list[str] = []
@@ -146,6 +144,14 @@ def localrun_server(model: Path, parallel: int, args: argparse.Namespace, *extra
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def localrun_server(
+    model: Path, parallel: int, args: argparse.Namespace, *extra: str
+) -> AbstractContextManager[Server]:
+    serve_args = ["-m", str(model), "--parallel", str(parallel), "--ctx", str(args.ctx), "--queue", str(args.load)]
+    serve_args += [*extra, *(["--threads", str(args.threads)] if args.threads is not None else [])]
+    return serve_process(serve_args)
 
 
 def _free_port() -> int:

@@ -18,7 +18,6 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 
 from scripts._models import HelpFormatter, model_path
-from scripts.bench_serve import _LISTENING, Server, _drain
+from scripts.bench_serve import serve_process
 
 HERE = Path(__file__).resolve().parent.parent
 PAIRS = [
@@ -47,22 +46,9 @@ def by_cli(model: Path, texts: list[str], pooling: str) -> np.ndarray:
 
 def by_server(models: list[Path], texts: list[str], pooling: str) -> dict[str, np.ndarray]:
     """Each model's vectors from one server serving them all, through the official client."""
-    cmd = [sys.executable, "-m", "localrun", "serve", "--port", "0", "--parallel", "1", "--pooling", pooling]
-    for model in models:
-        cmd += ["-m", str(model)]
-    proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-    threading.Thread(target=_drain, args=(proc, lines, ready, _LISTENING), daemon=True).start()
-    ready.wait(600)
-    found = next((m for m in map(_LISTENING.search, lines) if m), None)
-    if found is None:
-        proc.kill()
-        raise SystemExit("localrun serve did not start:\n" + "".join(lines[-20:]))
-    server = Server(proc, found.group(1), lines)
     vectors: dict[str, np.ndarray] = {}
-    try:
+    each = [arg for model in models for arg in ("-m", str(model))]
+    with serve_process(["--parallel", "1", "--pooling", pooling, *each]) as server:
         client = server.client()
         for entry in client.models.list().data:
             result = client.embeddings.create(model=entry.id, input=texts)
@@ -74,9 +60,6 @@ def by_server(models: list[Path], texts: list[str], pooling: str) -> dict[str, n
                 raise SystemExit(f"{entry.id}: vectors are not of unit length")
             vectors[entry.id] = got
         client.close()
-    finally:
-        proc.terminate()
-        proc.wait(60)
     return vectors
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -52,8 +51,6 @@ from localrun.runtime.engine import EngineConfig, Weights
 from localrun.runtime.load import LoadWatch, runnable_others
 from localrun.runtime.placement import Placement, place
 from localrun.tune.machine import Machine, this_machine
-from localrun.tune.measure import Context
-from localrun.tune.race import Race, relative_iqr
 from localrun.tune.wisdom import Attention
 
 VERSION = 1
@@ -151,6 +148,12 @@ def probe(shape: AttentionShape, threads: int, load: Callable[[], int | None] | 
     with ``threads``; None when the machine was busy (or the shape cannot be probed)."""
     if not shape.probed:
         return None
+    # the measuring machinery only when a probe runs (a run that finds its curve kept starts without it)
+    import statistics
+
+    from localrun.tune.measure import Context
+    from localrun.tune.race import Race, relative_iqr
+
     reading = load or runnable_others
     watch = LoadWatch(reading)
     with tempfile.TemporaryDirectory(prefix="localrun-probe-") as tmp:
