@@ -103,12 +103,59 @@ def logits(engine: Engine, row: int) -> Any:
     return view
 
 
+# llama_token_data as numpy lays it out: a candidates array llama.cpp's chain reads and sorts in place
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=False)
+_BLOCKS = 128  # a row is cut into this many strided slices; each column of them (a block) has its maximum taken
+
+
+def top_candidates(row: Any, k: int) -> Any:
+    """Indices of a few of ``row``'s values among which are its ``k``
+    largest (and every value equal to the k-th), found without sorting the
+    row; None where the shortcut does not apply (a row under ``k`` blocks,
+    or one where fewer than ``k`` blocks hold a finite value: a grammar's
+    mask).
+
+    The row's first ``128 * m`` values are read as 128 rows of ``m``
+    columns, and each column (a block) has its maximum taken in one
+    vectorized pass; the k-th largest of those maxima, t, is at most the
+    row's k-th largest value (k blocks hold a value of at least t each),
+    so every one of the k largest values is at least t and sits in a block
+    whose maximum is at least t: the values of at least t in those blocks
+    (and in the few values past the last whole block) hold them all."""
+    n = row.shape[0]
+    m = n // _BLOCKS
+    if k < 1 or m < k:
+        return None
+    grid = row[: _BLOCKS * m].reshape(_BLOCKS, m)
+    maxima = grid.max(axis=0)
+    threshold = np.partition(maxima, m - k)[m - k]
+    if not np.isfinite(threshold):
+        return None
+    blocks = np.flatnonzero(maxima >= threshold)
+    found = np.flatnonzero(grid[:, blocks] >= threshold)
+    keep = (found // len(blocks)) * m + blocks[found % len(blocks)]
+    if n > _BLOCKS * m:
+        keep = np.concatenate((keep, _BLOCKS * m + np.flatnonzero(row[_BLOCKS * m :] >= threshold)))
+    return keep
+
+
 class Sampler:
     """llama.cpp's native sampler chain for one generation. A chain that is a
     plain argmax (greedy, no penalties) is flagged `argmax`: `sample` then
     reads the maximum off the logits itself, skipping the chain's copy of the
     whole vocabulary into a candidates array (see docs/benchmarks.md). Ties
     go to the lowest id, as in llama.cpp's greedy sampler.
+
+    A chain that begins with top-k (no logit bias, no penalties before it)
+    is given only the candidates `top_candidates` finds, which hold the k
+    largest logits: top-k keeps the same k tokens from them as from the
+    whole vocabulary, and the rest of the chain sees what it would have,
+    so the tokens are drawn from the same distribution with the same random
+    draws. llama.cpp's own path copies the whole vocabulary into a
+    candidates array and partly sorts it, which on a 150k-token vocabulary
+    costs about as much as a small model's step; among exactly tied logits
+    the two paths may order the tied tokens differently, and a seed then
+    picks another of them (tied tokens are equally likely either way).
 
     With ``on_device`` (an engine), the chain is attached to sequence 0 of
     the engine's context and runs inside llama.cpp's graph, on the device
@@ -122,6 +169,8 @@ class Sampler:
         self.handle: Any = None
         self._engine: Engine | None = None  # the engine whose context the chain is attached to, while it is
         self.argmax = params.plain_argmax
+        # the k of a chain that top-k heads (0: none does): only candidates that hold the k largest need be given it
+        self.top_k = params.top_k if not (params.greedy or params.logit_bias or params.penalized) else 0
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
         if params.logit_bias:  # first, as in llama.cpp's common sampler: the rest see the biased logits
@@ -168,7 +217,31 @@ class Sampler:
             return token
         if self.argmax:
             return int(logits(engine, row).argmax())
+        if self.top_k > 0:
+            view = logits(engine, row)
+            keep = top_candidates(view, self.top_k)
+            if keep is not None:
+                return self.draw(view, keep)
         return int(llama_cpp.llama_sampler_sample(self.handle, engine.ctx, row))
+
+    def draw(self, row: Any, keep: Any) -> int:
+        """Sample (and accept) a token from the logits ``row`` gives the
+        tokens ``keep``, as llama.cpp's `llama_sampler_sample` does from a
+        batch's row (there, every token): the chain applied to them as
+        candidates, the token it selects accepted."""
+        data = np.empty(len(keep), _TOKEN_DATA)
+        data["id"] = keep
+        data["logit"] = row[keep]
+        data["p"] = 0.0
+        candidates = llama_cpp.llama_token_data_array(
+            data.ctypes.data_as(llama_cpp.llama_token_data_p), len(keep), -1, False
+        )
+        llama_cpp.llama_sampler_apply(self.handle, ctypes.byref(candidates))
+        if not 0 <= candidates.selected < candidates.size:
+            raise EngineError("llama.cpp's sampler chain selected no token")
+        token = int(data["id"][candidates.selected])
+        llama_cpp.llama_sampler_accept(self.handle, token)
+        return token
 
     def accept(self, token: int) -> None:
         llama_cpp.llama_sampler_accept(self.handle, token)
