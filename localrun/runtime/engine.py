@@ -154,6 +154,7 @@ class Tokens:
     vocab: Any
     add_bos: bool
     _pieces: dict[int, bytes]
+    _eog: dict[int, bool]  # whether a token ends a generation, as asked: a loop asks of every token
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -186,7 +187,10 @@ class Tokens:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     def token_text(self, token: int) -> str:
         raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
@@ -221,7 +225,7 @@ class Vocabulary(Tokens, Native):
         self.vocab = llama_cpp.llama_model_get_vocab(self.handle)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.handle))
-        self._pieces = {}
+        self._pieces, self._eog = {}, {}
 
     def close(self) -> None:
         if self.handle:
@@ -273,7 +277,7 @@ class Engine(Tokens, Native):
         # adapting never goes above this: the configured count, or more where a tuned start is below the CPUs
         self.max_threads = max(int(cparams.n_threads), config.max_threads or 0)
         self.threads = int(cparams.n_threads)  # the count in use, for single tokens and batches alike
-        self._pieces: dict[int, bytes] = {}
+        self._pieces, self._eog = {}, {}
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
 
     def _open(self, config: EngineConfig, placement: Placement, weights: Weights | None) -> tuple[str, int, Any]:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, StopReason, TokenEvent
+from localrun.events import DoneEvent, DraftStats, Event, ReasoningEvent, Stats, StopReason, TokenEvent
 from localrun.runtime.reasoning import Piece, Reasoning, Splitter, marker_tokens
 
 if TYPE_CHECKING:
@@ -102,8 +102,11 @@ class TokenOutput:
         events = self.push_events(token, threads)
         return next((e for e in events if isinstance(e, TokenEvent)), None)
 
-    def push_events(self, token: int, threads: int | None = None) -> list[TokenEvent | ReasoningEvent]:
-        """`push`, with the thinking's events besides the answer's, in order."""
+    def push_events(
+        self, token: int, threads: int | None = None, draft: DraftStats | None = None
+    ) -> list[TokenEvent | ReasoningEvent]:
+        """`push`, with the thinking's events besides the answer's, in order;
+        ``draft``: what speculative decoding drafted so far, for the events."""
         now = time.perf_counter()
         if self.n_gen == 0 and self.reason is None:
             self.t_first = now
@@ -117,18 +120,20 @@ class TokenOutput:
         piece = self.markers.get(token)
         text = self.utf8.decode(piece if piece is not None else self.engine.piece(token))
         if self.splitter is None:
-            return self._answer(text, threads)
+            return self._answer(text, threads, draft)
         thinking = self.splitter.thinking
         pieces = self.splitter.feed(text)
         if thinking or self.splitter.thinking:
             self.n_reasoning += 1
-        return self._pieces(pieces, threads)
+        return self._pieces(pieces, threads, draft)
 
-    def _pieces(self, pieces: list[Piece], threads: int | None) -> list[TokenEvent | ReasoningEvent]:
+    def _pieces(
+        self, pieces: list[Piece], threads: int | None, draft: DraftStats | None = None
+    ) -> list[TokenEvent | ReasoningEvent]:
         events: list[TokenEvent | ReasoningEvent] = []
         for kind, text in pieces:
             if kind == "content":
-                events.extend(self._answer(text, threads))
+                events.extend(self._answer(text, threads, draft))
             else:
                 self.reasoning_parts.append(text)
                 events.append(
@@ -139,12 +144,15 @@ class TokenOutput:
                         self.ttft,
                         self.t_last - self.t_start,
                         self.decode_rate(),
+                        draft=draft,
                         threads=threads,
                     )
                 )
         return events
 
-    def _answer(self, text: str, threads: int | None) -> list[TokenEvent | ReasoningEvent]:
+    def _answer(
+        self, text: str, threads: int | None, draft: DraftStats | None = None
+    ) -> list[TokenEvent | ReasoningEvent]:
         if self.reason == "stop":  # a stop string ended it: nothing after it
             return []
         text, hit = self.matcher.feed(text)
@@ -153,9 +161,8 @@ class TokenOutput:
         if not text:
             return []
         self.text_parts.append(text)
-        return [
-            TokenEvent(text, self.n_gen, self.ttft, self.t_last - self.t_start, self.decode_rate(), threads=threads)
-        ]
+        elapsed = self.t_last - self.t_start
+        return [TokenEvent(text, self.n_gen, self.ttft, elapsed, self.decode_rate(), draft=draft, threads=threads)]
 
     def decode_rate(self) -> float:
         span = self.t_last - self.t_first

@@ -5,7 +5,6 @@ engine's context (`Generation`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Unpack
 
 from localrun.events import Event
@@ -39,8 +38,7 @@ def generate_speculative(
         while decided:
             for token in decided:  # stream what the step decided
                 target.context.append(token)
-                for event in run.out.push_events(token):
-                    yield replace(event, draft=step.stats(), threads=run.threads)
+                yield from run.out.push_events(token, run.threads, step.stats())
                 if run.ended():
                     break
             if run.ended():

@@ -90,16 +90,21 @@ class Tally:
         self.proposed = [0] * len(names)
         self.accepted = [0] * len(names)
         self.rounds = 0
+        self._snapshot: DraftStats | None = None  # the counts as they stand, until the next add
 
     def add(self, drafter: int, proposed: int, accepted: int) -> None:
         self.proposed[drafter] += proposed
         self.accepted[drafter] += accepted
         self.rounds += 1
+        self._snapshot = None
 
     def snapshot(self) -> DraftStats:
-        used = sorted((i for i, p in enumerate(self.proposed) if p), key=lambda i: -self.proposed[i])
-        name = "+".join(self.names[i] for i in used) or "plain"
-        return DraftStats(name, sum(self.proposed), sum(self.accepted), self.rounds)
+        """The counts so far (one object while they stay the same: every token's event carries it)."""
+        if self._snapshot is None:
+            used = sorted((i for i, p in enumerate(self.proposed) if p), key=lambda i: -self.proposed[i])
+            name = "+".join(self.names[i] for i in used) or "plain"
+            self._snapshot = DraftStats(name, sum(self.proposed), sum(self.accepted), self.rounds)
+        return self._snapshot
 
 
 @dataclass

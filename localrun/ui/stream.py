@@ -23,6 +23,9 @@ from localrun.events import DoneEvent, DraftStats, Event, ReasoningEvent, Stats,
 from localrun.ui.text import stats_line
 from localrun.units import count
 
+# one encoder for every token's line (json.dumps with an option builds one per call)
+_encode_text = json.JSONEncoder(ensure_ascii=False).encode
+
 
 class Renderer(Protocol):
     def render(self, events: Iterable[Event]) -> Stats: ...
@@ -99,7 +102,7 @@ class JsonRenderer:
             if isinstance(ev, TokenEvent | ReasoningEvent):
                 kind = "token" if isinstance(ev, TokenEvent) else "reasoning"
                 record: dict[str, object] = {"type": kind, "text": ev.text, **self.extra}
-                self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self.out.write(_encode_text(record) + "\n")
             else:
                 stats = ev.stats
                 record = {"type": "done", **{k: getattr(stats, k) for k in self.DONE_FIELDS}, **self.extra}
