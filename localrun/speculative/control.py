@@ -389,7 +389,10 @@ class AdaptiveController:
             rated.append((offer, rate, n))
             if n and rate > best_rate:
                 best_rate, best = rate, Plan(offer, n)
+        budget = self.explore_share * self.elapsed - self.explored  # what a probe may still lose
         for offer, _rate, best_n in rated:
+            if budget < 0.0:  # a probe loses no less than nothing: none fits
+                break
             if best.offer is not None and offer == best.offer:
                 continue
             key = (offer.drafter, offer.bucket)
@@ -400,7 +403,7 @@ class AdaptiveController:
             n = short[-1] if short else allowed[0]  # short, unless a longer step is as quick
             cost = self.draft_cost(offer, n) + self.verify_cost(forced + n + 1)
             regret = max(cost - (forced + expected_tokens(self.acceptance(*key), n)) / best_rate, 0.0)
-            if self.explored + regret <= self.explore_share * self.elapsed:
+            if regret <= budget:
                 self.gap[key] = min(self.gap.get(key, MIN_GAP) * 2, MAX_GAP)
                 self.last_used[key] = self.rounds
                 return Plan(offer, n, probe=True, best_rate=best_rate)
