@@ -47,11 +47,16 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   CPUs they leave free hold one thread more. While they do not, the others
   are still there, and the probe waits its gap: a thread more can still win
   under load (a batch of many sequences spreads each barrier's wait over
-  more work), and only a probe can tell. On a machine that cannot say, the
-  schedule above decides alone.
+  more work), and only a probe can tell; one sequence decoding (a step of
+  one row), which a thread more under load seldom helps, waits at least
+  `BLIND_GAP` windows for it: each probe that loses costs a run of a few
+  hundred tokens some percent. On a machine that cannot say, the schedule
+  above decides alone.
 - A probe step slower than `ABORT` times the settled median ends the probe
   at once, as a loss: under load a thread more can make a step many times
   slower, and a whole window of them would cost more than the probe can win.
+  So do a probe's first `EARLY` steps with a median `EARLY_LOSS` above the
+  settled one: the rest of its window could not bring it to a win.
 - Step times grow with the context's depth, so a probe is only ever compared
   with the window right before it, never with older figures; medians, so that
   one preempted step does not decide.
@@ -89,6 +94,9 @@ MARGIN = 0.05  # a probe is kept when its median step is this much shorter than 
 MIN_GAP = 4  # windows before a probe up, or a probe down again after one that lost; doubles per loss
 MAX_GAP = 64
 ABORT = 2.0  # a probe step this many times slower than the settled median ends the probe
+EARLY = 3  # ... and so do this many first steps of a probe ...
+EARLY_LOSS = 0.25  # ... whose median is slower than the settled median by this share
+BLIND_GAP = 16  # windows at the least before a probe up the load read does not call for, one sequence decoding
 CONFIRM = 2  # windows in a row judged contended before a probe down
 
 
@@ -122,6 +130,8 @@ class ThreadGovernor:
         self._up_gap = self._down_gap = MIN_GAP
         self._next_up = self._next_down = 0  # the window from which a probe that way may run
         self._last_up = 0  # the window the last probe up started
+        self._up_blind = False  # the last probe up started while the load read left no CPU for it
+        self._lost_blind = False  # ... and lost
         self._rows = 1  # the rows of the steps in the window
         self.resume(self.max_threads if threads is None else threads)
 
@@ -163,16 +173,18 @@ class ThreadGovernor:
             self._rows = rows
             self.resume(self.threads)
         if self._probe is not None and self._base is not None and wall_s > ABORT * self._base:
-            self._n = 0  # the probe lost already: its window is dropped
-            self._wall = self._cpu = 0.0
-            self._windows += 1
-            up, self._probe = self._probe > self.threads, None
-            self._lose(up, self._windows)
-            return self.threads
+            return self._lost_early()
         self._steps[self._n] = wall_s
         self._wall += wall_s
         self._cpu += cpu_s
         self._n += 1
+        if (
+            self._n == EARLY < self.window
+            and self._probe is not None
+            and self._base is not None
+            and sorted(self._steps[:EARLY])[EARLY // 2] > (1 + EARLY_LOSS) * self._base
+        ):
+            return self._lost_early()
         if self._n < self.window:
             return self.running
         lost = self.running - self._cpu / self._wall if self._wall > 0 else 0.0
@@ -180,6 +192,16 @@ class ThreadGovernor:
         self._n = 0
         self._wall = self._cpu = 0.0
         return self.decide(median, lost)
+
+    def _lost_early(self) -> int:
+        """The running probe lost before its window's end: its steps are dropped. Returns the settled count."""
+        assert self._probe is not None
+        self._n = 0
+        self._wall = self._cpu = 0.0
+        self._windows += 1
+        up, self._probe = self._probe > self.threads, None
+        self._lose(up, self._windows)
+        return self.threads
 
     def decide(self, median_s: float, lost: float) -> int:
         """A window ended: its median step and the cores' worth of time its
@@ -195,6 +217,7 @@ class ThreadGovernor:
             self.threads, self._contended = probe, None  # won: this window is the new count's first
             if up:
                 self._up_gap, self._next_up, self._next_down = MIN_GAP, now, now + self._down_gap
+                self._lost_blind = False
             else:
                 self._next_down, self._next_up = now, now + self._up_gap
         self._base = median_s
@@ -202,23 +225,33 @@ class ThreadGovernor:
         # while the others still take our threads' time they have not gone: a probe up (a window at a
         # count that lost already) waits the longest gap; otherwise it follows its own gap, and runs at
         # once (a clear window after a contended one) only where the load read leaves a CPU for it
-        up_at = self._next_up if not self._contended else max(self._next_up, self._last_up + MAX_GAP)
-        if (
-            self.threads < self.max_threads
-            and now >= up_at
-            and (now >= self._last_up + self._up_gap or self._room_for(self.threads + 1))
-        ):
+        if self._up_due(now):
             self._probe = self.threads + 1
             self._last_up = now
+            self._up_blind = not self._room_for(self.threads + 1)  # the read leaves no CPU for it
         elif self._contended and self._contended_run >= CONFIRM and self.threads > 1 and now >= self._next_down:
             self._probe = self.threads - 1
         return self.running
+
+    def _up_due(self, now: int) -> bool:
+        """Whether the next window probes one thread more (see the module's note)."""
+        if self.threads >= self.max_threads:
+            return False
+        if self._contended:  # the others still take our threads' time: they have not gone
+            return now >= max(self._next_up, self._last_up + MAX_GAP)
+        blind_gap = self._up_gap if self._rows > 1 else max(self._up_gap, BLIND_GAP)
+        if now >= self._next_up and now >= self._last_up + blind_gap:
+            return True
+        # before its gap only where the load read leaves a CPU for it: at once after the load's end (a
+        # clear window after a contended one), or after probes that lost while the read left none
+        return (now >= self._next_up or self._lost_blind) and self._room_for(self.threads + 1)
 
     def _lose(self, up: bool, now: int) -> None:
         """A probe lost: back to the settled count, and the next probe that way waits longer."""
         if up:
             self._up_gap = min(2 * self._up_gap, MAX_GAP)
             self._next_up = now + self._up_gap
+            self._lost_blind = self._up_blind  # lost while the others were there: their going may change it
         else:
             self._down_gap = min(2 * self._down_gap, MAX_GAP)
             self._next_down = now + self._down_gap
