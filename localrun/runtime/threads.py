@@ -43,8 +43,9 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   up on its doubling schedule (at most `MAX_GAP` windows away) finds it.
 - The load, read: below the full count, where the machine says how many
   other tasks are runnable (`free_cpus`, from /proc on Linux), a probe up
-  runs before its doubling gap (at once, after a clear window) only when the
-  CPUs they leave free hold one thread more. While they do not, the others
+  runs before its doubling gap (soon after a clear window) only when the
+  CPUs they leave free hold one thread more, read at the end of two windows
+  in a row. While they do not, the others
   are still there, and the probe waits its gap: a thread more can still win
   under load (a batch of many sequences spreads each barrier's wait over
   more work), and only a probe can tell; one sequence decoding (a step of
@@ -132,6 +133,7 @@ class ThreadGovernor:
         self._last_up = 0  # the window the last probe up started
         self._up_blind = False  # the last probe up started while the load read left no CPU for it
         self._lost_blind = False  # ... and lost
+        self._room_at = -1  # the window at whose end the load read last left a CPU for a thread more
         self._rows = 1  # the rows of the steps in the window
         self.resume(self.max_threads if threads is None else threads)
 
@@ -242,9 +244,21 @@ class ThreadGovernor:
         blind_gap = self._up_gap if self._rows > 1 else max(self._up_gap, BLIND_GAP)
         if now >= self._next_up and now >= self._last_up + blind_gap:
             return True
-        # before its gap only where the load read leaves a CPU for it: at once after the load's end (a
+        # before its gap only where the load read leaves a CPU for it: soon after the load's end (a
         # clear window after a contended one), or after probes that lost while the read left none
-        return (now >= self._next_up or self._lost_blind) and self._room_for(self.threads + 1)
+        return (now >= self._next_up or self._lost_blind) and self._room_confirmed(self.threads + 1, now)
+
+    def _room_confirmed(self, threads: int, now: int) -> bool:
+        """Whether the load read leaves CPUs for ``threads`` at the end of
+        this window and of the one before: one reading can fall between a
+        busy task's time slices (where the machine cannot say: yes, at once)."""
+        free = self.free_cpus() if self.free_cpus is not None else None
+        if free is None:
+            return True
+        room = free >= threads
+        confirmed = room and self._room_at == now - 1
+        self._room_at = now if room else -1
+        return confirmed
 
     def _lose(self, up: bool, now: int) -> None:
         """A probe lost: back to the settled count, and the next probe that way waits longer."""

@@ -295,6 +295,21 @@ def test_probes_up_soon_once_the_load_read_frees_a_cpu(loaded: int) -> None:
     assert gov.threads == 2 and counts.index(2) <= 2 * WINDOW
 
 
+class Flickering(Load):
+    """A load read that now and then misses the busy task (between its time slices)."""
+
+    def __call__(self) -> int | None:
+        self.reads += 1
+        return 2 if self.reads % 5 == 0 else 1
+
+
+def test_one_reading_of_a_free_cpu_amid_a_load_probes_nothing() -> None:
+    gov = ThreadGovernor(2, free_cpus=Flickering(free=1))
+    gov.start_below(1)
+    counts = drive(gov, HALF, 4000)
+    assert gov.threads == 1 and rare(counts, 2)
+
+
 def test_a_probe_up_that_lost_with_a_free_cpu_waits_its_gap() -> None:
     """The read says a CPU is free, yet a thread more is slower (the read is
     wrong, or the cores are not what it counts): the probes do not repeat at
