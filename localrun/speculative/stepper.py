@@ -69,6 +69,9 @@ from localrun.speculative.sampling import check_draft, target_probs
 if TYPE_CHECKING:
     from localrun.structured.constraint import Constraint
 
+QUIET = 8  # steps in a row the drafters drafted nothing for before they rest (`SpeculativeStepper._asked`)
+MAX_REST = 7  # the most steps they rest between two askings: asked once in 8 steps at the least
+
 
 class Drafting(Protocol):
     """What a stepper needs of `localrun.speculative.Speculation`: the
@@ -153,6 +156,9 @@ class SpeculativeStepper:
         self.status = DecodeStatus.OK
         self._round: Round | None = None
         self._own: list[Drafter | None] | None = None  # its copies of the free drafters, once in a batch
+        self._plain_run = 0  # steps in a row the drafters were asked and the controller took a plain step
+        self._rest = 0  # steps the drafters are not asked for now (see `_asked`)
+        self._rest_next = 0  # ... and how many the next rest takes
 
     def begin(self) -> None:
         for drafter in self.speculation.drafters:
@@ -213,22 +219,50 @@ class SpeculativeStepper:
         pending = context[target.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
         room = min(left - 1, target.n_ctx - len(context), target.n_batch - len(pending))
         t0 = time.perf_counter()
-        plan, draft = propose(
-            self.speculation,
-            context,
-            room,
-            len(pending) - 1 + company,
-            self.sampling,
-            self.rng,
-            target.constraint,
-            drafters,
-        )
+        plan, draft = PLAIN, None
+        if self._asked():
+            plan, draft = propose(
+                self.speculation,
+                context,
+                room,
+                len(pending) - 1 + company,
+                self.sampling,
+                self.rng,
+                target.constraint,
+                drafters,
+            )
+            self._answered(plan)
         r = Round(plan, draft, forced, pending, len(context), t0)
         if draft is not None and not company:  # alone: its batch is the step's shape
             rows = len(pending) + len(draft.tokens)
             limit = min(target.n_batch, target.n_ctx - target.n_past)
             r.pad = padded_rows(self.speculation.curve, rows, limit) - rows
         return r
+
+    def _asked(self) -> bool:
+        """Whether the drafters are asked this step. After `QUIET` steps in
+        a row for which they drafted nothing (no offer, or the controller
+        weighed theirs and took a plain step), they rest: a step, then,
+        after each later asking that drafts nothing, twice as many, up to
+        `MAX_REST`. The first draft asks them at every step again. Asking
+        costs tens of microseconds of Python (an n-gram search, the text's
+        characters followed, the controller's weighing), which counts
+        where a step takes a millisecond or two (a small model, a GPU), on
+        text they never draft for; resting, a copy that starts is found up
+        to `MAX_REST` steps late (the drafters catch up on the tokens they
+        were not asked about)."""
+        if self._rest > 0:
+            self._rest -= 1
+            return False
+        return True
+
+    def _answered(self, plan: Plan) -> None:
+        if plan.offer is not None:
+            self._plain_run = self._rest_next = 0
+            return
+        self._plain_run += 1
+        if self._rest_next or self._plain_run >= QUIET:
+            self._rest = self._rest_next = min(max(2 * self._rest_next, 1), MAX_REST)
 
     def _decide(self, r: Round, status: DecodeStatus) -> list[int]:
         """The tokens the evaluated rows decide; the rejected drafts (and the

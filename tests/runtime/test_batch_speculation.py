@@ -98,7 +98,8 @@ def test_alone_in_a_batch_the_controller_sees_what_the_single_loop_shows_it(
     assert batched.calls == single.calls
     assert done.stats.draft == stats.draft
     kinds = [call[0] for call in single.calls]
-    assert {"plain", "verify", "outcome"} <= set(kinds) and kinds.count("round") == kinds.count("choose") > 10
+    # every step is a round; a step while the drafters rest (`stepper.QUIET`) asks the controller nothing
+    assert {"plain", "verify", "outcome"} <= set(kinds) and kinds.count("round") >= kinds.count("choose") > 10
     outcomes = [call for call in single.calls if call[0] == "outcome"]
     rejected = any(proposed != accepted for _, _, proposed, accepted in outcomes)  # and rolled back
     assert rejected != sampling.greedy  # greedy, this model keeps every draft; sampled, it rejects some
@@ -203,7 +204,7 @@ def test_on_a_flat_curve_sequences_decoding_together_draft_and_keep_their_text(
         expected = collect(generate(four, four.tokenize(prompt), sampling, max_tokens=80, ignore_eos=True))[0]
         assert done[i].text == expected, i
         draft = done[i].stats.draft
-        assert draft is not None and draft.proposed > 10 and draft.accepted > 0
+        assert draft is not None and draft.proposed > 4 and draft.accepted > 0  # (fewer while drafts lose: rests)
     assert 3 in control.company  # weighed beside three other sequences' rows
     assert any(rows >= 4 + 2 * 4 for rows in control.batches)  # several sequences drafted in one batch
     if sampling.greedy:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -17,11 +18,12 @@ from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, open_speculation
-from localrun.speculative.base import MODEL_MAX, Draft, Offer, Profile
+from localrun.speculative.base import LOOKUP_MAX, MODEL_MAX, Draft, Offer, Profile
 from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
 from localrun.speculative.draftmodel import DraftModelDrafter, check_draft_compatible
 from localrun.speculative.lookup import RESUME_BUCKET, PromptLookupDrafter, match_bucket
 from localrun.speculative.sampling import check_draft, target_probs
+from localrun.speculative.stepper import MAX_REST, QUIET
 from tests.helpers import cli, collect, engine_config, on_terminal
 from tests.tinymodel import MERGES, SPECIALS, vocabulary, write_tiny_model
 
@@ -93,6 +95,43 @@ def test_lookup_on_a_loop_is_lossless_and_accepts_long_drafts(bigram: Engine) ->
     assert draft.accepted > 200 and draft.mean_accepted > 4  # the controller drafts long on a loop
     with Speculation([PromptLookupDrafter()]) as timed:  # on the real clock: the same text, whatever it decides
         assert speculative(bigram, prompt, timed)[0] == text
+
+
+class Asked(PromptLookupDrafter):
+    """Prompt lookup that says nothing until the context reaches ``silent``
+    tokens, and notes the context's length each time it is asked."""
+
+    def __init__(self, silent: int) -> None:
+        super().__init__()
+        self.silent = silent
+        self.asked: list[int] = []
+
+    def offer(self, context: Sequence[int], index: int) -> Offer | None:
+        self.asked.append(len(context))
+        found = super().offer(context, index)  # it follows the text either way
+        return found if len(context) >= self.silent else None
+
+
+def test_drafters_that_draft_nothing_rest_and_a_copy_wakes_them(bigram: Engine) -> None:
+    """Asked at every step at first; after `QUIET` steps with nothing
+    drafted, at most once in `MAX_REST` + 1 steps; once they offer again, the
+    first draft comes at most `MAX_REST` steps late, and then they are asked
+    at every step. The text is plain decoding's throughout."""
+    prompt = bigram.tokenize("the cat sat on the mat")
+    wake = len(prompt) + 150
+    drafter = Asked(silent=wake)
+    with Speculation([drafter], SteadyMachine([drafter.profile])) as spec:
+        text, draft = speculative(bigram, prompt, spec)
+    assert text == plain(bigram, prompt)
+    quiet = [n for n in drafter.asked if n < wake]
+    assert quiet[:QUIET] == list(range(len(prompt) + 1, len(prompt) + 1 + QUIET))  # every step at first
+    assert len(quiet) <= QUIET + 150 // (MAX_REST + 1) + MAX_REST  # then about one step in eight
+    assert draft.accepted > 50  # the copy was found, and drafted
+    woken = [n for n in drafter.asked if n >= wake]
+    assert woken[0] - wake <= MAX_REST
+    assert draft.rounds >= len(woken) - 2  # awake, each asking drafted: nothing to rest for
+    steps = list(itertools.pairwise(woken[:20]))
+    assert all(b - a <= LOOKUP_MAX + 1 for a, b in steps)  # asked at every step: a step decides a draft's tokens
 
 
 def test_draft_copy_of_the_target_accepts_everything(engine: Engine, models: dict[str, Path]) -> None:
