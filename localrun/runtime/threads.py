@@ -43,16 +43,17 @@ It takes the steps in windows of `WINDOW` and, at each window's end:
   up on its doubling schedule (at most `MAX_GAP` windows away) finds it.
 - The load, read: below the full count, where the machine says how many
   other tasks are runnable (`free_cpus`, from /proc on Linux), a probe up
-  runs before its doubling gap (soon after a clear window) only when the
-  CPUs they leave free hold one thread more, read at the end of two windows
-  in a row. While they do not, the others
-  are still there, and the probe waits its gap: a thread more can still win
-  under load (a batch of many sequences spreads each barrier's wait over
-  more work), and only a probe can tell; one sequence decoding (a step of
-  one row), which a thread more under load seldom helps, waits at least
-  `BLIND_GAP` windows for it: each probe that loses costs a run of a few
-  hundred tokens some percent. On a machine that cannot say, the schedule
-  above decides alone.
+  runs before its doubling gap (soon after a clear window, or after probes
+  that lost while the read left no CPU) only when the CPUs they leave free
+  hold one thread more, read at the end of two windows in a row (one
+  reading can fall between a busy task's time slices). While they do not,
+  the others are still there, and the probe waits its gap: a thread more
+  can still win under load (a batch of many sequences spreads each
+  barrier's wait over more work), and only a probe can tell; one sequence
+  decoding (a step of one row), which a thread more under load seldom
+  helps, waits at least `BLIND_GAP` windows for it: each probe that loses
+  costs a run of a few hundred tokens some percent. On a machine that
+  cannot say, the schedule above decides alone.
 - A probe step slower than `ABORT` times the settled median ends the probe
   at once, as a loss: under load a thread more can make a step many times
   slower, and a whole window of them would cost more than the probe can win.
@@ -224,9 +225,6 @@ class ThreadGovernor:
                 self._next_down, self._next_up = now, now + self._up_gap
         self._base = median_s
         self._judge(lost, now)
-        # while the others still take our threads' time they have not gone: a probe up (a window at a
-        # count that lost already) waits the longest gap; otherwise it follows its own gap, and runs at
-        # once (a clear window after a contended one) only where the load read leaves a CPU for it
         if self._up_due(now):
             self._probe = self.threads + 1
             self._last_up = now
