@@ -21,19 +21,18 @@ import http.client
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import threading
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import openai
 
-HERE = Path(__file__).resolve().parent.parent
-_LISTENING = re.compile(r"on (http://127\.0\.0\.1:\d+)/v1")
+from scripts.bench_serve import Server, serve_process
+
 ALIASES = ("alpha:bench", "beta:bench")
 
 
@@ -82,30 +81,10 @@ def loaded(url: str) -> list[str]:
     return [m["id"] for m in data if m["status"]["value"] != "unloaded"]
 
 
-def start(home: Path, idle: float) -> tuple[subprocess.Popen[str], str]:
+def start(home: Path, idle: float) -> AbstractContextManager[Server]:
     env = {**os.environ, "LOCALRUN_HOME": str(home / "localrun")}
-    cmd = [sys.executable, "-m", "localrun", "serve", "--port", "0", "--models-max", "1"]
-    cmd += ["--idle-unload", f"{idle}s", "--parallel", "1", "--ctx", "512", "--no-log"]
-    proc = subprocess.Popen(cmd, cwd=HERE, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def drain() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if _LISTENING.search(line):
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    ready.wait(300)
-    found = next((m for m in map(_LISTENING.search, lines) if m), None)
-    if found is None:
-        proc.kill()
-        raise RuntimeError("localrun serve did not start:\n" + "".join(lines[-20:]))
-    return proc, found.group(1)
+    args = ["--models-max", "1", "--idle-unload", f"{idle}s", "--parallel", "1", "--ctx", "512", "--no-log"]
+    return serve_process(args, env)
 
 
 def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float) -> float:
@@ -144,8 +123,8 @@ def main() -> int:
         if len(models) != 2:
             parser.error("give two GGUF files, or none")
         register_pulled(home, dict(zip(ALIASES, models, strict=True)))
-        proc, url = start(home, args.idle)
-        try:
+        with start(home, args.idle) as server:
+            proc, url = server.proc, server.url
             time.sleep(1.0)
             before = rss_mib(proc.pid)
             print(f"before any load: {before:.0f} MiB ({parts(proc.pid)})", flush=True)
@@ -157,9 +136,6 @@ def main() -> int:
             print(f"resident memory: {before:.0f} MiB before the first load, {afters[0]:.0f} MiB after the first "
                   f"idle unload ({change:+.1f}%; goal within 10%); {growth:+.1f} MiB more after {args.cycles} cycles")  # fmt: skip  # noqa: E501
             return 0 if abs(change) <= 10 else 1
-        finally:
-            proc.terminate()
-            proc.wait(60)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,10 +126,11 @@ def _drain(proc: subprocess.Popen[str], lines: list[str], ready: threading.Event
 
 
 @contextmanager
-def serve_process(serve_args: Sequence[str]) -> Iterator[Server]:
-    """`localrun serve --port 0 SERVE_ARGS` from this checkout, until the block ends."""
+def serve_process(serve_args: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[Server]:
+    """`localrun serve --port 0 SERVE_ARGS` from this checkout (in ``env``,
+    else this process's environment), until the block ends."""
     cmd = [sys.executable, "-m", "localrun", "serve", "--port", "0", *serve_args]
-    proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=HERE, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     lines: list[str] = []
     ready = threading.Event()

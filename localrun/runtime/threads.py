@@ -250,7 +250,7 @@ class ThreadGovernor:
         """Whether the load read leaves CPUs for ``threads`` at the end of
         this window and of the one before: one reading can fall between a
         busy task's time slices (where the machine cannot say: yes, at once)."""
-        free = self.free_cpus() if self.free_cpus is not None else None
+        free = self._free()
         if free is None:
             return True
         room = free >= threads
@@ -272,8 +272,12 @@ class ThreadGovernor:
     def _room_for(self, threads: int, unknown: bool = True) -> bool:
         """Whether the CPUs the other runnable tasks leave free hold ``threads``
         (``unknown`` where the machine cannot say)."""
-        free = self.free_cpus() if self.free_cpus is not None else None
+        free = self._free()
         return unknown if free is None else free >= threads
+
+    def _free(self) -> int | None:
+        """The CPUs other runnable tasks leave free now; None where the machine cannot say."""
+        return self.free_cpus() if self.free_cpus is not None else None
 
     def _judge(self, lost: float, now: int) -> None:
         n = self.threads
