@@ -17,6 +17,7 @@ from localrun.errors import ModelNotFoundError, UsageError
 from localrun.units import count, human_bytes, parse_size
 
 if TYPE_CHECKING:
+    from localrun.gguf.info import ModelInfo
     from localrun.runtime.placement import DeviceFit
 
 
@@ -350,6 +351,9 @@ def show(
         "kv_heads": info.kv_heads,
         "grouped_query_attention": info.grouped_query_attention,
         "attention": info.attention,
+        "memory": info.memory,
+        "attention_layers": info.attention_layers,
+        "recurrent_state_bytes": info.recurrent_bytes(),
         "context_length": info.context_length,
         "vocab_size": info.vocab_size,
         "chat_template": info.has_chat_template,
@@ -373,6 +377,7 @@ def show(
         "grouped-query": f" (grouped-query attention, {info.heads // max(info.kv_heads, 1)} query heads per KV head)",
     }
     gqa = shared.get(info.attention, "")
+    heads = f"{count(info.heads, 'head')} of {info.key_length}, {count(info.kv_heads, 'KV head')}{gqa}"
     lines = [
         f"{info.name}  {info.path}",
         f"  source           {_source(target, path)}",
@@ -383,7 +388,8 @@ def show(
         else f"  parameters       {info.parameters / 1e6:.1f} M",
         f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
         f"  layers           {info.layers}",
-        f"  attention        {count(info.heads, 'head')} of {info.key_length}, {count(info.kv_heads, 'KV head')}{gqa}",
+        f"  memory           {_memory_text(info)}",
+        f"  attention        {heads if info.attention_layers else 'none'}",
         f"  flash attention  auto: {fa_why}",
         f"  trained context  {info.context_length} tokens",
         f"  vocabulary       {info.vocab_size} tokens",
@@ -395,6 +401,18 @@ def show(
         *(_gpu_line(f, info.layers) for f in per_device),
     ]
     out().result("\n".join(lines))
+
+
+def _memory_text(info: ModelInfo) -> str:
+    """What a context holds: a KV cache in how many layers, and a recurrent
+    model's state, one per sequence whatever its length."""
+    kv = f"a KV cache in {info.attention_layers} of {info.layers} layers"
+    if info.memory == "attention":
+        return f"attention: {kv}"
+    per_sequence = f"({human_bytes(info.recurrent_bytes())} per sequence)"
+    if info.memory == "recurrent":
+        return f"recurrent: a state in {info.recurrent_layers} of {info.layers} layers {per_sequence}, no KV cache"
+    return f"hybrid: {kv}, a recurrent state in {info.recurrent_layers} {per_sequence}"
 
 
 def _wait_text(policy: openmp.WaitPolicy) -> str:

@@ -54,13 +54,16 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class ArrayInfo:
-    """An array value: its element type and length (elements are not kept),
-    and where its elements lie in the file (`read_strings` reads them)."""
+    """An array value: its element type and length, and where its elements
+    lie in the file (`read_strings` reads them). A short array of numbers (a
+    per-layer value: at most LLAMA_MAX_LAYERS elements) keeps its elements in
+    ``values``; a long one (a vocabulary's token types, scores) is only skipped."""
 
     item_type: int
     length: int
     start: int = 0  # byte offset of the first element
     end: int = 0  # byte offset just past the last element
+    values: tuple[int | float | bool, ...] | None = None  # a short array of numbers, else None
 
 
 @dataclass(frozen=True)
@@ -167,15 +170,18 @@ class _Cursor:
             item_type = self.unpack("<I")
             length = self.unpack("<Q")
             start = self.pos
+            values = None
             if item_type in _SCALARS:
                 n = struct.calcsize(_SCALARS[item_type]) * length
                 self.need(n)
+                if length <= _MAX_LAYERS:  # per-layer values (head counts, which layers recur) are read
+                    values = struct.unpack_from(f"<{length}{_SCALARS[item_type][1:]}", self.buf, self.pos)
                 self.pos += n
             elif item_type == GGUFValueType.STRING:
                 self.skip_strings(length, distinct)
             else:
                 raise self.fail(f"unsupported array element type {item_type}")
-            return ArrayInfo(item_type, length, start, self.pos)
+            return ArrayInfo(item_type, length, start, self.pos, values)
         raise self.fail(f"unknown value type {vtype}")
 
 

@@ -269,7 +269,8 @@ def _offload(
     draft_bytes = draft.memory_needed(tokens, "f16") if draft is not None else 0
     draft_fits = draft is not None and draft_bytes <= room // 4  # a draft takes a small share, or stays on the CPU
     room -= draft_bytes if draft_fits else 0
-    per_layer = shape.layer_bytes + tokens * shape.kv_bytes_per_token(*kv) // max(shape.layers, 1)
+    memory = tokens * shape.kv_bytes_per_token(*kv) + shape.recurrent_bytes()  # a context's, spread over the layers
+    per_layer = shape.layer_bytes + memory // max(shape.layers, 1)
     whole = shape.layers * per_layer + shape.output_bytes + shape.compute_bytes()
     where = f"{', '.join(names)} {_gib(room)} free beyond a {GPU_RESERVE // 2**20} MiB reserve"
     why = f"--gpu-layers {run.gpu_layers}"
@@ -299,13 +300,17 @@ def _offload(
     )
 
 
-def choose_context(shape: ModelInfo, n_ctx: int | None, kv: tuple[str, str], flash_attn: str, budget: int) -> int:
+def choose_context(
+    shape: ModelInfo, n_ctx: int | None, kv: tuple[str, str], flash_attn: str, budget: int, snapshots: int = 0
+) -> int:
     """`--ctx auto` (``n_ctx`` None): the longest context that fits ``budget``
-    bytes; `--ctx N`: N, or an error with the numbers when it does not fit."""
+    bytes; `--ctx N`: N, or an error with the numbers when it does not fit.
+    ``snapshots``: the recurrent state's copies a context keeps for rollback
+    (its n_rs_seq; see `ModelInfo.recurrent_bytes`)."""
     type_k, type_v = kv
     if not budget:  # nothing known about memory
         return n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
-    fits = shape.max_context(budget, type_k, type_v, flash_attn)
+    fits = shape.max_context(budget, type_k, type_v, flash_attn, snapshots)
     label = f"KV {type_k}/{type_v}"
     if n_ctx is None:
         if fits < CONTEXT_STEP:
@@ -317,12 +322,15 @@ def choose_context(shape: ModelInfo, n_ctx: int | None, kv: tuple[str, str], fla
             )
         return fits
     check_context(n_ctx)
-    need = shape.memory_needed(n_ctx, type_k, type_v, flash_attn)
+    need = shape.memory_needed(n_ctx, type_k, type_v, flash_attn, snapshots)
     if need > budget:
         kv_bytes = n_ctx * shape.kv_bytes_per_token(type_k, type_v)
+        state = shape.recurrent_bytes(1, snapshots)
+        recurrent = f", recurrent state {state / 2**30:.2f}" if state else ""
         raise UsageError(
             f"--ctx {n_ctx} needs {need / 2**30:.2f} GiB (weights {shape.weights_bytes / 2**30:.2f}, "
-            f"{label} {kv_bytes / 2**30:.2f}, compute {(need - shape.weights_bytes - kv_bytes) / 2**30:.2f}); "
+            f"{label} {kv_bytes / 2**30:.2f}{recurrent}, "
+            f"compute {(need - shape.weights_bytes - kv_bytes - state) / 2**30:.2f}); "
             f"the memory budget is {budget / 2**30:.2f} GiB",
             hint=f"--ctx auto fits {fits} tokens; --kv q8_0 halves the KV cache",
         )
@@ -362,11 +370,14 @@ def slot_context(need: int, limit: int) -> int:
     return max(CONTEXT_STEP, min(round_up(need), limit))
 
 
-def parallel_that_fits(shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int) -> int:
+def parallel_that_fits(
+    shape: ModelInfo, seq_ctx: int, type_k: str, type_v: str, budget: int, snapshots: int = 0
+) -> int:
     """How many sequences of ``seq_ctx`` tokens fit in ``budget`` bytes beside
-    the weights and the compute buffer."""
+    the weights and the compute buffer: each holds its KV cache and, in a
+    recurrent or hybrid model, its recurrent state (with ``snapshots``)."""
     room = budget - shape.weights_bytes - shape.compute_bytes()
-    per_sequence = seq_ctx * shape.kv_bytes_per_token(type_k, type_v)
+    per_sequence = seq_ctx * shape.kv_bytes_per_token(type_k, type_v) + shape.recurrent_bytes(1, snapshots)
     return max(0, room // per_sequence) if per_sequence else 0
 
 
@@ -381,13 +392,15 @@ def sequences(
     wanted: int,
     unit: str,
     smaller: str,
+    snapshots: int = 0,
 ) -> int:
     """How many sequences of ``seq_ctx`` tokens run at once in ``budget``
     bytes (0: unknown): ``asked`` (--parallel), which must fit; else the
     ``tuned`` count or llama-server's default, no more than fit, no more
     than ``wanted``. ``unit`` names a sequence in errors ("sequence", "slot"),
-    ``smaller`` the options that shrink one ("--ctx")."""
-    fits = parallel_that_fits(shape, seq_ctx, *kv, budget) if budget else None
+    ``smaller`` the options that shrink one ("--ctx"); ``snapshots`` the
+    copies of its recurrent state each keeps (`ModelInfo.recurrent_bytes`)."""
+    fits = parallel_that_fits(shape, seq_ctx, *kv, budget, snapshots) if budget else None
     if fits == 0 and wanted:
         raise UsageError(
             f"not even one {unit} of {seq_ctx} tokens fits in {budget / 2**30:.1f} GiB beside the weights",

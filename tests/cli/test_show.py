@@ -107,3 +107,29 @@ def test_one_kv_head_is_multi_query_attention(tmp_path: Path) -> None:
     assert "grouped" not in res.stdout
     assert json.loads(cli("show", str(model), "--json").stdout)["attention"] == "multi-query"
     assert "flash attention  auto: llama.cpp decides" in res.stdout  # as --json's "auto" says, nothing more
+
+
+def test_show_says_what_memory_a_context_holds(tiny_model: Path, tmp_path: Path) -> None:
+    """A transformer: a KV cache in every layer, no state. A hybrid (Qwen3.5,
+    an attention layer in four): the KV cache of that layer alone, and the
+    recurrent state each sequence holds whatever its length."""
+    from tests.hybridmodels import BY_NAME, write_hybrid_model
+
+    plain = json.loads(cli("show", str(tiny_model), "--json").stdout)
+    assert (plain["memory"], plain["attention_layers"], plain["recurrent_state_bytes"]) == ("attention", 2, 0)
+    assert "memory           attention: a KV cache in 2 of 2 layers" in cli("show", str(tiny_model)).stdout
+    model = write_hybrid_model(BY_NAME["qwen35"], tmp_path / "qwen35.gguf")
+    res = cli("show", str(model), "--json", "--budget", "64MiB")
+    assert res.returncode == 0, res.stderr
+    shown = json.loads(res.stdout)
+    shape = describe(read_gguf(model))
+    assert (shown["memory"], shown["layers"], shown["attention_layers"]) == ("hybrid", 4, 1)
+    assert shown["recurrent_state_bytes"] == shape.recurrent_bytes() > 0
+    assert shown["kv_bytes_per_token"]["f16"] == 1 * 2 * (32 + 32) * 2  # one layer's 2 KV heads of 32
+    text = cli("show", str(model)).stdout
+    assert (
+        "memory           hybrid: a KV cache in 1 of 4 layers, a recurrent state in 3 (16.5 KiB per sequence)" in text
+    )
+    mamba = write_hybrid_model(BY_NAME["mamba2"], tmp_path / "mamba2.gguf")
+    text = cli("show", str(mamba)).stdout
+    assert "recurrent: a state in 2 of 2 layers" in text and "no KV cache" in text and "attention        none" in text

@@ -445,3 +445,40 @@ def test_a_gpu_the_build_cannot_use_gets_a_hint(
         wide_model, resolve(Options(kv_k="q8_0", kv_v="q4_0")), devices=[CPU, gpu("CUDA0", 2**30)], use_wisdom=False
     )
     assert any("matching K and V" in w for w in unmatched.warnings)
+
+
+@pytest.fixture(scope="module")
+def hybrid_shape(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    from tests.hybridmodels import BY_NAME, write_hybrid_model
+
+    return describe(read_gguf(write_hybrid_model(BY_NAME["qwen35"], tmp_path_factory.mktemp("hybrid") / "q.gguf")))
+
+
+def test_each_sequence_holds_its_recurrent_state(hybrid_shape: ModelInfo) -> None:
+    """A hybrid's sequence costs its attention layers' KV cache and its
+    recurrent state (with the snapshots a context keeps); a transformer's
+    its KV cache alone, as before."""
+    from localrun.runtime.placement import choose_context, parallel_that_fits
+
+    shape = hybrid_shape
+    assert shape.memory == "hybrid" and shape.recurrent_bytes() > 0
+    one = 512 * shape.kv_bytes_per_token("f16") + shape.recurrent_bytes()
+    base = shape.weights_bytes + shape.compute_bytes()
+    assert parallel_that_fits(shape, 512, "f16", "f16", base + 3 * one) == 3
+    assert parallel_that_fits(shape, 512, "f16", "f16", base + 3 * one - 1) == 2
+    with_snapshots = one + shape.recurrent_bytes(snapshots=4) - shape.recurrent_bytes()
+    assert parallel_that_fits(shape, 512, "f16", "f16", base + 3 * one, snapshots=4) == 3 * one // with_snapshots
+    budget = shape.memory_needed(512, "f16", flash_attn="on")
+    assert choose_context(shape, None, ("f16", "f16"), "on", budget) == 512
+    with pytest.raises(UsageError, match="recurrent state"):
+        choose_context(shape, 1024, ("f16", "f16"), "on", budget)
+
+
+def test_a_hybrid_offloads_its_state_with_its_layers(hybrid_shape: ModelInfo) -> None:
+    """The GPU room a layer takes counts its share of the recurrent state."""
+    state = hybrid_shape.recurrent_bytes()
+    layer = hybrid_shape.layer_bytes + (512 * hybrid_shape.kv_bytes_per_token("f16") + state) // hybrid_shape.layers
+    total = hybrid_shape.layers * layer + hybrid_shape.output_bytes + hybrid_shape.compute_bytes()
+    assert place([CPU, gpu("CUDA0", total)], shape=hybrid_shape, need=512).model.whole
+    short = place([CPU, gpu("CUDA0", total - state // 2)], shape=hybrid_shape, need=512).model
+    assert not short.whole and short.n_gpu_layers < hybrid_shape.layers + 1
