@@ -23,11 +23,12 @@ from typing import Any
 
 from localrun import openmp
 from localrun.errors import LocalrunError
-from localrun.gguf.info import N_UBATCH, ModelInfo, describe
+from localrun.gguf.info import ATTENTION, N_UBATCH, ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import devices as devices_module
 from localrun.runtime.devices import HOST, Device
 from localrun.runtime.engine import EngineConfig
+from localrun.runtime.memory import ROLLBACK_DEPTH
 from localrun.runtime.placement import (
     DEFAULT_CTX,
     LLAMA_PARALLEL,
@@ -219,9 +220,10 @@ def _size(
 ) -> tuple[int, int]:
     """(the context, the sequences sharing it), in the memory ``placement`` has for it."""
     kv = (settings.type_k, settings.type_v)
+    snapshots = rollback_depth(shape, settings)  # a recurrent state's copies kept per sequence
     if extent.seq_ctx is None:
         flash_attn = check_kv_config(kv, settings.flash_attn, shape)
-        n_ctx = choose_context(shape, settings.n_ctx, kv, flash_attn, placement.budget)
+        n_ctx = choose_context(shape, settings.n_ctx, kv, flash_attn, placement.budget, snapshots)
         if settings.n_ctx is None and placement.max_ctx is not None:  # a partial offload planned for this context
             n_ctx = min(n_ctx, placement.max_ctx)
         return n_ctx, 1
@@ -238,6 +240,7 @@ def _size(
         wanted=len(workload.needs) if isinstance(workload, Prompts) else UNBOUNDED,
         unit="sequence" if batch else "slot",
         smaller="--ctx or --max-tokens" if batch else "--ctx",
+        snapshots=snapshots,
     )
     if placement.max_ctx is not None and asked is None:  # a partial offload: its layers were planned for so many
         parallel = max(1, min(parallel, placement.max_ctx // extent.seq_ctx))
@@ -337,7 +340,16 @@ def _config(
         flash_attn=settings.flash_attn,
         verbose=verbose,
         sample_on=settings.sample_on,
+        n_rs_seq=rollback_depth(shape, settings),
     )
+
+
+def rollback_depth(shape: ModelInfo, settings: RunSettings) -> int:
+    """The snapshots a recurrent memory keeps per sequence so that a
+    speculative step's rejected rows can be taken back (llama.cpp keeps
+    none on the architectures that cannot; `localrun.runtime.memory`);
+    none for a KV cache, or where nothing speculates."""
+    return ROLLBACK_DEPTH if shape.memory != ATTENTION and settings.draft != "none" else 0
 
 
 def less_held(found: Sequence[Device], held: Mapping[str, int]) -> tuple[Device, ...]:

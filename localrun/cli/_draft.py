@@ -65,9 +65,12 @@ def open_draft(resolved: PlannedRun, engine: Engine) -> Iterator[Speculation | N
     (`resolved.draft`), closed at the end, its controller starting from the
     verify-cost curve `localrun tune` measured here. On auto, a matched
     draft that cannot be used leaves prompt lookup, with a warning."""
-    from localrun.speculative import open_speculation
+    from localrun.speculative import open_speculation, speculation_refused
 
     choice, verify_curve = resolved.settings.draft, resolved.verify_curve
+    refused = speculation_refused(engine) if choice == "auto" else None
+    if refused is not None:
+        out().note(f"speculative decoding is off: {refused}")
     try:
         speculation = open_speculation(engine, choice, resolved.draft, verify_curve=verify_curve)
     except LocalrunError as exc:

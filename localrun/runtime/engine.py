@@ -22,6 +22,7 @@ from localrun.gguf.info import N_UBATCH, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime import devices, llama_log
 from localrun.runtime.llama import Native, native_call
+from localrun.runtime.memory import Cuts
 from localrun.runtime.placement import ModelPlacement, Placement, check_kv_config
 from localrun.system import default_threads
 
@@ -117,6 +118,7 @@ class EngineConfig:
     sample_on: str = "host"  # host, or device: a plain generation's sampler chain runs in llama.cpp's graph
     embeddings: bool = False  # the context makes pooled embeddings (localrun.runtime.embed), not only logits
     pooling: int = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # with embeddings: unspecified is the model's own
+    n_rs_seq: int = 0  # a recurrent memory's snapshots per sequence, for speculative rollback (localrun.runtime.memory)
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -143,6 +145,7 @@ def _context_params(config: EngineConfig, flash_attn: str, n_ctx: int) -> Any:
     cparams.no_perf = True
     cparams.embeddings = config.embeddings
     cparams.pooling_type = config.pooling
+    cparams.n_rs_seq = config.n_rs_seq  # llama.cpp keeps none on the architectures that cannot roll back
     return cparams
 
 
@@ -273,6 +276,7 @@ class Engine(Tokens, Native):
         self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # the cells one sequence may use
         self.memory = llama_cpp.llama_get_memory(self._ctx)
+        self.cuts = Cuts(self._ctx, self._model, self.n_seq_max)  # every cut of a sequence goes through it
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         # adapting never goes above this: the configured count, or more where a tuned start is below the CPUs
         self.max_threads = max(int(cparams.n_threads), config.max_threads or 0)

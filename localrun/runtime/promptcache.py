@@ -172,12 +172,12 @@ class Checkpoint:
         state = self._verified_state(data)
         if state is None:
             return False
-        memory = self.engine.memory
-        llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
+        cuts = self.engine.cuts  # the whole sequence's state, a recurrent memory's too
+        cuts.clear(seq_id)  # and no snapshot of a decode before it may be cut back to
         self.touched = True
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if not llama_cpp.llama_state_seq_set_data(self.engine.ctx, buf, len(state), seq_id):
-            llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
+            cuts.clear(seq_id)
             return self._distrust("was refused by llama.cpp")
         with contextlib.suppress(OSError):  # another process evicting meanwhile: the hit stands
             self.cache.mark_used(self.path)  # evicted last

@@ -50,6 +50,12 @@ class SteppedSequence(Protocol):
         """The most tokens one batch holds."""
 
     @property
+    def draft_room(self) -> int:
+        """The most rows a verify batch may hold after the decided ones, so
+        that the rejected can be forgotten: unbounded on a KV cache, the
+        snapshots a recurrent memory keeps (`localrun.runtime.memory`)."""
+
+    @property
     def constraint(self) -> Constraint | None:
         """The grammar the output follows, if any."""
 

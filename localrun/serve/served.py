@@ -18,7 +18,7 @@ from localrun.runtime.engine import Engine, EngineConfig
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
 from localrun.serve.worker import Worker
-from localrun.speculative import Speculation, lookup_drafters
+from localrun.speculative import Speculation, lookup_drafters, speculation_refused
 
 DEFAULT_QUEUE = 16  # requests that may wait for a slot, per model, beyond the busy slots
 
@@ -100,7 +100,8 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
     try:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
         capacity = engine.n_ctx // engine.n_seq_max
-        speculation = Speculation(lookup_drafters(engine), verify_curve=run.verify_curve) if plan.speculate else None
+        speculate = plan.speculate and speculation_refused(engine) is None  # a recurrent memory that cannot roll back
+        speculation = Speculation(lookup_drafters(engine), verify_curve=run.verify_curve) if speculate else None
         worker = Worker(
             engine,
             run.parallel,

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Unpack
 
+from localrun.errors import UsageError
 from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions
@@ -101,6 +102,20 @@ def lookup_drafters(engine: Engine) -> list[Drafter]:
     return [PromptLookupDrafter(), TextLookupDrafter.for_engine(engine)]
 
 
+def speculation_refused(engine: Engine) -> str | None:
+    """Why ``engine`` cannot speculate, or None: a recurrent memory of an
+    architecture llama.cpp keeps no rollback snapshots for (it clamps
+    ``n_rs_seq`` to 0), so every rejected draft would cost evaluating the
+    sequence again."""
+    cuts = engine.cuts
+    if not cuts.recurrent or cuts.depth > 0:
+        return None
+    return (
+        f"{engine.info.architecture} models keep a recurrent state that llama.cpp cannot take back "
+        "to a rejected draft's position"
+    )
+
+
 def open_speculation(
     engine: Engine, choice: str, draft_path: Path | None = None, verify_curve: Sequence[float] | None = None
 ) -> Speculation | None:
@@ -112,6 +127,11 @@ def open_speculation(
     model on this machine, if any (see `Speculation`)."""
     if choice == "none":
         return None
+    refused = speculation_refused(engine)
+    if refused is not None:
+        if choice == "auto":
+            return None
+        raise UsageError(f"--spec {choice} cannot run here: {refused}", hint="--spec none (or leave --spec out)")
     drafters: list[Drafter] = []
     if choice in ("auto", "lookup"):
         drafters += lookup_drafters(engine)

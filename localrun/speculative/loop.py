@@ -76,6 +76,10 @@ class GenerationTarget:
         return int(self.run.engine.n_batch)
 
     @property
+    def draft_room(self) -> int:
+        return self.run.engine.cuts.room
+
+    @property
     def constraint(self) -> Constraint | None:
         return self.run.constraint
 

@@ -217,7 +217,8 @@ class SpeculativeStepper:
         if left < 1:
             return Round(PLAIN, None, forced, [], len(context), time.perf_counter())
         pending = context[target.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
-        room = min(left - 1, target.n_ctx - len(context), target.n_batch - len(pending))
+        # rows past the decided are cut back once checked: a recurrent memory keeps snapshots of so many
+        room = min(left - 1, target.n_ctx - len(context), target.n_batch - len(pending), target.draft_room)
         t0 = time.perf_counter()
         plan, draft = PLAIN, None
         if self._asked():
@@ -235,7 +236,7 @@ class SpeculativeStepper:
         r = Round(plan, draft, forced, pending, len(context), t0)
         if draft is not None and not company:  # alone: its batch is the step's shape
             rows = len(pending) + len(draft.tokens)
-            limit = min(target.n_batch, target.n_ctx - target.n_past)
+            limit = min(target.n_batch, target.n_ctx - target.n_past, len(pending) + target.draft_room)
             r.pad = padded_rows(self.speculation.curve, rows, limit) - rows
         return r
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import llama_cpp
 
+from localrun.errors import EngineError
 from localrun.gguf.info import N_UBATCH as LLAMA_UBATCH
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
@@ -50,6 +51,7 @@ from localrun.runtime import devices
 from localrun.runtime.engine import Engine, EngineConfig, Weights
 from localrun.runtime.llama import Batch
 from localrun.runtime.load import LoadWatch
+from localrun.runtime.memory import Checkpoints
 from localrun.runtime.placement import LLAMA_PARALLEL, place
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
@@ -108,6 +110,7 @@ class Context:
         self.tokens = tokens or self.engine.tokenize(TEXT * 8, add_special=False) or [0]
         self.batch = Batch(max(config.n_batch, config.n_seq_max))
         self.depth = 0  # tokens sequence 0 holds
+        self.checkpoints = Checkpoints(self.engine.ctx, self.engine.cuts)  # a recurrent memory's, at the depth
         self.fill(PROMPT)
 
     def _token(self, pos: int) -> int:
@@ -123,9 +126,18 @@ class Context:
         b.decode(self.engine)
         return time.perf_counter() - t
 
+    def _held(self, n: int) -> list[int]:
+        return [self._token(i) for i in range(n)]
+
     def _forget(self, pos: int, seqs: int = 1) -> None:
+        """Take each sequence back to ``pos`` (a recurrent memory: to the checkpoint `fill` left there)."""
         for s in range(seqs):
-            llama_cpp.llama_memory_seq_rm(self.engine.memory, s, pos, -1)
+            if self.engine.cuts.recurrent:
+                self.engine.cuts.decoded(s, 0)  # the timed batch is undone from the checkpoint, never its snapshots
+                if self.checkpoints.cut(s, self._held(pos), pos) < pos:
+                    raise EngineError(f"sequence {s} could not be taken back to {pos} tokens")
+            else:
+                llama_cpp.llama_memory_seq_rm(self.engine.memory, s, pos, -1)
 
     def fill(self, depth: int, chunk: int = LLAMA_UBATCH) -> None:
         """Evaluate sequence 0 up to ``depth``."""
@@ -133,6 +145,8 @@ class Context:
             k = min(chunk, depth - self.depth)
             self._run([(self.depth + i, 0, i == k - 1) for i in range(k)])
             self.depth += k
+        if self.engine.cuts.recurrent:
+            self.checkpoints.save(0, self._held(self.depth))
 
     def step_s(self, steps: int) -> float:
         """Seconds per single-token decode step at the current depth."""

@@ -48,6 +48,7 @@ from localrun.events import (
 from localrun.runtime.decoder import common_prefix
 from localrun.runtime.engine import Engine
 from localrun.runtime.llama import Batch, DecodeStatus
+from localrun.runtime.memory import CHECKPOINTS, Checkpoints
 from localrun.runtime.output import TokenOutput
 from localrun.runtime.promptcache import AUTO_MIN_TOKENS
 from localrun.runtime.reasoning import AnswerGuard, Reasoning
@@ -76,6 +77,7 @@ class BatchRequest:
     shared: int = 0  # leading tokens other requests are likely to share (a system prompt): what a prompt cache keeps
     logprobs: int | None = None  # each token's log-probability, with this many alternatives (None: none)
     preserved: tuple[str, ...] = ()  # markers written as text though they are control tokens (tool-call markers)
+    marks: tuple[int, ...] = ()  # positions a later request is likely to share (a chat's history): checkpointed
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -205,6 +207,7 @@ class ContinuousBatch:
         self._writers: list[threading.Thread] = []  # prompt cache entries being written
         self._drafting: _Slot | None = None  # the slot the drafters follow
         self.memory = engine.memory
+        self.cuts = engine.cuts
         self.queue: deque[BatchRequest] = deque()
         self.total = 0
         self.prefix_tokens = list(prefix_tokens)
@@ -218,6 +221,8 @@ class ContinuousBatch:
         self.done = self.cancelled = self.generated = self.evaluated = 0
         self.t0 = time.perf_counter()
         self.batch = Batch(engine.n_batch)
+        # a recurrent memory's checkpoints, any slot's: each restores into a slot holding its tokens
+        self.checkpoints = Checkpoints(engine.ctx, engine.cuts, CHECKPOINTS * len(self.slots))
         self.meter = ThreadMeter(engine)  # steps of one token per sequence feed the thread governor
 
     # -- requests --
@@ -268,7 +273,7 @@ class ContinuousBatch:
         cancelled = self.cancelled
         dropped = self.cancel_all()
         self.cancelled = cancelled
-        llama_cpp.llama_memory_clear(self.memory, False)
+        self.cuts.clear_all()
         self.held = [[] for _ in self.slots]
         return dropped
 
@@ -298,12 +303,16 @@ class ContinuousBatch:
         step = self.engine.n_batch
         for start in range(0, len(self.prefix_tokens), step):
             self.batch.clear()
-            for k, token in enumerate(self.prefix_tokens[start : start + step]):
+            chunk = self.prefix_tokens[start : start + step]
+            for k, token in enumerate(chunk):
                 self.batch.add(token, start + k, 0, False)
             status = self._decode(with_prompt=True)
             if status != DecodeStatus.OK:
                 return status
+            self.cuts.decoded(0, len(chunk))
         self.evaluated += len(self.prefix_tokens)
+        if self.cuts.recurrent:  # what a slot's sequence is cut back to when it ends
+            self.checkpoints.save(0, self.prefix_tokens)
         for seq_id in range(1, len(self.slots)):
             llama_cpp.llama_memory_seq_cp(self.memory, 0, seq_id, -1, -1)
         return DecodeStatus.OK
@@ -318,19 +327,17 @@ class ContinuousBatch:
         copied into that slot rather than evaluated again. The last: the
         prompt cache's checkpoint of the request's shared prefix, to store
         once evaluated (see `_cached`)."""
-        if not self.reuse_prefix:
-            return free[0], len(self.prefix_tokens), None
+        if not self.reuse_prefix:  # the slot holds the shared prefix, or nothing (a recurrent memory, no checkpoint)
+            return free[0], min(len(self.prefix_tokens), self.cuts.held(free[0])), None
         limit = len(request.tokens) - 1  # the last prompt token is evaluated: its logits give the first sample
         seq_id = max(free, key=lambda i: (common_prefix(self.held[i], request.tokens, limit), -self.last_used[i]))
         keep = common_prefix(self.held[seq_id], request.tokens, limit)
         donor, longer = self._donor(request.tokens, limit)
         if donor is not None and donor != seq_id and longer >= keep + COPY_MIN:
-            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            self.cuts.clear(seq_id)
             llama_cpp.llama_memory_seq_cp(self.memory, donor, seq_id, -1, -1)  # across streams: whole ones only
             keep = longer
-        if not llama_cpp.llama_memory_seq_rm(self.memory, seq_id, keep, -1):  # a cache that cannot cut midway
-            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
-            keep = 0
+        keep = self.checkpoints.cut(seq_id, request.tokens, keep)  # a recurrent memory: a checkpoint, or nothing
         keep, checkpoint = self._cached(request, seq_id, keep)
         return seq_id, keep, checkpoint
 
@@ -364,11 +371,9 @@ class ContinuousBatch:
             s.waiting = None
             if common_prefix(held, s.context, n) < n:
                 continue  # the donor went before it held them
-            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
+            self.cuts.clear(seq_id)
             llama_cpp.llama_memory_seq_cp(self.memory, donor_id, seq_id, -1, -1)  # across streams: whole ones only
-            if not llama_cpp.llama_memory_seq_rm(self.memory, seq_id, n, -1):
-                llama_cpp.llama_memory_seq_rm(self.memory, seq_id, -1, -1)
-                n = 0
+            n = self.checkpoints.cut(seq_id, s.context, n)
             s.pos = s.cached = n
             s.pending = list(s.request.tokens[n:])
 
@@ -425,7 +430,7 @@ class ContinuousBatch:
                 slot.waiting = self._future_donor(request, start)
             self.slots[seq_id] = slot
 
-    def _step(self) -> DecodeStatus:  # noqa: C901  the scheduler's one step: kept whole
+    def _step(self) -> DecodeStatus:
         """One shared decode: each decoding sequence's next token, and prompt
         tokens in the room left. Tokens go in seq_id order: with a KV cache per
         sequence, llama.cpp splits a batch into ubatches of consecutive seq_ids."""
@@ -449,18 +454,26 @@ class ContinuousBatch:
         if status != DecodeStatus.OK:
             return status
         for s in live:
-            if s.pending and s.take:
-                del s.pending[: s.take]
-                s.pos += s.take
-                self.evaluated += s.take
-                if s.checkpoint is not None and s.pos == s.checkpoint.length:
-                    self._store(s, s.checkpoint)
-                    s.checkpoint = None
-                if not s.pending:
-                    s.out.prompt_done(s.cached)
-            elif not s.pending:
-                s.pos += 1
+            self._advance(s)
         return status
+
+    def _advance(self, s: _Slot) -> None:
+        """``s`` after a decode that took its ``take`` tokens."""
+        if self.cuts.recurrent:
+            self.cuts.decoded(s.seq_id, s.take)
+        if not s.pending:
+            s.pos += 1
+        elif s.take:
+            del s.pending[: s.take]
+            s.pos += s.take
+            self.evaluated += s.take
+            if s.checkpoint is not None and s.pos == s.checkpoint.length:
+                self._store(s, s.checkpoint)
+                s.checkpoint = None
+            if self.cuts.recurrent and (s.pos in s.request.marks or not s.pending):
+                self.checkpoints.save(s.seq_id, s.context[: s.pos])  # where a later request may start again
+            if not s.pending:
+                s.out.prompt_done(s.cached)
 
     def _share_room(self, live: list[_Slot]) -> None:
         """Each sequence's tokens in the next batch (``take``): one for each
@@ -471,6 +484,8 @@ class ContinuousBatch:
             s.take = 1 if not s.pending else 0 if s.waiting is not None else min(len(s.pending), room)
             if s.pending and s.checkpoint is not None:
                 s.take = min(s.take, s.checkpoint.length - s.pos)
+            if s.pending and self.cuts.recurrent:  # it checkpoints at a mark: the prompt stops there
+                s.take = min(s.take, min((m for m in s.request.marks if m > s.pos), default=s.pos + s.take) - s.pos)
             if s.pending:
                 room -= s.take
 
@@ -517,6 +532,8 @@ class ContinuousBatch:
         (its verify curve: extra rows nearly free, a GPU); else none."""
         live = [(seq_id, s) for seq_id, s in enumerate(self.slots) if s is not None]
         if self.speculation is None or len(live) < 2 or any(s.pending or not s.speculates for _, s in live):
+            return []
+        if self.cuts.recurrent:  # its padding is cut back from the last sequence's cells, past what snapshots keep
             return []
         return live if self.speculation.drafts_in_batch(len(live)) else []
 
@@ -598,6 +615,21 @@ class ContinuousBatch:
         self.done += 1
         yield SequenceDone(s.request.index, s.out.text, stats, s.out.reasoning, tuple(s.choices[: len(s.out.tokens)]))
 
+    def refill(self, s: _Slot, pos: int) -> None:
+        """Evaluate ``s``'s context up to ``pos`` again after a cut a recurrent
+        memory refused; where that stops short, the slot holds less (a
+        stepper evaluates the rest as pending tokens)."""
+        step = self.engine.n_batch
+        while s.pos < pos:
+            chunk = s.context[s.pos : min(pos, s.pos + step)]
+            self.batch.clear()
+            for k, token in enumerate(chunk):
+                self.batch.add(token, s.pos + k, s.seq_id, False)
+            if self._decode(with_prompt=True) != DecodeStatus.OK:
+                return
+            s.pos += len(chunk)
+            self.cuts.decoded(s.seq_id, len(chunk))
+
     def _release(self, seq_id: int, s: _Slot) -> None:
         s.sampler.close()
         self.slots[seq_id] = None
@@ -605,7 +637,7 @@ class ContinuousBatch:
         if self.reuse_prefix:  # the cells stay for a later request that starts the same way
             self.held[seq_id] = s.context[: s.pos]
         else:  # forget the sequence but keep the shared prefix for the next one in this slot
-            llama_cpp.llama_memory_seq_rm(self.memory, seq_id, len(self.prefix_tokens), -1)
+            self.checkpoints.cut(seq_id, self.prefix_tokens, len(self.prefix_tokens))  # or less: see `_place`
 
     def step(self) -> tuple[DecodeStatus, list[SlotEvent]]:
         """Give free slots to queued requests, decode once, sample each
@@ -637,7 +669,7 @@ class ContinuousBatch:
 
     def events(self) -> Iterator[BatchEvent]:
         """Run until every submitted request is done (or `engine.abort_requested`)."""
-        llama_cpp.llama_memory_clear(self.memory, False)
+        self.cuts.clear_all()
         self.t0 = time.perf_counter()
         try:
             status = self.evaluate_prefix()
@@ -697,6 +729,10 @@ class _SlotTarget:
         return int(self.run.engine.n_batch) if self.room is None else self.room
 
     @property
+    def draft_room(self) -> int:
+        return self.run.cuts.room
+
+    @property
     def constraint(self) -> Constraint | None:
         return self.slot.constraint
 
@@ -722,6 +758,7 @@ class _SlotTarget:
         status = self.run._decode(with_prompt=False, timed=timed)
         if status == DecodeStatus.OK:
             s.pos += len(tokens)
+            self.run.cuts.decoded(s.seq_id, len(tokens))
         return status
 
     def _row(self, row: int) -> int:
@@ -741,8 +778,11 @@ class _SlotTarget:
         self.slot.guard.accepted(token)
 
     def rollback(self, pos: int) -> None:
-        self.slot.pos = pos
-        llama_cpp.llama_memory_seq_rm(self.run.memory, self.slot.seq_id, pos, -1)
+        s = self.slot
+        pos = min(pos, s.pos)
+        s.pos = self.run.checkpoints.cut(s.seq_id, s.context, pos)  # less where a recurrent memory refuses
+        if s.pos < pos:
+            self.run.refill(s, pos)
 
 
 def run_batch(engine: Engine, requests: Sequence[BatchRequest], *, share_prefix: bool = True) -> Iterator[BatchEvent]:
