@@ -22,7 +22,7 @@ from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, TokenEvent
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import PLAIN, Decoding
-from localrun.runtime.prompt import render_messages, tokenize_rendered
+from localrun.runtime.prompt import render_messages, reply_start, tokenize_rendered
 from localrun.runtime.reasoning import ThinkMode, reasoning_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.runtime.templates import Message
@@ -80,6 +80,7 @@ class TurnPlan:
 
     tokens: list[int]
     dropped: int = 0
+    marks: tuple[int, ...] = ()  # where the next turn is expected to start again (a recurrent memory checkpoints)
 
 
 @dataclass
@@ -151,7 +152,10 @@ class ChatSession:
             self.turns.pop()
             self.engine.check_fits(len(tokens))  # raises with the numbers and a hint
         self._pending_text = text
-        return TurnPlan(tokens, dropped)
+        mark = None
+        if self.engine.cuts.recurrent:  # only a recurrent memory needs a checkpoint to start there again
+            mark = reply_start(self.engine, self.template, self.messages(), tokens, self.switches)
+        return TurnPlan(tokens, dropped, (mark,) if mark else ())
 
     def _tokens_for(self, text: str) -> list[int]:
         if self._cached_text and text.startswith(self._cached_text):
@@ -172,6 +176,7 @@ class ChatSession:
             self.sampling,
             max_tokens=self.max_tokens,
             decoder=self.decoder,
+            marks=plan.marks,
             constraint=constraint,
             reasoning=reasoning,
         )

@@ -35,6 +35,7 @@ class GenerateOptions(TypedDict, total=False):
     ignore_eos: bool
     decoder: Decoder | None
     checkpoint: StoredPrefix | None
+    marks: Sequence[int]
     constraint: Constraint | None
     reasoning: Reasoning | None
 
@@ -56,6 +57,7 @@ class Generation:
         ignore_eos: bool = False,
         decoder: Decoder | None = None,
         checkpoint: StoredPrefix | None = None,
+        marks: Sequence[int] = (),
         constraint: Constraint | None = None,
         reasoning: Reasoning | None = None,
         sample_on_device: bool = False,
@@ -66,6 +68,7 @@ class Generation:
         self.engine = engine
         self.prompt_tokens = prompt_tokens
         self.checkpoint = checkpoint
+        self.marks = marks  # where a later prompt is expected to start again (a chat's history): see Decoder.prefill
         self.decoder = decoder or Decoder(engine)
         self.sampler = Sampler(sampling, engine.n_vocab, engine if sample_on_device and not self.guard.masks else None)
         self.out = TokenOutput(
@@ -80,7 +83,7 @@ class Generation:
         """Evaluate what the KV cache lacks of the prompt (nothing when no token may follow)."""
         status = DecodeStatus.OK
         if self.limit > 0:
-            status, cached = self.decoder.prefill(self.prompt_tokens, self.checkpoint)
+            status, cached = self.decoder.prefill(self.prompt_tokens, self.checkpoint, self.marks)
             self.out.prompt_done(cached)
         return self.note(status)
 

@@ -41,6 +41,30 @@ def render_messages(
     )
 
 
+def reply_start(
+    engine: Tokens,
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    tokens: Sequence[int],
+    switches: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> int | None:
+    """Where, in ``tokens`` (the rendered ``messages``), the next turn's
+    prompt parts from this one: that turn renders this reply, and a thinking
+    template drops the thinking its generation prompt opened. Found by
+    rendering the conversation once more as the next turn will (a reply, a
+    user message); None where the template will not."""
+    try:
+        text = render_messages(engine, template, messages, tools, switches)
+        later = [{"role": "assistant", "content": "."}, {"role": "user", "content": "."}]
+        replied = render_messages(engine, template, [*messages, *later], tools, switches)
+    except Exception:  # a template that refuses the shape: no mark, nothing else changes
+        return None
+    shared = text[: common_prefix(text, replied)]
+    n = common_prefix(tokenize_rendered(engine, shared), tokens)
+    return n or None
+
+
 def tokenize_rendered(engine: Tokens, rendered: str) -> list[int]:
     """Tokens of a rendered template, with a BOS unless the template wrote one."""
     bos = engine.bos_token
@@ -64,6 +88,7 @@ class Prompt:
     tokens: list[int]
     shared: int  # leading tokens other runs are likely to share: the system prompt and piped material
     text: str = ""  # the rendered prompt (where a reasoning model's thinking may already be open)
+    marks: tuple[int, ...] = ()  # where a later prompt is expected to part from this one (see `reply_start`)
 
 
 def build_prompt(

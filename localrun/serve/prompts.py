@@ -9,7 +9,7 @@ from typing import Any
 
 from localrun.errors import ContextOverflowError, InvalidRequestError, UsageError
 from localrun.runtime.batch.scheduler import BatchRequest
-from localrun.runtime.prompt import Prompt, render_messages, stable_prefix, tokenize_rendered
+from localrun.runtime.prompt import Prompt, render_messages, reply_start, stable_prefix, tokenize_rendered
 from localrun.runtime.reasoning import reasoning_for, switches_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.serve.schemas import ChatRequest, CompletionRequest
@@ -78,10 +78,15 @@ def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = 
     if any(m["role"] == "tool" or "tool_calls" in m for m in messages) or use is not None:
         messages = conversation(messages, use)
     offered = use.declared if use is not None and use.native and use.choice is not None else None
-    full = render_messages(model.engine, model.template, messages, offered, switches(model.template, request))
+    asked = switches(model.template, request)
+    full = render_messages(model.engine, model.template, messages, offered, asked)
     tokens = tokenize_rendered(model.engine, full)
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
-    return Prompt(tokens, stable_prefix(model.engine, full, tokens, system, templated=True), full)
+    mark = None
+    if model.engine.cuts.recurrent:  # the conversation's next request restores a checkpoint there
+        mark = reply_start(model.engine, model.template, messages, tokens, asked, offered)
+    shared = stable_prefix(model.engine, full, tokens, system, templated=True)
+    return Prompt(tokens, shared, full, (mark,) if mark else ())
 
 
 def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[int]:
@@ -153,4 +158,5 @@ def prepare(
         reasoning=reasoning,
         logprobs=request.top_logprobs_wanted(),
         preserved=use.family.preserved if use is not None else (),
+        marks=prompt.marks,
     ), use
