@@ -143,3 +143,25 @@ def test_embedding_and_rerank_models_are_there() -> None:
     embeddings = [a for a, e in REG.entries.items() if e.family == "Embeddings"]
     assert embeddings == ["nomic-embed-text:v1.5", "qwen3-embedding:0.6b", "bge-m3:567m", "bge-reranker:v2-m3"]
     assert REG.resolve("bge-reranker").alias == "bge-reranker:v2-m3"  # a family's only entry answers to its bare name
+
+
+def test_the_hybrid_families_are_there() -> None:
+    """The models people run most at the end of 2026: recurrent layers beside attention."""
+    wanted = {
+        "Qwen3.5": ["qwen3.5:0.8b", "qwen3.5:2b", "qwen3.5:4b", "qwen3.5:9b", "qwen3.5:27b", "qwen3.5:35b-a3b"],
+        "Qwen3.6": ["qwen3.6:27b", "qwen3.6:35b-a3b"],
+        "Qwen3-Next": ["qwen3-next:80b-a3b"],
+        "LFM2.5": ["lfm2.5:1.2b", "lfm2.5:8b-a1b"],
+        "Granite 4": ["granite4:micro-h", "granite4:tiny-h", "granite4:small-h"],
+        "Nemotron Nano": ["nemotron-nano:9b-v2", "nemotron-3-nano:30b-a3b"],
+    }
+    for family, aliases in wanted.items():
+        assert [a for a in aliases if REG.entries[a].family == family] == aliases
+    bare = {name: REG.resolve(name).alias for name in ("qwen3.5", "qwen3.6", "lfm2.5", "granite4")}
+    assert bare == {
+        "qwen3.5": "qwen3.5:9b",
+        "qwen3.6": "qwen3.6:35b-a3b",
+        "lfm2.5": "lfm2.5:1.2b",
+        "granite4": "granite4:tiny-h",
+    }
+    assert not any(REG.entries[a].draft for aliases in wanted.values() for a in aliases)  # see docs/speculative.md
