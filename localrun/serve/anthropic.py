@@ -115,7 +115,10 @@ def _tools(data: dict[str, Any]) -> dict[str, Any]:
             "parameters": tool["input_schema"],
         }
         converted.append({"type": "function", "function": function})
-    out: dict[str, Any] = {"tools": converted}
+    # Anthropic's default lets a reply make several calls; where a call is
+    # required (any, tool), one call ends it: given no way out but another
+    # call, a small model calls on until its context is full
+    out: dict[str, Any] = {"tools": converted, "parallel_tool_calls": True}
     choice = data.get("tool_choice")
     if isinstance(choice, dict):
         kind = choice.get("type")
@@ -126,7 +129,7 @@ def _tools(data: dict[str, Any]) -> dict[str, Any]:
             out["tool_choice"] = names[kind]
         else:
             raise InvalidRequestError(f"tool_choice.type {kind!r} is not auto, any, tool or none", "tool_choice")
-        if choice.get("disable_parallel_tool_use"):
+        if choice.get("disable_parallel_tool_use") or kind in ("any", "tool"):
             out["parallel_tool_calls"] = False
     return out
 

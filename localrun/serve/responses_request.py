@@ -231,7 +231,7 @@ def _echo(data: dict[str, Any], store: bool) -> dict[str, Any]:
     return {
         "instructions": data.get("instructions"),
         "max_output_tokens": data.get("max_output_tokens"),
-        "parallel_tool_calls": data.get("parallel_tool_calls") is not False,
+        "parallel_tool_calls": data.get("parallel_tool_calls") is True,  # as `tool_use` reads it
         "previous_response_id": data.get("previous_response_id"),
         "reasoning": {"effort": (data.get("reasoning") or {}).get("effort"), "summary": None},
         "store": store,

@@ -54,7 +54,10 @@ def function_from(tool: Any, index: int) -> Function:
 def tool_use(
     tools: list[Any] | None, tool_choice: str | dict[str, Any] | None, parallel: bool | None, template: str | None
 ) -> ToolUse | None:
-    """The request's tools, or None when it has none (today's path); an unusable field is a 400 naming it."""
+    """The request's tools, or None when it has none (today's path); an unusable field is a 400 naming it.
+    Several calls in one reply only where the request asks for them
+    (``parallel`` True), as llama-server: given the choice, a small model
+    goes on calling (a city after another) until its context is full."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise InvalidRequestError("tool_choice needs tools", "tool_choice")
@@ -80,7 +83,7 @@ def tool_use(
     else:
         raise InvalidRequestError("tool_choice: none, auto, required or {'type': 'function', ...}", "tool_choice")
     native = takes_tools(template)
-    return ToolUse(chosen, tools, family(template if native else None), choice, parallel is not False, native)
+    return ToolUse(chosen, tools, family(template if native else None), choice, parallel is True, native)
 
 
 # ---------------------------------------------------------- the prompt --
@@ -171,7 +174,14 @@ def split_reply(text: str, use: ToolUse | None) -> tuple[str, list[Call]]:
         return text, []
     found = split(text, use.family, use.functions)
     use.note(found)
-    return found.content, found.calls if use.parallel else found.calls[:1]
+    return _content(found, use), found.calls if use.parallel else found.calls[:1]
+
+
+def _content(found: Split, use: ToolUse) -> str:
+    """A reply's content: none where the calls were required (the grammar
+    allows nothing else, so what is left is a call cut short by the length
+    limit, which is no content)."""
+    return "" if use.choice == "required" else found.content
 
 
 @dataclass(frozen=True)
@@ -205,8 +215,9 @@ class ToolStream:
         return self._out(split(self.text, self.use.family, self.use.functions, final=False, memo=self.memo))
 
     def _out(self, found: Split) -> tuple[str, list[CallDelta]]:
-        content = found.content[self.sent :]
-        self.sent = max(self.sent, len(found.content))
+        whole = _content(found, self.use)
+        content = whole[self.sent :]
+        self.sent = max(self.sent, len(whole))
         calls = found.calls if self.use.parallel else found.calls[:1]
         deltas = []
         for call in calls[len(self.ids) :]:

@@ -115,3 +115,18 @@ def test_an_image_block_is_refused_in_words(client: anthropic.Anthropic) -> None
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model=MODEL, max_tokens=10, messages=messages)
     assert "images are not supported by this model" in caught.value.message
+
+
+def test_a_required_call_is_one_call_and_auto_may_make_several() -> None:
+    """`any` and a named tool end the reply at one call (a small model would
+    call on to the length limit); `auto` keeps Anthropic's default of several."""
+    from localrun.serve.anthropic import _tools
+
+    tools: Any = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    parallel = {
+        str(choice): _tools({"tools": tools, **({"tool_choice": choice} if choice else {})})["parallel_tool_calls"]
+        for choice in (None, {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "get_weather"})
+    }
+    assert list(parallel.values()) == [True, True, False, False]
+    disabled = {"type": "auto", "disable_parallel_tool_use": True}
+    assert _tools({"tools": tools, "tool_choice": disabled})["parallel_tool_calls"] is False

@@ -237,6 +237,33 @@ def test_a_doubled_brace_call_is_a_call() -> None:
     ]
 
 
+def test_one_call_ends_a_reply_unless_the_request_asks_for_several() -> None:
+    """As llama-server: given the choice after a required call, a small model
+    calls on (a city after another) until its context is full."""
+    for choice in ("required", "auto"):
+        for asked, parallel in ((None, False), (False, False), (True, True)):
+            use = tool_use(TOOLS, choice, asked, QWEN_LIKE)
+            assert use is not None and use.parallel is parallel
+    call = {"city": "Lisbon", "unit": "celsius"}
+    two = f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': call})}\n</tool_call>\n" * 2
+    use = tool_use(TOOLS, "required", None, QWEN_LIKE)
+    assert use is not None
+    assert [c.arguments for c in split_reply(two, use)[1]] == [call]
+
+
+def test_a_required_call_cut_short_is_no_content() -> None:
+    cut = '<tool_call>\n{"name": "get_weather", "arguments":'
+    use = tool_use(TOOLS, "required", None, QWEN_LIKE)
+    assert use is not None
+    assert split_reply(cut, use) == ("", [])
+    stream = ToolStream(use)
+    sent = "".join(stream.feed(cut[k : k + 3])[0] for k in range(0, len(cut), 3))
+    rest, deltas, calls = stream.finish()
+    assert (sent, rest, deltas, calls) == ("", "", [], [])
+    auto = tool_use(TOOLS, "auto", None, QWEN_LIKE)
+    assert auto is not None and split_reply("plain words", auto) == ("plain words", [])
+
+
 def test_a_call_left_as_text_is_reported_with_the_reason() -> None:
     heard: list[str] = []
     use = tool_use(TOOLS, "auto", None, QWEN_LIKE)
@@ -293,13 +320,14 @@ def test_a_family_of_its_own_calls_in_its_format_and_they_reach_both_apis(devstr
         jsonschema.validate(block["input"], SCHEMAS[block["name"]])
 
 
-def test_a_call_cut_short_is_text_and_a_warning_in_the_log(devstral: Server) -> None:
+def test_a_required_call_cut_short_leaks_no_text_and_is_a_warning_in_the_log(devstral: Server) -> None:
+    """The length limit cuts the call: no call, and its raw text is no content either."""
     client = devstral.client()
     reply = client.chat.completions.create(
         model="devstral", messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=30, temperature=1.0, seed=1
     )
-    assert reply.choices[0].message.tool_calls is None
-    assert (reply.choices[0].message.content or "").startswith("[TOOL_CALLS]")
+    assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason == "length"
+    assert not reply.choices[0].message.content
     deadline = time.monotonic() + 10
     while "left as text" not in devstral.log and time.monotonic() < deadline:
         time.sleep(0.1)
