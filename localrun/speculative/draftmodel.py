@@ -190,6 +190,8 @@ class DraftModelDrafter:
         t1 = time.perf_counter()
         if n_sync < 0:
             return Draft([], None, 0, t1 - t0)
+        if decoder.cuts.recurrent:  # a recurrent draft's drafted tokens are taken back from here, not from scratch
+            decoder.checkpoints.save(0, decoder.tokens)
         if mask is not None and mask.n_vocab != self.engine.n_vocab:
             mask = None  # the loop cuts the draft where the grammar rejects it
         tokens: list[int] = []

@@ -293,3 +293,27 @@ def test_the_prompt_cache_keeps_the_recurrent_state(models: dict[str, Path]) -> 
     assert done[0]["cached_tokens"] == 0 and done[1]["cached_tokens"] > 1000 and done[2]["cached_tokens"] == 0
     texts = {"".join(json.loads(line).get("text", "") for line in res.stdout.splitlines()) for res in (*runs, uncached)}
     assert len(texts) == 1
+
+
+def test_a_hybrid_draft_model_takes_its_drafts_back_from_a_checkpoint(
+    models: dict[str, Path], other_weights: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its drafts are single-token decodes, which no snapshot can take back:
+    each drafting step starts from a checkpoint, so the draft evaluates each
+    token of the context about once, not the whole context per step."""
+    evaluated = {"draft": 0}
+    evaluate = Decoder.evaluate
+
+    def counted(self: Decoder, tokens: Any) -> DecodeStatus:
+        if self.engine.config.model_path == other_weights:
+            evaluated["draft"] += len(tokens)
+        return evaluate(self, tokens)
+
+    monkeypatch.setattr(Decoder, "evaluate", counted)
+    with hybrid_engine(models["qwen35"], n_ctx=2048) as engine:
+        prompt = engine.tokenize(PROMPTS[0] * 8)
+        drafter = DraftModelDrafter(other_weights, engine, eager=True, p_min=0.0)
+        with Speculation([drafter], FixedController(0, 3)) as spec:
+            _, stats = collect(spec.generate(engine, prompt, GREEDY, max_tokens=120))
+    assert stats.draft is not None and stats.draft.proposed > 100
+    assert evaluated["draft"] < 3 * (len(prompt) + 120)
