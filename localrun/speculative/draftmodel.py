@@ -166,7 +166,11 @@ class DraftModelDrafter:
         status = decoder.evaluate(context[keep:])
         decoder.rollback(decoder.n_past)  # a batch that failed midway leaves no cells behind
         self._known = decoder.n_past
-        return len(context) - keep if status == DecodeStatus.OK else -1
+        if status != DecodeStatus.OK:
+            return -1
+        if decoder.cuts.recurrent:  # a recurrent draft's drafted tokens are taken back from here, not from scratch
+            decoder.checkpoints.save(0, decoder.tokens)
+        return len(context) - keep
 
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         if self.decoder is None:
@@ -190,8 +194,6 @@ class DraftModelDrafter:
         t1 = time.perf_counter()
         if n_sync < 0:
             return Draft([], None, 0, t1 - t0)
-        if decoder.cuts.recurrent:  # a recurrent draft's drafted tokens are taken back from here, not from scratch
-            decoder.checkpoints.save(0, decoder.tokens)
         if mask is not None and mask.n_vocab != self.engine.n_vocab:
             mask = None  # the loop cuts the draft where the grammar rejects it
         tokens: list[int] = []
