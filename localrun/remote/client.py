@@ -160,9 +160,9 @@ class RemoteClient:
 
     def _unreachable(self, exc: Exception) -> RemoteError:
         reason = self.scrub(str(exc)) or type(exc).__name__
-        return RemoteUnavailableError(
-            f"cannot reach {self.remote.label}: {reason}", hint="is the server running? `localrun list` says"
-        )
+        named = self.remote.label != self.remote.url  # a [remotes.NAME] entry, which `localrun list` probes
+        hint = "is it running? `localrun list` shows which remotes answer" if named else "is a server running there?"
+        return RemoteUnavailableError(f"cannot reach {self.remote.label}: {reason}", hint=hint)
 
     def _timed_out(self) -> RemoteError:
         return RemoteError(

@@ -138,7 +138,7 @@ def pull(
         if not target.path.exists():
             raise ModelNotFoundError(f"model file not found: {target.path}", hint="check the path")
         return Pulled(target.path, "local")
-    with _lock(target.label):
+    with _lock(target.entry.alias if target.entry is not None else target.label):  # an entry's file, by any name
         found = locate(target)
         if found is not None:
             return Pulled(found, "cache")

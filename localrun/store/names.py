@@ -8,11 +8,12 @@ or the repo's page address), as ollama and llama.cpp's `-hf` take them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from localrun.errors import UsageError
+from localrun.store.ggufs import DEFAULT_QUANT, quant_of
 from localrun.store.registry import ModelEntry, Registry
 
 # the hub's web addresses, as people copy them from a browser or from ollama's `hf.co/...`
@@ -58,12 +59,19 @@ def _file_target(name: str, repo_and_file: list[str], revision: str | None, path
     return Target(f"hf://{repo}/{file}{at}", repo=repo, file=file, revision=revision)
 
 
+def is_hub_address(name: str) -> bool:
+    """Whether ``name`` is an address on the hub's web site (`hf.co/...`,
+    `https://huggingface.co/...`): a model name, not a server's URL."""
+    url = urlsplit(name if "://" in name else "https://" + name)
+    return url.scheme in ("http", "https") and url.netloc.lower() in _HUB_HOSTS
+
+
 def _hub_address(name: str, paths: bool) -> Target | None:
     """`hf.co/owner/repo[:QUANT]`, `https://huggingface.co/owner/repo` and a file's
     `/blob/REV/FILE.gguf` or `/resolve/REV/FILE.gguf` address; None: not the hub's."""
-    url = urlsplit(name if "://" in name else "https://" + name)
-    if url.scheme not in ("http", "https") or url.netloc.lower() not in _HUB_HOSTS:
+    if not is_hub_address(name):
         return None
+    url = urlsplit(name if "://" in name else "https://" + name)
     parts = [unquote(p) for p in url.path.strip("/").split("/")]
     if len(parts) == 2:
         repo, _, quant = "/".join(parts).partition(":")
@@ -75,9 +83,29 @@ def _hub_address(name: str, paths: bool) -> Target | None:
     raise _bad(name, paths)
 
 
+def _known(target: Target, registry: Registry) -> Target:
+    """A hub name of a registry entry's file (`hf://`, `owner/repo[:QUANT]`,
+    `hf.co/...`, the file's address, on the main branch) takes that entry, so
+    it finds the file wherever the alias pulled it (a mirror's copy too), pulls
+    it as the alias does (the pinned sha256, the mirrors) and runs with the
+    entry's defaults: every name of a file is the same model."""
+    if target.revision not in (None, "main"):
+        return target
+    in_repo = [e for e in registry.entries.values() if e.repo == target.repo]
+    if target.file is not None:
+        found = [e for e in in_repo if e.file == target.file][:1]
+    else:  # the quantization the repo's listing picks a file by (ggufs.pick_quant_file): one entry's, or unsure
+        found = [e for e in in_repo if quant_of(e.file) == (target.quant or DEFAULT_QUANT)]
+    return replace(target, entry=found[0]) if len(found) == 1 else target
+
+
 def parse(name: str, registry: Registry, *, paths: bool = True) -> Target:
     """What ``name`` refers to (``paths`` False: a command that takes no .gguf path, whose hints offer none)."""
-    name = name.strip()
+    target = _parse(name.strip(), registry, paths)
+    return _known(target, registry) if target.entry is None and target.repo is not None else target
+
+
+def _parse(name: str, registry: Registry, paths: bool) -> Target:
     if name.startswith("hf://"):
         rest = name[5:].strip("/")
         if rest.count("/") == 1:
