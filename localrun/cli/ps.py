@@ -10,6 +10,7 @@ import typer
 
 from localrun.cli._output import out
 from localrun.errors import RemoteError, RemoteUnavailableError
+from localrun.remote.config import API_KEY_ENV
 from localrun.units import human_bytes
 
 TIMEOUT_S = 10.0
@@ -22,8 +23,8 @@ def ps_command(
         str | None,
         typer.Option(
             "--api-key",
-            envvar="LOCALRUN_API_KEY",
-            help="The server's API key (also LOCALRUN_API_KEY).",
+            envvar=API_KEY_ENV,
+            help=f"The server's API key (also {API_KEY_ENV}).",
             show_default=False,
             show_envvar=False,
         ),
@@ -52,12 +53,28 @@ def _listed(host: str, port: int, api_key: str | None) -> list[dict[str, Any]]:
         response = httpx.get(url, headers=headers, timeout=TIMEOUT_S)
     except httpx.HTTPError as exc:
         raise RemoteUnavailableError(f"no server answers at {url}: {exc}", hint="start one: localrun serve") from exc
+    if response.status_code in (401, 403):
+        raise _refused(f"http://{shown}:{port}", bool(api_key))
     if response.status_code != 200:
         raise RemoteError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
     data = response.json().get("data")
     if not isinstance(data, list):
         raise RemoteError(f"{url}: not a model list")
     return [m for m in data if isinstance(m, dict)]
+
+
+def _refused(server: str, key_given: bool) -> RemoteUnavailableError:
+    """The server wants its API key: where ps reads one."""
+    where = f"--api-key or {API_KEY_ENV}"
+    if key_given:
+        return RemoteUnavailableError(
+            f"the server at {server} refused the API key given ({where})",
+            hint=f"give the key the server was started with (its --api-key or {API_KEY_ENV})",
+        )
+    return RemoteUnavailableError(
+        f"the server at {server} needs its API key: ps reads it from {where}",
+        hint=f"export {API_KEY_ENV}=KEY, the key `localrun serve` was started with",
+    )
 
 
 def _table(models: list[dict[str, Any]]) -> object:

@@ -2,8 +2,10 @@
 name or as `remote:NAME`), a URL given as the model, or `--remote URL`.
 
 The API key is read from the environment variable the remote names (ad hoc:
-LOCALRUN_REMOTE_API_KEY), never from the command line, and is kept out of
-every repr, message and record.
+LOCALRUN_API_KEY, the variable `localrun serve` and `ps` read, so one key
+works both ends; LOCALRUN_REMOTE_API_KEY, its old name, when that is not
+set), never from the command line, and is kept out of every repr, message
+and record.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from localrun.errors import ModelNotFoundError, UsageError
+from localrun.store.names import is_hub_address
 from localrun.store.registry import Registry, RemoteEntry
 
 PREFIX = "remote:"
-AD_HOC_KEY_ENV = "LOCALRUN_REMOTE_API_KEY"
+API_KEY_ENV = "LOCALRUN_API_KEY"  # the key of a server given by URL, as `serve` and `ps` read it
+OLD_API_KEY_ENV = "LOCALRUN_REMOTE_API_KEY"  # its old name for a remote: read when API_KEY_ENV is not set
 DEFAULT_TIMEOUT_S = 300.0  # the longest wait for the next bytes of an answer (a loaded server is slow to start one)
 
 
@@ -34,7 +38,8 @@ class Remote:
 
 
 def is_url(name: str) -> bool:
-    return name.startswith(("http://", "https://"))
+    """A server's URL given as the model; the hub's web addresses name model files (localrun.store.names)."""
+    return name.startswith(("http://", "https://")) and not is_hub_address(name)
 
 
 def base_url(url: str) -> str:
@@ -60,8 +65,10 @@ def _from_entry(entry: RemoteEntry, model: str | None = None) -> Remote:
 
 
 def ad_hoc(url: str, model: str | None = None) -> Remote:
-    key = os.environ.get(AD_HOC_KEY_ENV)
-    return Remote(label=base_url(url), url=base_url(url), model=model, api_key_env=AD_HOC_KEY_ENV, api_key=key or None)
+    """A server given by its URL; its key from LOCALRUN_API_KEY, else LOCALRUN_REMOTE_API_KEY."""
+    env = OLD_API_KEY_ENV if not os.environ.get(API_KEY_ENV) and os.environ.get(OLD_API_KEY_ENV) else API_KEY_ENV
+    key = os.environ.get(env)
+    return Remote(label=base_url(url), url=base_url(url), model=model, api_key_env=env, api_key=key or None)
 
 
 def find_remote(name: str | None, registry: Registry, remote_url: str | None = None) -> Remote | None:

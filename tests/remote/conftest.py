@@ -19,6 +19,7 @@ def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
     """No HTTP proxy from the environment: requests go straight to 127.0.0.1."""
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("LOCALRUN_API_KEY", raising=False)  # a remote given by URL reads it (a serve of yours has it)
     monkeypatch.delenv("LOCALRUN_REMOTE_API_KEY", raising=False)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun.errors import ModelNotFoundError, RegistryError
+from localrun.errors import ModelNotFoundError, RegistryError, RemoteUnavailableError
 from localrun.remote.config import find_remote
 from localrun.runtime.batch.input import finished_ids, read_lines
 from localrun.store.registry import load
@@ -36,12 +36,53 @@ def test_remotes_in_models_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert bare is not None and bare.url == "http://other:8000/v1" and bare.model is None
     assert find_remote("qwen2.5-coder:1.5b", reg) is None  # a local alias
     adhoc = find_remote("m", reg, "http://h:1/v1")
-    assert adhoc is not None and adhoc.model == "m" and adhoc.api_key_env == "LOCALRUN_REMOTE_API_KEY"
+    assert adhoc is not None and adhoc.model == "m" and adhoc.api_key_env == "LOCALRUN_API_KEY"
     with pytest.raises(ModelNotFoundError, match="unknown remote 'nope'"):
         find_remote("remote:nope", reg)
     for name in ("big", "remote:big"):  # pull, show, tune, bench, serve: a local model only
         with pytest.raises(ModelNotFoundError, match="is a remote server"):
             reg.resolve(name)
+
+
+def test_a_url_reads_the_key_variable_serve_reads_and_its_old_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One key, one variable: LOCALRUN_API_KEY, as serve and ps read it; the old name when that is not set."""
+    reg = load()
+    for var in ("LOCALRUN_API_KEY", "LOCALRUN_REMOTE_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    bare = find_remote("http://h:1/v1", reg)
+    assert bare is not None and bare.api_key is None and bare.api_key_env == "LOCALRUN_API_KEY"
+    monkeypatch.setenv("LOCALRUN_REMOTE_API_KEY", "old-key")
+    old = find_remote("http://h:1/v1", reg)
+    assert old is not None and (old.api_key, old.api_key_env) == ("old-key", "LOCALRUN_REMOTE_API_KEY")
+    monkeypatch.setenv("LOCALRUN_API_KEY", "one-key")
+    for found in (find_remote("http://h:1/v1", reg), find_remote("m", reg, "http://h:1/v1")):
+        assert found is not None and (found.api_key, found.api_key_env) == ("one-key", "LOCALRUN_API_KEY")
+
+
+def test_the_hubs_addresses_are_models_not_servers() -> None:
+    reg = load()
+    for name in (
+        "https://huggingface.co/me/model-GGUF/resolve/main/model-Q4_K_M.gguf",
+        "https://hf.co/me/model-GGUF/resolve/main/model-Q4_K_M.gguf",
+        "http://huggingface.co/me/model-GGUF",
+        "https://HuggingFace.co/me/model-GGUF:Q8_0",
+        "hf.co/me/model-GGUF/resolve/main/model-Q4_K_M.gguf",
+    ):
+        assert find_remote(name, reg) is None, name
+    assert find_remote("https://router.huggingface.co/v1", reg) is not None  # a server on another of its hosts
+
+
+def test_an_unreachable_server_is_a_whole_hint() -> None:
+    from localrun.remote.client import RemoteClient
+    from localrun.remote.config import Remote
+
+    for remote, hint in (
+        (Remote("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"), "is a server running there?"),
+        (Remote("box", "http://127.0.0.1:9/v1"), "is it running? `localrun list` shows which remotes answer"),
+    ):
+        with RemoteClient(remote) as client, pytest.raises(RemoteUnavailableError) as refused:
+            client.models(retries=False)
+        assert refused.value.hint == hint
 
 
 @pytest.mark.parametrize(

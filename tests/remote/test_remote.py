@@ -350,10 +350,13 @@ def test_the_key_appears_nowhere(keyed: Server, tmp_path: Path) -> None:
     assert [r.returncode for r in runs] == [0, 0, 0, 0], [r.stderr for r in runs]
     refused = [
         cli("--debug", "generate", "-m", "wrong", "hello", env=env),
-        cli("generate", "-m", keyed.url + "/v1", "hello", env=env),  # ad hoc, without LOCALRUN_REMOTE_API_KEY
+        cli("generate", "-m", keyed.url + "/v1", "hello", env=env),  # ad hoc, without LOCALRUN_API_KEY
     ]
     assert [r.returncode for r in refused] == [10, 10]
-    assert "TEST_WRONG_KEY" in refused[0].stderr and "LOCALRUN_REMOTE_API_KEY" in refused[1].stderr
+    assert "TEST_WRONG_KEY" in refused[0].stderr and "set LOCALRUN_API_KEY" in refused[1].stderr
+    for var in ("LOCALRUN_API_KEY", "LOCALRUN_REMOTE_API_KEY"):  # serve's variable, and the old name
+        runs.append(cli("generate", "-m", keyed.url + "/v1", *GREEDY, "hello", env={**env, var: KEY}))
+        assert runs[-1].returncode == 0, runs[-1].stderr
     for res in runs + refused:
         assert KEY not in res.stdout + res.stderr and KEY[::-1] not in res.stdout + res.stderr
     assert len(records(out.read_text())) == 3 and KEY not in out.read_text()
