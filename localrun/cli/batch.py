@@ -37,7 +37,7 @@ def _read_source(source: str) -> list[BatchLine]:
             stdin.reconfigure(errors="surrogateescape")
         return read_lines(stdin)
     path = Path(source)
-    if not path.is_file():
+    if path.is_dir() or not path.exists():  # a FIFO (`<(...)`, /dev/stdin) is read as a file is
         what = "is a folder" if path.is_dir() else "no such file"
         raise UsageError(f"--batch {source}: {what}", hint="give a file of prompts, or - for stdin")
     with path.open(encoding="utf-8", errors="surrogateescape") as f:  # a line not UTF-8 fails alone

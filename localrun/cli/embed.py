@@ -13,12 +13,24 @@ from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.errors import UsageError
 from localrun.settings import Options
+from localrun.store.registry import EMBEDDINGS
 
 if TYPE_CHECKING:
     from localrun.runtime.embed import Embedder
 
 CHUNK = 512  # lines embedded before their vectors are written out
 
+EmbeddingModel = Annotated[
+    str | None,
+    typer.Option(
+        "-m",
+        "--model",
+        envvar="LOCALRUN_MODEL",
+        help="The embedding model: alias (e.g. nomic-embed-text:v1.5), owner/repo:QUANT, hf://... or a GGUF path. "
+        "Needed: the default model is for chat (with --pooling, that model is pooled).",
+        show_default=False,
+    ),
+]
 JsonRecords = Annotated[
     bool,
     typer.Option(
@@ -46,6 +58,17 @@ def _records(lines: list[str], as_json: bool) -> list[tuple[str, Any]]:
             raise UsageError(f'line {number} has no "text" string', hint='give {"text": ...} a line')
         records.append((record["text"], record.get("id")))
     return records
+
+
+def _no_model() -> UsageError:
+    """embed without -m: the default model is for chat (it declares no pooling),
+    so nothing is resolved, let alone pulled, before the user picks one."""
+    known = [e.alias for e in current().registry.embedding_models()]
+    example = f"e.g. -m {known[0]} (`localrun list --all` lists the {EMBEDDINGS} family), " if known else ""
+    return UsageError(
+        "embed needs an embedding model: give -m MODEL",
+        hint=f"{example}or --pooling mean to pool the default chat model",
+    )
 
 
 def _write(embedder: Embedder, records: list[tuple[str, Any]], as_json: bool) -> None:
@@ -77,7 +100,7 @@ def _write(embedder: Embedder, records: list[tuple[str, Any]], as_json: bool) ->
 
 
 def embed_command(
-    model: opt.Model = None,
+    model: EmbeddingModel = None,
     as_json: JsonRecords = False,
     pooling: opt.Pooling = "auto",
     ctx: Annotated[
@@ -96,6 +119,8 @@ def embed_command(
 
     if ctx == "auto":
         raise UsageError("--ctx auto: give the longest input in tokens", hint="e.g. --ctx 8192")
+    if model is None and pooling == "auto":
+        raise _no_model()
     env = current()
     if env.stdin_isatty:
         raise UsageError("no input to embed", hint="pipe one text a line: cat notes.txt | localrun embed -m MODEL")

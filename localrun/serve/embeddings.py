@@ -43,10 +43,11 @@ async def served_model(table: ModelTable, body: dict[str, Any]) -> ServedModel:
 
 def embedder_of(model: ServedModel) -> Embedder:
     if model.embedder is None:
-        raise InvalidRequestError(
-            f"{model.id} is not an embedding model (its file declares no pooling)",
+        raise InvalidRequestError(  # the answer puts the hint in parentheses after the message: none in either
+            f"{model.id} is not an embedding model: its file declares no pooling",
             "model",
-            hint="serve an embedding model beside it, e.g. -m nomic-embed-text",
+            hint="name an embedding model, e.g. nomic-embed-text:v1.5, "
+            "or start serve with --pooling mean to pool any model",
         )
     return model.embedder
 

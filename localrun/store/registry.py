@@ -112,6 +112,7 @@ class RemoteEntry:
 
 
 KNOWN_LISTED = 12  # aliases an unknown-model hint names before an ellipsis
+EMBEDDINGS = "Embeddings"  # models.toml's family of embedding and reranking models
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,10 @@ class Registry:
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         hint += f"known: {listed} (see `localrun list --all`)"
         return hint + (", or pass a path to a .gguf file" if paths else "")
+
+    def embedding_models(self) -> list[ModelEntry]:
+        """The catalogue's embedding (and reranking) models, in models.toml's order."""
+        return [e for e in self.entries.values() if e.group == EMBEDDINGS]
 
     def draft_of(self, entry: ModelEntry) -> ModelEntry | None:
         return self.entries[entry.draft] if entry.draft else None

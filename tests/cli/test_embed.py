@@ -62,3 +62,15 @@ def test_a_missing_model_and_a_model_without_pooling(tmp_path: Path) -> None:
     assert refused.returncode != 0 and "not an embedding model" in refused.stderr and "--pooling" in refused.stderr
     pooled = cli("embed", "-m", str(plain), "--pooling", "mean", input="hello\n")
     assert pooled.returncode == 0 and len(json.loads(pooled.stdout)) == 64
+
+
+def test_without_a_model_it_says_how_to_pick_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default model is for chat: nothing is looked up (let alone pulled) before the user picks one."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the network, whatever the command would look for
+    refused = cli("embed", input="hello\n")
+    assert refused.returncode == 2 and not refused.stdout
+    error, hint = refused.stderr.splitlines()
+    assert error == "error: embed needs an embedding model: give -m MODEL"
+    assert "-m nomic-embed-text:v1.5" in hint and "Embeddings family" in hint and "--pooling mean" in hint
+    pooled = cli("embed", "--pooling", "mean", input="hello\n")  # asked to pool: the default model, as said
+    assert pooled.returncode == 3 and "qwen2.5-coder:1.5b is not downloaded" in pooled.stderr

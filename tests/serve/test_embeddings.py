@@ -116,8 +116,13 @@ def test_an_input_over_the_context_is_a_400_with_the_numbers(embedding_server: S
 
 def test_a_chat_model_makes_no_embeddings_and_still_chats(embedding_server: Server) -> None:
     client = embedding_server.client()
-    with pytest.raises(openai.BadRequestError, match="not an embedding model"):
+    with pytest.raises(openai.BadRequestError, match="not an embedding model") as refused:
         client.embeddings.create(model="tiny", input="hello")
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "model"
+    message = error["message"]  # the hint in one pair of parentheses, naming the option that pools any model
+    assert message.startswith("tiny is not an embedding model: its file declares no pooling (")
+    assert "--pooling mean" in message and message.count("(") == message.count(")") == 1
     reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert reply.usage is not None and reply.usage.completion_tokens == 2
 
