@@ -6,5 +6,5 @@ from localrun.system import cpu_count, default_threads
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
-# before any module loads llama.cpp (see localrun/openmp.py)
-openmp.configure(load=runnable_others, spare=lambda: max(0, cpu_count() - default_threads()))
+# chosen when a run first imports llama_cpp, not here (see localrun/openmp.py)
+openmp.before_llama(load=runnable_others, spare=lambda: max(0, cpu_count() - default_threads()))

@@ -17,8 +17,10 @@ it. A spin count of `SLEEP_SOON` (about a millisecond or less) covers a
 barrier's wait and frees the core soon after.
 
 libgomp reads its environment once, when llama.cpp's library is loaded, so a
-process cannot change its mind: `configure` runs when localrun is imported
-(localrun/__init__.py), before any module loads llama_cpp, and chooses
+process cannot change its mind: `configure` runs just before the first
+`import llama_cpp` (`before_llama`, set up by localrun/__init__.py), which is
+where a run starts (commands import the runtime inside their functions), and
+chooses
 
 - ``spin`` (libgomp's own default) when no other task competes for the CPUs
   at start (none runnable beyond the CPUs llama.cpp's threads leave): the
@@ -40,11 +42,14 @@ figures are in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 SLEEP_SOON = "10000"
@@ -72,6 +77,8 @@ class WaitPolicy:
 
 _policy: WaitPolicy | None = None  # this process's, once configured
 _set_here = False  # whether localrun set this process's spin count (not the user)
+_pending: Callable[[], object] | None = None  # `before_llama`'s configure, until it runs
+LIBRARY = "llama_cpp"  # the module whose import loads libgomp
 
 
 def choose(
@@ -118,8 +125,43 @@ def configure(
     return True
 
 
+def before_llama(load: Callable[[], int | None], spare: Callable[[], int] = lambda: 0) -> None:
+    """Run `configure` (with ``load`` and ``spare``) just before llama_cpp is
+    first imported, rather than now: importing localrun reads no /proc and
+    leaves the environment as it was, and `localrun --help` or `list`, which
+    never load llama.cpp, choose nothing. Where llama_cpp is already loaded
+    it is too late to choose, and nothing is done."""
+    global _pending
+    if LIBRARY in sys.modules or _pending is not None:
+        return
+    _pending = functools.partial(configure, load=load, spare=spare)
+    sys.meta_path.insert(0, _BeforeLlama())
+
+
+def ensure() -> None:
+    """Configure now, if `before_llama` is still waiting: what llama.cpp,
+    loaded later in this process, will read."""
+    global _pending
+    pending, _pending = _pending, None
+    if pending is not None:
+        pending()
+
+
+class _BeforeLlama(MetaPathFinder):
+    """Configures at the first import of llama_cpp, then leaves the import to the other finders."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
+        if fullname == LIBRARY:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            ensure()
+        return None
+
+
 def policy() -> WaitPolicy:
-    """This process's waiting policy (as `configure` chose it at import)."""
+    """This process's waiting policy (as `configure` chose it, or chooses it
+    now where llama.cpp is yet to load)."""
+    ensure()
     return _policy if _policy is not None else choose(dict(os.environ), None)
 
 

@@ -76,18 +76,37 @@ def test_the_command_is_read_from_localrun_s_argv_only() -> None:
     assert openmp.command([]) is None
 
 
-def _seen(env: dict[str, str]) -> list[str]:
-    """What a process that imports localrun and then loads llama.cpp has in
-    its environment, and the policy it reports."""
-    code = (
-        "import localrun, localrun.openmp as o, os, llama_cpp; "
+def _seen(env: dict[str, str], code: str = "import localrun, localrun.openmp as o, os, llama_cpp; ") -> list[str]:
+    """What a process that runs ``code`` (by default: imports localrun, then
+    loads llama.cpp) has in its environment, and the policy it reports."""
+    code += (
         "print(os.environ.get('GOMP_SPINCOUNT', '-'), o.policy().name, o.others_environ().get('GOMP_SPINCOUNT', '-'))"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return out.stdout.split()
 
 
-def test_importing_localrun_sets_it_before_llama_cpp_loads() -> None:
+def test_importing_localrun_chooses_nothing() -> None:
+    """Importing the package reads no load and sets no spin count, even in a
+    server, where a run always sets one; the policy is chosen when llama.cpp
+    first loads, with the count in the environment before its library reads it."""
+    env = {k: v for k, v in os.environ.items() if k not in openmp.USER_KEYS}
+    code = (
+        "import sys, os, importlib.machinery as m; sys.argv = ['localrun', 'serve']; "
+        "import localrun, localrun.openmp as o; "
+        "assert 'llama_cpp' not in sys.modules and o._policy is None, 'chosen at import'; "
+        "assert 'GOMP_SPINCOUNT' not in os.environ, 'set at import'; "
+        "seen = []; "  # the environment as the finder that finds llama_cpp (loads libgomp) is reached
+        "sys.meta_path.insert(sys.meta_path.index(m.PathFinder), type('F', (), {"
+        "'find_spec': lambda self, n, p, t=None: seen.append(os.environ.get('GOMP_SPINCOUNT')) if n == 'llama_cpp' "
+        "else None})()); "
+        "import localrun.runtime.engine; "  # where a run starts
+        "assert seen and seen[0] == o.SLEEP_SOON, seen; "
+    )
+    assert _seen(env, code)[:2] == [openmp.SLEEP_SOON, "sleep-soon"]
+
+
+def test_a_run_sets_it_before_llama_cpp_loads() -> None:
     """Whichever policy the machine's load at start picks, the environment
     llama.cpp loads with says the same; llama.cpp's own tools, run by the
     benchmarks, get the user's environment (no count localrun set)."""
