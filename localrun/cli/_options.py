@@ -54,7 +54,7 @@ RemoteUrl = Annotated[
     typer.Option(
         "--remote",
         help="Run on this OpenAI-compatible server (its base URL, e.g. http://gpu-box:8000/v1); -m names the "
-        "model there (default: the first it lists). Its API key: LOCALRUN_REMOTE_API_KEY.",
+        "model there (default: the first it lists). Its API key: LOCALRUN_API_KEY (as serve's).",
         show_default=False,
     ),
 ]
@@ -493,12 +493,16 @@ def refuse_thinking(mode: str, budget: int | None, elsewhere: bool) -> None:
 def thinking(mode: str, budget: int | None, template: str | None, model: str) -> Thinking:
     """The run's thinking options against the model's chat template (None: no
     template, or `--raw`): an option the template cannot honour is a usage
-    error (`--think off` where it has no switch), before the model loads."""
+    error (`--think off` where it has no switch), before the model loads;
+    one a model that never thinks has no use for is a note, and dropped."""
     from localrun.runtime.reasoning import THINK_MODES, check_mode, switches_for
 
     if mode not in THINK_MODES:
         raise UsageError(f"--think {mode}: not a mode", hint=f"use one of {', '.join(THINK_MODES)}")
     if budget is not None and budget < 0:
         raise UsageError("--reasoning-budget must be 0 or more")
-    check_mode(template, mode, model=model, budget=budget)
+    ignored = check_mode(template, mode, model=model, budget=budget)
+    if ignored is not None:
+        out().note(f"note: {ignored}")
+        return Thinking("auto", None, switches_for(template, "auto") or None, template)  # as without them
     return Thinking(mode, budget, switches_for(template, mode) or None, template)

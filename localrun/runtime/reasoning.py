@@ -126,21 +126,28 @@ def switches_for(template: str | None, mode: ThinkMode) -> dict[str, Any]:
     return {}
 
 
-def check_mode(template: str | None, mode: ThinkMode, *, model: str, budget: int | None = None) -> None:
+def check_mode(template: str | None, mode: ThinkMode, *, model: str, budget: int | None = None) -> str | None:
     """Refuse what the model's template cannot do: ``--think off`` without a
-    switch, ``--think on`` or a budget on a model that does not think
-    (``show`` there shows nothing, as ``auto`` does)."""
+    switch, ``--think on`` on a model that does not think (``show`` there
+    shows nothing, as ``auto`` does). ``--think off`` or a budget on such a
+    model already hold (scripts pass them to every model): returns the note
+    that says they do nothing there."""
     fmt = family(template)
     if mode == "off" and budget is not None:
         raise UsageError("--reasoning-budget with --think off: there is no thinking to budget", hint="drop one")
-    if fmt is None and (mode in ("on", "off") or budget is not None):
-        what = "--reasoning-budget" if budget is not None and mode != "on" else f"--think {mode}"
-        raise UsageError(f"{what}: {model} does not think (its chat template has no thinking markers)")
+    if fmt is None:
+        why = f"{model} does not think (its chat template has no thinking markers)"
+        if mode == "on":
+            raise UsageError(f"--think on: {why}")
+        if mode == "off" or budget is not None:
+            return f"{'--think off' if mode == 'off' else '--reasoning-budget'} does nothing here: {why}"
+        return None
     if mode == "off" and not switches_for(template, "off"):
         raise UsageError(
             f"--think off: {model}'s chat template has no switch to turn its thinking off",
             hint="leave --think out (a pipe gets the answer alone), or give --reasoning-budget 0",
         )
+    return None
 
 
 @dataclass(frozen=True)

@@ -132,10 +132,23 @@ def test_think_off_uses_the_switch(thinker: Path) -> None:
 def test_think_off_without_a_switch_is_a_usage_error(stubborn: Path, tiny_model: Path) -> None:
     code, out, err = _cli(stubborn, "--think", "off")
     assert code == 2 and out == "" and "no switch to turn its thinking off" in err
-    code, out, err = _cli(tiny_model, "--reasoning-budget", "5")
-    assert code == 2 and "does not think" in err
     code, out, err = _cli(stubborn, "--think", "maybe")
     assert code == 2 and "not a mode" in err
+
+
+def test_a_model_that_never_thinks_notes_think_off_and_a_budget(tiny_model: Path) -> None:
+    """Scripts pass them to every model: one line on stderr, and the run a plain one is."""
+    code, plain, quiet = _cli(tiny_model)
+    assert code == 0, quiet
+    for args in (["--reasoning-budget", "5"], ["--think", "off"]):
+        code, out, err = _cli(tiny_model, *args)
+        assert code == 0, err
+        note, *rest = err.splitlines()
+        assert out == plain and rest == quiet.splitlines()
+        said = "--think off" if args[0] == "--think" else "--reasoning-budget"
+        assert note.startswith(f"note: {said} does nothing here: ") and "does not think" in note
+    code, out, err = _cli(tiny_model, "--think", "on")
+    assert code == 2 and out == "" and "does not think" in err
 
 
 def test_history_records_the_reasoning_tokens(thinker: Path) -> None:
