@@ -25,6 +25,7 @@ atomically (`localrun bench --save-defaults` writes it).
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from collections.abc import Callable, Mapping
@@ -62,9 +63,9 @@ def config_file() -> Path:
     return paths.config_dir() / "config.toml"
 
 
-def _fail(path: Path, key: str | None, reason: str) -> ConfigError:
+def _fail(path: Path, key: str | None, reason: str, hint: str | None = None) -> ConfigError:
     where = f"{path}: [defaults] {key}" if key else str(path)
-    return ConfigError(f"{where}: {reason}", hint="fix or remove the config file named above")
+    return ConfigError(f"{where}: {reason}", hint=hint or "fix or remove the config file named above")
 
 
 def _choice(path: Path, key: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -128,16 +129,39 @@ def parse(raw: Mapping[str, Any], path: Path) -> UserConfig:
     """Check the file's content (a parsed TOML document) and type it."""
     unknown = sorted(set(raw) - {"defaults"})
     if unknown:
-        raise _fail(path, None, f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+        reason = f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}"
+        raise _fail(path, None, reason, hint=_top_level_hint(unknown))
     defaults = raw.get("defaults", {})
     if not isinstance(defaults, dict):
         raise _fail(path, None, "'defaults' must be a table ([defaults])")
     values: dict[str, Any] = {}
     for key, value in defaults.items():
         if key not in _PARSERS:
-            raise _fail(path, key, f"unknown key (known: {', '.join(KEYS)})")
+            near = _near_key(key)
+            raise _fail(
+                path, key, f"unknown key (known: {', '.join(KEYS)})", hint=f"did you mean {near}?" if near else None
+            )
         values[key] = _PARSERS[key](path, key, value)
     return UserConfig(**values)
+
+
+def _near_key(key: str) -> str | None:
+    """The key ``key`` was likely meant as: one it begins (`temp`, llama.cpp's
+    word, is nearer `system` than `temperature` to difflib), else a close spelling."""
+    near = [k for k in KEYS if len(key) >= 3 and k.startswith(key)] or difflib.get_close_matches(key, KEYS, n=1)
+    return near[0] if near else None
+
+
+def _top_level_hint(unknown: list[str]) -> str | None:
+    """Keys written above any table (`model = ...` before `[defaults]`, or
+    with none) belong in [defaults]; a table named near it was meant as it."""
+    misplaced = [key for key in unknown if key in _PARSERS]
+    if misplaced:
+        verb, them = ("belongs", "it") if len(misplaced) == 1 else ("belong", "them")
+        return f"{', '.join(misplaced)} {verb} in [defaults]: move {them} below a [defaults] line"
+    if difflib.get_close_matches(unknown[0], ["defaults"], n=1):
+        return "did you mean [defaults]?"
+    return None
 
 
 def _read_raw(path: Path) -> dict[str, Any]:

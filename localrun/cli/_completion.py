@@ -4,6 +4,7 @@ when none is. A name it does not know is refused before anything is written."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -11,11 +12,13 @@ import typer
 from localrun.cli._env import current
 from localrun.cli._errors import error_boundary
 from localrun.errors import UsageError
+from localrun.units import count
 
 SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
 OPTIONS = ("--show-completion", "--install-completion")
 PROG = "localrun"
 COMPLETE_VAR = "_LOCALRUN_COMPLETE"  # what the scripts set to ask localrun for completions
+STARTUP_FILES = (".bashrc", ".zshrc")  # in the home folder: where Typer's install adds the lines that load its script
 
 
 def init() -> None:
@@ -54,10 +57,26 @@ def show(shell: str) -> None:
 
 
 def install(shell: str) -> None:
+    """Typer's install, saying each startup file it added lines to (it does so
+    without a word: ~/.bashrc, ~/.zshrc)."""
     from typer._completion_shared import install as install_script
 
+    startup = [Path.home() / name for name in STARTUP_FILES]
+    before = {path: _lines(path) for path in startup}
     name, path = install_script(shell=_shell(shell), prog_name=PROG, complete_var=COMPLETE_VAR)
-    current().stderr.write(f"{name} completion installed in {path}; it works in shells started from now on\n")
+    said = f"{name} completion installed in {path}"
+    for rc in startup:
+        added = [line for line in _lines(rc) if line.strip() and line not in before[rc]]
+        if added:
+            said += f"; {count(len(added), 'line')} added to {rc}: {', '.join(f'`{line}`' for line in added)}"
+    current().stderr.write(f"{said}; it works in shells started from now on\n")
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:  # none yet
+        return []
 
 
 def option_callback(ctx: typer.Context, param: Any, value: str | None) -> None:

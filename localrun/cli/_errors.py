@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import os
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from typing import Any, TypeVar
@@ -155,6 +156,32 @@ def _bad_value(exc: Any) -> str:
 
 
 _EXTRA = "Got unexpected extra argument(s) ("
+_NO_COMMAND = "No such command "
+CLOSE = 0.6  # difflib's own cutoff, on the names without their dashes
+
+
+def _close_options(typed: str, possibilities: Iterable[str]) -> list[str]:
+    """Click's near options, compared without their leading dashes: with them,
+    any two long options share two characters, and `--bogus` is near `--verbose`."""
+    bare = typed.lstrip("-")
+    return sorted(p for p in possibilities if difflib.SequenceMatcher(None, bare, p.lstrip("-")).ratio() >= CLOSE)
+
+
+def _no_command(ctx: Any, message: str, hint: str) -> tuple[str, str]:
+    """Click's "No such command 'stats'." (and Typer's "Did you mean 'x'?"
+    after it) as our error and hint: a command of a group of commands
+    (`localrun logs stats`) is what was meant, before a near name."""
+    text, _, maybe = message.partition(". Did you mean ")
+    text = text.rstrip(".")
+    name = text.removeprefix(_NO_COMMAND).strip("'\"")
+    commands = getattr(getattr(ctx, "command", None), "commands", {})
+    found = [
+        f"{ctx.command_path} {group} {name}"
+        for group, command in sorted(commands.items())
+        if name in getattr(command, "commands", {})
+    ]
+    meant = " or ".join(found) or maybe.rstrip("?")
+    return _sentence(text), f"did you mean {meant}? {hint}" if meant else hint
 
 
 def parsing_error(exc: Exception) -> LocalrunError:
@@ -172,8 +199,9 @@ def parsing_error(exc: Exception) -> LocalrunError:
         text = _bad_value(exc)
     elif isinstance(exc, NoSuchOption):
         text = f"no such option {exc.option_name}"
-        if exc.possibilities:
-            hint = f"did you mean {' or '.join(sorted(exc.possibilities))}? {hint}"
+        close = _close_options(exc.option_name, exc.possibilities or ())
+        if close:
+            hint = f"did you mean {' or '.join(close)}? {hint}"
         hint = _aliases.hint_for(ctx.info_name if ctx is not None else "", exc.option_name) or hint
     elif message.startswith(_EXTRA):
         extra = message[len(_EXTRA) : -1]
@@ -186,9 +214,8 @@ def parsing_error(exc: Exception) -> LocalrunError:
             import shlex
 
             hint = f"quote the prompt as one argument: {command} {shlex.quote(f'{prompt} {extra}')}"
-    elif "Did you mean" in message:  # no such command
-        text, _, maybe = message.partition(". Did you mean ")
-        text, hint = _sentence(text), f"did you mean {maybe.rstrip('?')}? {hint}"
+    elif message.startswith(_NO_COMMAND):
+        text, hint = _no_command(ctx, message, hint)
     elif "requires an argument" in message:
         text = f"{getattr(exc, 'option_name', 'the option')} needs a value"
     else:

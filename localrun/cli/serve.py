@@ -117,8 +117,8 @@ def _idle_unload(text: str, parse: Callable[[object, str], float]) -> float | No
     """--idle-unload in seconds; None: never (0, or a negative duration)."""
     try:
         seconds = parse(text, "--idle-unload")
-    except UsageError as exc:
-        raise UsageError(exc.message) from None
+    except UsageError:  # its wording is keep_alive's, where -1 is never and 0 is at once
+        raise UsageError(f'--idle-unload: {text!r} is not a duration (say "5m", "30s", seconds, or 0: never)') from None
     return None if seconds == 0 or seconds == float("inf") else seconds
 
 

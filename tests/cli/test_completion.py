@@ -49,3 +49,20 @@ def test_install_completion_writes_the_named_shells_files(home: Path) -> None:
     assert "compinit" in (home / ".zshrc").read_text()
     assert not (home / ".bashrc").exists()
     assert "zsh completion installed in" in res.stderr
+    assert f"2 lines added to {home / '.zshrc'}: `fpath+=~/.zfunc; autoload -Uz compinit; compinit`" in res.stderr
+
+
+def test_install_completion_says_it_added_a_line_to_bashrc(home: Path) -> None:
+    """A startup file of the user's is changed: said, with the line added; a second install adds none."""
+    (home / ".bashrc").write_text("alias ll='ls -l'\n")
+    res = cli("--install-completion", "bash")
+    assert res.returncode == 0, res.stderr
+    script = home / ".bash_completions" / "localrun.sh"
+    assert "COMPREPLY" in script.read_text()
+    assert (home / ".bashrc").read_text().startswith("alias ll='ls -l'\n")
+    assert res.stderr == (
+        f"bash completion installed in {script}; 1 line added to {home / '.bashrc'}: `source '{script}'`; "
+        "it works in shells started from now on\n"
+    )
+    again = cli("--install-completion", "bash")
+    assert again.returncode == 0 and "added to" not in again.stderr and "installed in" in again.stderr

@@ -84,6 +84,37 @@ def test_bad_content_names_the_file_and_key(text: str, where: str, reason: str) 
     assert reason in caught.value.message
 
 
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ("[defaults]\ntemp = 0.2\n", "did you mean temperature?"),  # llama.cpp's word
+        ("[defaults]\nmax_token = 5\n", "did you mean max_tokens?"),
+        ('model = "qwen2.5-coder:0.5b"\n', "model belongs in [defaults]: move it below a [defaults] line"),
+        (
+            'model = "x"\nthreads = 2\n[defaults]\ntemperature = 0\n',
+            "model, threads belong in [defaults]: move them below a [defaults] line",
+        ),
+        ("[default]\nthreads = 2\n", "did you mean [defaults]?"),
+        ("[defaults]\nbogus = 1\n", "fix or remove the config file named above"),  # nothing near it
+    ],
+)
+def test_a_misspelt_or_misplaced_key_says_what_was_meant(text: str, hint: str) -> None:
+    write_config(text)
+    with pytest.raises(ConfigError) as caught:
+        config.load()
+    assert caught.value.hint == hint
+
+
+def test_a_top_level_model_is_pointed_to_defaults(tiny_model: Path) -> None:
+    path = write_config('model = "qwen2.5-coder:0.5b"\n')
+    res = cli("generate", "-m", str(tiny_model), "-n", "2", "hi")
+    assert res.returncode == 6
+    assert res.stderr == (
+        f"error: {path}: unknown top-level key: model\n"
+        "hint: model belongs in [defaults]: move it below a [defaults] line\n"
+    )
+
+
 def test_a_broken_config_stops_generate_with_exit_6(tiny_model: Path) -> None:
     path = write_config("[defaults]\nthreads = -1\n")
     res = cli("generate", "-m", str(tiny_model), "-n", "2", "hi")

@@ -29,12 +29,24 @@ def _one_error(args: tuple[str, ...]) -> tuple[str, str]:
         (("logs", "show"), "missing RUN_ID", "localrun logs show --help"),
         (("generate", "--schem", "x"), "no such option --schem", "did you mean --schema"),
         (("bogus",), "no such command 'bogus'", "localrun --help"),
+        (("stats",), "no such command 'stats'", "did you mean localrun logs stats? localrun --help"),
+        (("clear",), "no such command 'clear'", "did you mean localrun cache clear?"),
+        (("lst",), "no such command 'lst'", "did you mean 'list'?"),
         (("list", "extra"), "unexpected extra argument: extra", "localrun list --help"),
     ],
 )
 def test_parsing_errors_are_one_line_with_a_hint(args: tuple[str, ...], error: str, hint: str) -> None:
     got_error, got_hint = _one_error(args)
     assert got_error == error and hint in got_hint
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "embed"])
+def test_an_unknown_option_suggests_only_a_close_one(command: str) -> None:
+    """Two long options share their dashes: that alone is no likeness (`--bogus` is not `--verbose`)."""
+    error, hint = _one_error((command, "--bogus"))
+    assert error == "no such option --bogus" and hint == f"localrun {command} --help shows the usage"
+    error, hint = _one_error((command, "--verbos"))
+    assert error == "no such option --verbos" and hint.startswith("did you mean --verbose? ")
 
 
 def test_words_after_the_prompt_get_a_hint_to_quote_it() -> None:
