@@ -259,10 +259,13 @@ def run_piped(
     from localrun.ui.text import oldest_turns
 
     env = current()
-    for turn, (_number, text) in enumerate(read_turns(iter(env.stdin)), len(session.turns) + 1):
+    first = len(session.turns) + 1
+    for turn, (_number, text) in enumerate(read_turns(iter(env.stdin)), first):
         plan = session.plan(text)
         if plan.dropped:
             out().note(f"note: dropped {oldest_turns(plan.dropped)} to fit the context")
+        if turn > first and not as_json:
+            env.stdout.write("\n")  # a blank line between replies, where one reply's lines would run into the next's
         renderer: Renderer = (
             JsonRenderer(env.stdout, extra={"turn": turn}, settings=settings)
             if as_json

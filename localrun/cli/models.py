@@ -61,8 +61,9 @@ def pull(
     reg = current().registry
     target = store.parse(model_name(name) or reg.default, reg)
     targets = [target]
-    if not no_draft and target.entry is not None and target.entry.draft:
-        targets.append(store.parse(target.entry.draft, reg))
+    entry = target.entry
+    if not no_draft and entry is not None and entry.draft and target.label == entry.alias:  # not by a hub name
+        targets.append(store.parse(entry.draft, reg))
     paths = []
     for t in targets:
         pulled = pull_with_progress(t, chosen)
@@ -178,7 +179,7 @@ def _local_table(rows: list[ListRow]) -> object:
     # the alias (what -m takes) is never cut; the source wraps, and goes first on a narrow terminal
     columns = (
         Column("MODEL"),
-        Column("PRESENT", drop=1),
+        Column("PULLED", drop=1),  # as `list --all` says it
         Column("SIZE", drop=2),
         Column("QUANT", drop=3),
         Column("DRAFT", drop=4),

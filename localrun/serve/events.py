@@ -52,9 +52,12 @@ class Stopping:
 
 @dataclass(frozen=True)
 class Notice:
-    """Something the server got over but the user should know (a damaged prompt cache file, a full disk)."""
+    """Something the server got over but the user should know (a damaged
+    prompt cache file, a full disk), or, not a ``warning``, what it did of
+    itself (a model loaded or unloaded on demand)."""
 
     text: str
+    warning: bool = True
 
 
 ServeEvent = Listening | RequestDone | ServerStatus | Stopping | Notice

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, ServerBusyError, UsageError
-from localrun.serve.events import ServerStatus
+from localrun.serve.events import Notice, ServerStatus
 from localrun.serve.heap import trim_heap
 from localrun.serve.served import ModelPlan, ServedModel, held_by, load_model, looks_like_path, placed
 from localrun.store.registry import Registry
@@ -181,7 +181,7 @@ class ModelTable:
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
         self._last_sweep = 0.0
         self._sweeping: asyncio.Future[list[str]] | None = None
-        self._said: list[str] = []  # loads and unloads, for the server's log (`notices`)
+        self._said: list[Notice] = []  # loads and unloads, for the server's log (`notices`)
 
     # -- finding --
 
@@ -296,8 +296,9 @@ class ModelTable:
                         t0 = time.monotonic()
                         entry.model = await in_own_thread(self._load_now, entry)
                         held = sum(entry.model.held.values())
-                        self._said.append(f"{entry.id}: loaded ({_mib(held)}) in {time.monotonic() - t0:.1f} s")
-                        self._said += [f"{entry.id}: {text}" for text in entry.model.engine.notices]
+                        took = time.monotonic() - t0
+                        self._said.append(Notice(f"{entry.id}: loaded ({_mib(held)}) in {took:.1f} s", warning=False))
+                        self._said += [Notice(f"{entry.id}: {text}") for text in entry.model.engine.notices]
                         break
                     except _NoRoom as no_room:
                         victim = self._victim(entry)
@@ -356,7 +357,7 @@ class ModelTable:
         assert model is not None
         entry.model = None
         entry.state = "unloading"
-        self._said.append(f"{entry.id}: unloaded")
+        self._said.append(Notice(f"{entry.id}: unloaded", warning=False))
         entry.keep_alive = None
         change = asyncio.ensure_future(in_own_thread(_free, model))
         entry.change = change
@@ -456,10 +457,10 @@ class ModelTable:
             tokens_per_s=sum(s.tokens_per_s for s in each),
         )
 
-    def notices(self) -> list[str]:
-        """What each model's scheduler had to say since the last call."""
+    def notices(self) -> list[Notice]:
+        """What the table (loads, unloads) and each model's scheduler had to say since the last call."""
         said, self._said = self._said, []
-        return said + [f"{m.id}: {text}" for m in self.models for text in m.worker.notices()]
+        return said + [Notice(f"{m.id}: {text}") for m in self.models for text in m.worker.notices()]
 
     def stop(self) -> None:
         """End every request still running or waiting (each gets an error saying why); no more are taken."""

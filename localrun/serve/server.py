@@ -17,7 +17,7 @@ import uvicorn
 
 from localrun.errors import UsageError
 from localrun.serve.app import AppSettings, create_app
-from localrun.serve.events import Listening, Notice, OnEvent, Stopping
+from localrun.serve.events import Listening, OnEvent, Stopping
 from localrun.serve.router import ModelTable
 
 DEFAULT_HOST = "127.0.0.1"
@@ -95,8 +95,8 @@ class _Server(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if counter % STATUS_TICKS == 0:
             self.on_event(self.table.status())
-            for text in self.table.notices():
-                self.on_event(Notice(text))
+            for notice in self.table.notices():
+                self.on_event(notice)
         self.table.tick()
         return await super().on_tick(counter)
 

@@ -89,6 +89,6 @@ class ServeView:
             elif isinstance(ev, RequestDone):
                 self._line(request_line(ev))
             elif isinstance(ev, Notice):
-                self._line(f"warning: {ev.text}")
+                self._line(f"{'warning' if ev.warning else 'note'}: {ev.text}")
             else:
                 self._line(stopping_line(ev))

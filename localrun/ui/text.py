@@ -37,8 +37,9 @@ def stats_line(stats: Stats) -> str:
 
 
 def session_line(totals: SessionTotals) -> str:
+    # no rate where no turn decoded long enough to time one (a reply of a token or two)
+    rate = f" at {totals.decode_rate:.1f} tok/s" if totals.decode_rate else ""
     return (
-        f"{count(totals.turns, 'turn')}, {count(totals.generated_tokens, 'token')} generated "
-        f"at {totals.decode_rate:.1f} tok/s, "
+        f"{count(totals.turns, 'turn')}, {count(totals.generated_tokens, 'token')} generated{rate}, "
         f"prompt tokens evaluated {totals.evaluated_tokens}, reused from the cache {totals.cached_tokens}"
     )

@@ -214,6 +214,10 @@ def test_summaries_read_as_sentences() -> None:
         "draft lookup: 0% of 1 drafted token kept, 0.0 per step"
     )
     assert session_line(SessionTotals(turns=1)).startswith("1 turn, ")
+    too_short = SessionTotals(turns=1, generated_tokens=2, evaluated_tokens=9)  # no decode long enough to time
+    assert session_line(too_short) == "1 turn, 2 tokens generated, prompt tokens evaluated 9, reused from the cache 0"
+    timed = SessionTotals(turns=2, generated_tokens=12, decode_seconds=2.0)
+    assert session_line(timed).startswith("2 turns, 12 tokens generated at 5.0 tok/s, prompt tokens evaluated 0")
     row = Row("speculative auto", note="lookup", extra={"acceptance": 1.0, "mean_accepted": 2.0})
     assert _note(row) == "lookup, 100% of drafted tokens kept, 2.0 per step"
 

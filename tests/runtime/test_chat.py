@@ -124,7 +124,7 @@ def test_piped_chat_answers_each_line(tiny_model: Path) -> None:
     plain = cli("chat", "-m", str(tiny_model), "-n", "6", "-t", "0", input="first\nsecond\n")
     assert plain.returncode == 0, plain.stderr
     replies = ["".join(e["text"] for e in events if e["type"] == "token" and e["turn"] == n) for n in (1, 2)]
-    assert plain.stdout == "".join(r + "\n" for r in replies)
+    assert plain.stdout == "\n".join(r + "\n" for r in replies)  # a blank line between replies
 
 
 def test_piped_chat_bad_jsonl_line(tiny_model: Path) -> None:

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from scripts.bench_router import register_pulled
+from tests.helpers import cli
 from tests.serve.conftest import Server, start
 
 ALPHA, BETA = "alpha:test", "beta:test"
@@ -56,7 +57,8 @@ def test_alternating_requests_are_each_answered_by_the_model_named(on_demand: Se
         if "alpha:test: unloaded" in on_demand.log:
             break
         httpx.get(on_demand.url + "/health", timeout=30)
-    assert "alpha:test: loaded (" in on_demand.log and "alpha:test: unloaded" in on_demand.log
+    assert "note: alpha:test: loaded (" in on_demand.log and "note: alpha:test: unloaded" in on_demand.log
+    assert "warning: alpha:test" not in on_demand.log  # what the server does of itself is no warning
 
 
 def test_load_and_unload_by_hand(on_demand: Server) -> None:
@@ -152,6 +154,15 @@ def test_eviction_never_takes_the_model_a_stream_runs_on(long_model: Path, wide_
                 break
         assert ask(client, BETA) == BETA
         assert listed(server)[ALPHA]["value"] == "unloaded"
+
+
+def test_a_bad_idle_unload_offers_what_help_says_never_is() -> None:
+    """0 is never, as --help says; keep_alive's -1 (its never, where 0 unloads at once) is not offered."""
+    shown = cli("serve", "--port", "0", "--idle-unload", "banana")
+    assert shown.returncode == 2
+    error = "error: --idle-unload: 'banana' is not a duration"
+    assert shown.stderr == error + ' (say "5m", "30s", seconds, or 0: never)\n'
+    assert "seconds; 0: never)" in " ".join(cli("serve", "--help").stdout.split())  # the help, unwrapped
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--idle-unload", "soon"), ("--models-max", "-1")])

@@ -16,6 +16,7 @@ def test_log_lines_without_a_terminal() -> None:
         view.handle(RequestDone("POST", "/v1/chat/completions", 200, "tiny", 21, 18, 8, 40.0, 0.5, "length"))
         view.handle(RequestDone("POST", "/v1/completions", 400, outcome="not supported by this server: n"))
         view.handle(Notice("tiny: prompt cache file x.kv is truncated: ignored, rebuilding it"))
+        view.handle(Notice("tiny: loaded (84 MiB) in 0.3 s", warning=False))  # information, no warning
         view.handle(Stopping(2, 10.0))
     lines = [line.split(" ", 1)[1] for line in stream.getvalue().splitlines()]  # after the time
     assert lines == [
@@ -24,6 +25,7 @@ def test_log_lines_without_a_terminal() -> None:
         "POST /v1/chat/completions 200 tiny: prompt 21 (18 cached), 8 tokens at 40.0 tok/s, 0.50s, length",
         "POST /v1/completions 400 not supported by this server: n",
         "warning: tiny: prompt cache file x.kv is truncated: ignored, rebuilding it",
+        "note: tiny: loaded (84 MiB) in 0.3 s",
         "stopping: 2 request(s) in flight get up to 10s to finish",
     ]
 

@@ -99,6 +99,7 @@ def test_list_shows_this_machine_and_list_all_the_catalogue_by_family(tiny_model
     table = cli("list")
     assert "smollm2:135m" in table.stdout and "qwen3:8b" not in table.stdout
     assert f"shows the catalogue ({len(ENTRIES)} models)" in table.stdout
+    assert table.stdout.split()[:2] == ["MODEL", "PULLED"]  # the word `list --all` uses
 
     everything = json.loads(cli("list", "--all", "--json").stdout)
     rows = everything["models"]
@@ -111,6 +112,7 @@ def test_list_shows_this_machine_and_list_all_the_catalogue_by_family(tiny_model
     assert [r["present"] for r in rows].count(True) == 1
 
     grouped = cli("list", "--catalogue").stdout.splitlines()  # the same, by its other name
+    assert grouped[0].split()[:2] == ["MODEL", "PULLED"]
     gemma = grouped.index("Gemma 3")
     assert [line.split()[0] for line in grouped[gemma + 1 : gemma + 6]] == [
         "gemma3:270m",
