@@ -4,11 +4,12 @@ raises; and a terminal that does not echo keys over the live panel."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from localrun.cli._env import current
 
@@ -41,7 +42,9 @@ def no_echo(stream: TextIO | None) -> Iterator[None]:
     """While the live panel is drawn: the terminal behind ``stream`` does not
     echo what is typed, ^C included, which would move the cursor under the
     panel and leave its top border drawn twice. Keys typed meanwhile stay
-    queued for the next prompt. Nothing changes when ``stream`` is not a terminal."""
+    queued for the next prompt. Nothing changes when ``stream`` is not a
+    terminal, or when this process runs in the background (`... &`), where
+    changing the terminal would stop it ("Stopped (tty output)")."""
     try:
         import termios
 
@@ -50,14 +53,45 @@ def no_echo(stream: TextIO | None) -> Iterator[None]:
     except (ImportError, OSError, ValueError, AttributeError):  # no terminal (a pipe, a StringIO, Windows)
         yield
         return
+    except termios.error:  # not a terminal
+        yield
+        return
     quiet = list(saved)
     quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)  # lflags
-    termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keys already typed stay queued
+    changed = _set_attributes(fd, quiet)
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            termios.tcsetattr(fd, termios.TCSANOW, saved)
+        if changed:
+            _set_attributes(fd, saved)
+
+
+def _in_foreground(fd: int) -> bool:
+    """Whether this process may change the terminal behind ``fd``: it is in
+    that terminal's foreground process group. A job in the background that
+    changes its terminal is sent SIGTTOU, which stops it. A terminal that is
+    not this process's controlling one (no process group to ask for) sends
+    no such signal."""
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:  # not our controlling terminal
+        return True
+
+
+def _set_attributes(fd: int, attrs: list[Any]) -> bool:
+    """Set the terminal's attributes, now (keys already typed stay queued),
+    when this process is in its foreground; whether they were set. A signal
+    that interrupts the call (EINTR) leaves the terminal as it was: its
+    handler has run, and a Ctrl-C goes on as Ctrl-C does."""
+    import termios
+
+    if not _in_foreground(fd):
+        return False
+    try:
+        termios.tcsetattr(fd, termios.TCSANOW, attrs)
+    except (termios.error, OSError):  # interrupted (EINTR), or the terminal went away
+        return False
+    return True
 
 
 def terminal() -> TextIO | None:
@@ -91,7 +125,7 @@ def _echo_on(keys: TextIO | None) -> None:
     try:
         fd = keys.fileno() if keys is not None else -1
         attrs = termios.tcgetattr(fd)
-        attrs[3] |= termios.ECHO | termios.ECHOCTL
-        termios.tcsetattr(fd, termios.TCSANOW, attrs)
     except (termios.error, OSError, ValueError, AttributeError):  # not a terminal
         return
+    attrs[3] |= termios.ECHO | termios.ECHOCTL
+    _set_attributes(fd, attrs)
