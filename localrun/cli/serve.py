@@ -33,7 +33,7 @@ Models = Annotated[
         "-m",
         "--model",
         help="A model to serve (repeatable), loaded at start and kept: alias, owner/repo:QUANT, hf://... "
-        "or a GGUF path. Default: none; every pulled model loads when a request names it.",
+        "or a GGUF path. Every other pulled model loads when a request names it.",
         show_default=False,
     ),
 ]
@@ -79,6 +79,8 @@ def _plans(
         if any(p.id == ident for p in plans):
             raise UsageError(f"two models would both be called {ident!r}", hint="serve each once")
         given = {n for n in (name, resolved.target.label) if n and not looks_like_path(n)}  # never a path
+        file = resolved.config.model_path  # its file's own name, with .gguf or without, as a pulled model answers
+        given |= {file.name, file.stem}
         if contexts is not None:
             contexts[ident] = _history.context("serve", resolved, draft=spec)
         plans.append(
@@ -281,14 +283,14 @@ def serve_command(
         )
 
     pinned = plans(list(model), offline) if model else []
-    servable = [] if model else _pulled(lambda alias: plans([alias], True)[0])
+    servable = _pulled(lambda alias: plans([alias], True)[0])  # beside the -m ones (the table skips those)
     if not pinned and not servable:
         raise UsageError("no model is pulled to serve", hint="localrun pull MODEL, or serve -m MODEL")
     table = ModelTable(
         load_models(pinned), env.registry, servable=servable, models_max=models_max, idle_unload_s=idle_s
     )
     for served in table.models:
-        for notice in served.engine.notices:
+        for notice in served.notices:
             out().warn(f"{served.id}: {notice}")
     settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
     with (

@@ -176,7 +176,7 @@ class ModelTable:
         self.idle_unload_s = idle_unload_s  # None: never
         self.entries: list[_Entry] = [_Entry(m.id, m.names, None, pinned=True, model=m, state="loaded") for m in models]
         for each in servable:
-            if not any(e.answers_to(each.id) for e in self.entries):
+            if not any(e.answers_to(name) for e in self.entries for name in (each.id, *each.names)):  # given with -m
                 self.entries.append(_Entry(each.id, each.names, each.plan))
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
         self._last_sweep = 0.0
@@ -298,7 +298,7 @@ class ModelTable:
                         held = sum(entry.model.held.values())
                         took = time.monotonic() - t0
                         self._said.append(Notice(f"{entry.id}: loaded ({_mib(held)}) in {took:.1f} s", warning=False))
-                        self._said += [Notice(f"{entry.id}: {text}") for text in entry.model.engine.notices]
+                        self._said += [Notice(f"{entry.id}: {text}") for text in entry.model.notices]
                         break
                     except _NoRoom as no_room:
                         victim = self._victim(entry)

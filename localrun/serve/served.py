@@ -59,6 +59,19 @@ class ServedModel:
     system: str | None
     created: int = field(default_factory=lambda: int(time.time()))
     embedder: Embedder | None = None  # an embedding model's second context, for /v1/embeddings and /v1/rerank
+    chat: bool = True  # whether chat requests are what it is for (not an embedding model)
+
+    @property
+    def notices(self) -> list[str]:
+        """What the server says of it once loaded: the engine's notices, and
+        that a chat model without a chat template refuses every chat request."""
+        said = list(self.engine.notices)
+        if self.template is None and self.chat:
+            said.append(
+                "no chat template: chat requests are refused (400); "
+                "start the server with --template NAME, or use /v1/completions"
+            )
+        return said
 
     @property
     def capacity(self) -> int:
@@ -119,6 +132,7 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
     worker.start()
     served = ServedModel(plan.id, plan.names, engine, worker, describe(plan.info), template, plan.system)
     served.embedder = embedder
+    served.chat = not makes_embeddings(plan.info)
     return served
 
 
