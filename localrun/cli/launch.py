@@ -34,7 +34,8 @@ def launch_command(
         typer.Option(
             "-m",
             "--model",
-            help="The model: what -m takes (default: LOCALRUN_MODEL, else config.toml's model).",
+            help="The model: what -m takes (default: LOCALRUN_MODEL, else config.toml's model, else the registry's"
+            " default).",
             show_default=False,
         ),
     ] = None,

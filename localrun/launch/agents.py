@@ -11,13 +11,18 @@ own configuration file.
   haiku aliases stand for from ANTHROPIC_DEFAULT_{OPUS,SONNET,HAIKU}_MODEL
   (ANTHROPIC_SMALL_FAST_MODEL in its older versions, CLAUDE_CODE_SUBAGENT_MODEL
   for subagents): all the one local model. CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC
-  turns off its telemetry, error reports and update checks.
+  turns off its telemetry, error reports and update checks;
+  CLAUDE_CODE_ATTRIBUTION_HEADER=0 and CLAUDE_CODE_TOTAL_TOKENS_REMINDER=off
+  keep text that changes from request to request out of the prompt, so the
+  server's prompt cache is reused (what ollama sets).
 - Codex speaks the Responses API. A model provider is a table under
   `model_providers` in its config.toml, or the same keys given with
   `-c key=value` (values in TOML), which leave the user's file as it is:
   `base_url` (ending in /v1; it adds /responses), `wire_api = "responses"`,
   `env_key` (the variable it reads the token from); `model_provider` picks
-  it and `-m`/`model` the model. The names openai, ollama and lmstudio are
+  it and `-m`/`model` the model, `model_context_window` its context (in
+  tokens: where Codex compacts the conversation; it knows no such number for
+  a model it does not know). The names openai, ollama and lmstudio are
   its own, so the provider is called localrun.
 - opencode takes a provider of the npm package @ai-sdk/openai-compatible
   with `options.baseURL` (…/v1) and `options.apiKey` (`{env:NAME}` reads a
@@ -76,7 +81,7 @@ class AgentConfig:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-def _claude(endpoint: Endpoint, model: str) -> AgentConfig:
+def _claude(endpoint: Endpoint, model: str, _context_window: int | None) -> AgentConfig:
     env = {
         "ANTHROPIC_BASE_URL": endpoint.url.rstrip("/"),
         "ANTHROPIC_AUTH_TOKEN": endpoint.token or NO_KEY,
@@ -88,6 +93,8 @@ def _claude(endpoint: Endpoint, model: str) -> AgentConfig:
         "ANTHROPIC_SMALL_FAST_MODEL": model,
         "CLAUDE_CODE_SUBAGENT_MODEL": model,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",  # no per-request text at the prompt's head: the prompt cache holds
+        "CLAUDE_CODE_TOTAL_TOKENS_REMINDER": "off",  # nor a changing token count in it (what ollama sets too)
     }
     return AgentConfig("claude", model, env, settings={"env": env})
 
@@ -96,17 +103,21 @@ def codex_provider(endpoint: Endpoint) -> dict[str, str]:
     return {"name": PROVIDER, "base_url": endpoint.v1, "env_key": TOKEN_VAR, "wire_api": "responses"}
 
 
-def _codex(endpoint: Endpoint, model: str) -> AgentConfig:
+def _codex(endpoint: Endpoint, model: str, context_window: int | None) -> AgentConfig:
     provider = codex_provider(endpoint)
     args = ["-c", f"model_provider={json.dumps(PROVIDER)}"]
     for key, value in provider.items():
         args += ["-c", f"model_providers.{PROVIDER}.{key}={json.dumps(value)}"]  # a JSON string is a TOML string
+    settings: dict[str, Any] = {"model": model, "model_provider": PROVIDER}
+    if context_window is not None:
+        args += ["-c", f"model_context_window={context_window}"]
+        settings["model_context_window"] = context_window
     args += ["-m", model]
-    settings = {"model": model, "model_provider": PROVIDER, "model_providers": {PROVIDER: provider}}
+    settings["model_providers"] = {PROVIDER: provider}
     return AgentConfig("codex", model, {TOKEN_VAR: endpoint.token or NO_KEY}, tuple(args), settings)
 
 
-def _opencode(endpoint: Endpoint, model: str) -> AgentConfig:
+def _opencode(endpoint: Endpoint, model: str, _context_window: int | None) -> AgentConfig:
     settings: dict[str, Any] = {
         "provider": {
             PROVIDER: {
@@ -122,9 +133,10 @@ def _opencode(endpoint: Endpoint, model: str) -> AgentConfig:
     return AgentConfig("opencode", model, env, settings=settings)
 
 
-def configure(agent: Agent, endpoint: Endpoint, model: str) -> AgentConfig:
-    """What ``agent`` is given to use ``model`` on the server at ``endpoint``."""
-    return {"claude": _claude, "codex": _codex, "opencode": _opencode}[agent](endpoint, model)
+def configure(agent: Agent, endpoint: Endpoint, model: str, context_window: int | None = None) -> AgentConfig:
+    """What ``agent`` is given to use ``model`` on the server at ``endpoint``
+    (``context_window``: the model's context in tokens, where it is known)."""
+    return {"claude": _claude, "codex": _codex, "opencode": _opencode}[agent](endpoint, model, context_window)
 
 
 def find_program(agent: Agent) -> Path:

@@ -49,6 +49,19 @@ def is_localrun(url: str) -> bool:
 
 def model_ids(endpoint: Endpoint) -> list[str]:
     """The models the server lists (/v1/models); a refused key is an error saying which variable to set."""
+    return list(model_contexts(endpoint))
+
+
+def _context(model: dict[str, Any]) -> int | None:
+    meta = model.get("meta")
+    n_ctx = meta.get("n_ctx") if isinstance(meta, dict) else None
+    return n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
+
+
+def model_contexts(endpoint: Endpoint) -> dict[str, int | None]:
+    """The models the server lists (/v1/models), in its order, each with its
+    context in tokens (None: not loaded, so not known yet); a refused key is
+    an error saying which variable to set."""
     try:
         listed = _get(f"{endpoint.v1}/models", endpoint.token, timeout=10)
     except urllib.error.HTTPError as exc:
@@ -61,7 +74,7 @@ def model_ids(endpoint: Endpoint) -> list[str]:
         raise RemoteUnavailableError(f"the localrun server at {endpoint.url} answered {exc.code}") from None
     except (OSError, ValueError) as exc:
         raise RemoteUnavailableError(f"the localrun server at {endpoint.url} did not answer: {exc}") from None
-    return [str(m["id"]) for m in listed.get("data", []) if isinstance(m, dict) and "id" in m]
+    return {str(m["id"]): _context(m) for m in listed.get("data", []) if isinstance(m, dict) and "id" in m}
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from localrun import paths, store
-from localrun.errors import LaunchError, ModelNotFoundError
+from localrun import paths
+from localrun.errors import LaunchError
 from localrun.launch.agents import Agent, AgentConfig, Endpoint, configure, find_program
 from localrun.launch.server import (
     DEFAULT_HOST,
@@ -23,7 +23,7 @@ from localrun.launch.server import (
     START_TIMEOUT_S,
     Progress,
     is_localrun,
-    model_ids,
+    model_contexts,
     started_server,
 )
 from localrun.store.registry import Registry
@@ -43,23 +43,10 @@ class LaunchPlan:
     timeout_s: float = START_TIMEOUT_S
 
 
-def pulled_models(registry: Registry) -> list[str]:
-    """The registry's models that are on this machine, by alias."""
-    return [alias for alias, entry in registry.entries.items() if store.locate(store.Target.from_entry(entry))]
-
-
 def pick_model(given: str | None, config_model: str | None, registry: Registry) -> str:
-    """`--model`, else LOCALRUN_MODEL, else config.toml's `model`; without
-    any, an error listing what is pulled."""
-    chosen = given or os.environ.get("LOCALRUN_MODEL") or config_model
-    if chosen:
-        return chosen
-    pulled = pulled_models(registry)
-    listed = ", ".join(pulled) if pulled else "none yet (localrun pull MODEL)"
-    raise ModelNotFoundError(
-        "no model to launch with: --model not given, and no default model set",
-        hint=f"give --model, or set [defaults] model in config.toml or LOCALRUN_MODEL; pulled: {listed}",
-    )
+    """`--model`, else LOCALRUN_MODEL, else config.toml's `model`, else the
+    registry's default: the model every other command takes."""
+    return given or os.environ.get("LOCALRUN_MODEL") or config_model or registry.default
 
 
 def served_name(model: str, ids: Sequence[str]) -> str:
@@ -135,22 +122,25 @@ def launch(plan: LaunchPlan, *, registry: Registry, config_model: str | None, pr
     url = f"http://{_reachable_host(plan.host)}:{plan.port}"
     if is_localrun(url):
         endpoint = Endpoint(url, os.environ.get("LOCALRUN_API_KEY") or None)
-        ids = model_ids(endpoint)
+        contexts = model_contexts(endpoint)
+        ids = list(contexts)
         name = served_name(model, ids)
         if name not in ids:
             progress(f"note: the server at {url} does not list {name} (it lists {', '.join(ids) or 'none'})")
         progress(f"using the localrun server at {url}")
-        return run_agent(program, configure(plan.agent, endpoint, name), plan.agent_args)
+        config = configure(plan.agent, endpoint, name, contexts.get(name))
+        return run_agent(program, config, plan.agent_args)
     log = paths.ensure_dir(paths.data_dir() / "launch") / f"serve-{plan.agent}-{os.getpid()}.log"
     with (
         _ending_signals_exit(),
         started_server(plan.model, log, progress=progress, timeout_s=plan.timeout_s) as started,
     ):
-        ids = model_ids(started.endpoint)
-        if not ids:
+        contexts = model_contexts(started.endpoint)
+        if not contexts:
             raise LaunchError("the server started serves no model", hint=f"its log: {started.log}")
-        name = served_name(model, ids)
+        name = served_name(model, list(contexts))
         progress(f"running {plan.agent} with {name} on {started.endpoint.url}")
-        code = run_agent(program, configure(plan.agent, started.endpoint, name), plan.agent_args)
+        config = configure(plan.agent, started.endpoint, name, contexts.get(name))
+        code = run_agent(program, config, plan.agent_args)
     log.unlink(missing_ok=True)  # the server came up and went: its log is kept only when something failed
     return code

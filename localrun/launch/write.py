@@ -28,13 +28,16 @@ def env_lines(env: dict[str, str]) -> str:
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
 
 
-def _toml_value(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a TOML basic string
+def _toml_value(value: str | int) -> str:
+    return json.dumps(value)  # a JSON string is a TOML basic string, a JSON integer a TOML integer
+
+
+_CODEX_TOP = ("model", "model_provider", "model_context_window")
 
 
 def codex_toml(settings: dict[str, Any]) -> str:
     """Codex's settings as config.toml text: the top-level keys, then the provider's table."""
-    top = "".join(f"{key} = {_toml_value(settings[key])}\n" for key in ("model", "model_provider"))
+    top = "".join(f"{key} = {_toml_value(settings[key])}\n" for key in _CODEX_TOP if key in settings)
     provider = settings["model_providers"][PROVIDER]
     table = "".join(f"{key} = {_toml_value(value)}\n" for key, value in provider.items())
     return f"{top}\n[model_providers.{PROVIDER}]\n{table}"
@@ -95,7 +98,7 @@ def _merged_json(path: Path, old: str | None, update: dict[str, Any]) -> str:
 
 _HEADER = re.compile(r"^\s*\[")
 _OURS = re.compile(rf"^\s*\[\s*model_providers\s*\.\s*\"?{PROVIDER}\"?\s*\]\s*(#.*)?$")
-_TOP_KEYS = re.compile(r"^\s*(model|model_provider)\s*=")
+_TOP_KEYS = re.compile(r"^\s*(model|model_provider|model_context_window)\s*=")
 
 
 def _merged_toml(path: Path, old: str | None, settings: dict[str, Any]) -> str:

@@ -21,7 +21,11 @@ from typing import Any
 
 import pytest
 
-from localrun.launch.server import free_port, is_localrun
+from localrun import paths
+from localrun.launch.agents import Endpoint, configure
+from localrun.launch.server import free_port, is_localrun, model_contexts
+from localrun.launch.write import config_text, write_config
+from localrun.store import registry
 from tests.helpers import cli, cli_process
 
 STANDIN = """#!{python}
@@ -143,12 +147,15 @@ def test_a_started_server_serves_the_agent_then_stops(
             assert env[variable] == "tiny"
         assert env["ANTHROPIC_API_KEY"] == ""
         assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+        assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and env["CLAUDE_CODE_TOTAL_TOKENS_REMINDER"] == "off"
     else:
         token = env["LOCALRUN_API_KEY"]
         assert record["reply"]["model"] == "tiny"
     if agent == "codex":
         assert record["reply"]["listed"] == ["tiny"]
         assert args[args.index("-m") + 1] == "tiny"
+        window = next(a for a in args if a.startswith("model_context_window="))
+        assert int(window.partition("=")[2]) > 0  # the served model's context
     assert len(token) >= 20 and token != os.environ.get("LOCALRUN_API_KEY")  # a fresh random key
     assert _refused(url)  # the server launch started is gone once the agent has exited
     assert "starting localrun serve" in result.stderr
@@ -268,10 +275,72 @@ def test_an_agent_not_installed_is_one_line_and_how_to_install(agent: str, tmp_p
     assert "starting" not in result.stderr  # no server was started for nothing
 
 
-def test_no_model_lists_what_is_pulled(agents_bin: Path, tmp_path: Path) -> None:
-    result = cli("launch", "claude", env=_env(agents_bin, tmp_path / "agent.json"))
-    assert result.returncode == 3
-    assert "--model" in result.stderr and "pulled: none yet" in result.stderr
+def _exports(stdout: str) -> dict[str, str]:
+    return dict(line.removeprefix("export ").split("=", 1) for line in stdout.splitlines())
+
+
+def test_config_without_a_model_takes_the_default_model_as_every_command_does() -> None:
+    default = registry.load().default
+    result = cli("launch", "claude", "--config")
+    assert result.returncode == 0, result.stderr  # not "no model" (exit 3)
+    assert _exports(result.stdout)["ANTHROPIC_MODEL"] == default  # the registry's default
+    (paths.config_dir()).mkdir(parents=True, exist_ok=True)
+    (paths.config_dir() / "config.toml").write_text('[defaults]\nmodel = "qwen2.5-coder:0.5b"\n')
+    chosen = cli("launch", "codex", "--config")
+    assert chosen.returncode == 0, chosen.stderr
+    assert tomllib.loads(chosen.stdout)["model"] == "qwen2.5-coder:0.5b"  # config.toml's model before it
+    env = cli("launch", "opencode", "--config", env={"LOCALRUN_MODEL": "qwen"})
+    assert json.loads(env.stdout)["model"] == "localrun/qwen"  # LOCALRUN_MODEL before both
+
+
+def test_claude_code_keeps_the_prompt_cache_warm() -> None:
+    result = cli("launch", "claude", "--config", "-m", "qwen")
+    lines = _exports(result.stdout)
+    assert lines["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    assert lines["CLAUDE_CODE_TOTAL_TOKENS_REMINDER"] == "off"
+
+
+def test_codex_is_given_the_models_context_window(tmp_path: Path) -> None:
+    endpoint = Endpoint("http://127.0.0.1:8080")
+    config = configure("codex", endpoint, "qwen", 4096)
+    assert config.args[config.args.index("model_context_window=4096") - 1] == "-c"
+    assert tomllib.loads(config_text(config))["model_context_window"] == 4096
+    home = tmp_path / "codex"
+    home.mkdir()
+    (home / "config.toml").write_text('model = "gpt-5"\nmodel_context_window = 400000\n')
+    written = write_config(config, home / "config.toml")
+    merged = tomllib.loads(written.path.read_text())
+    assert merged["model"] == "qwen" and merged["model_context_window"] == 4096  # the old model's dropped
+    unknown = configure("codex", endpoint, "qwen")  # not loaded yet: Codex keeps its own guess
+    assert "model_context_window" not in config_text(unknown) and not any("context" in a for a in unknown.args)
+
+
+def test_the_context_window_is_read_from_the_servers_model_list() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    listing = {"data": [{"id": "a", "meta": {"n_ctx": 8192}}, {"id": "b"}, {"id": "c", "meta": {"n_ctx": True}}]}
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(listing).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        contexts = model_contexts(Endpoint(f"http://127.0.0.1:{server.server_address[1]}"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert contexts == {"a": 8192, "b": None, "c": None}
 
 
 def test_config_prints_claude_codes_variables() -> None:
@@ -436,3 +505,28 @@ def test_a_server_not_ready_in_time_is_an_error_and_is_stopped(
     port = result.stderr.split("starting localrun serve on 127.0.0.1:", 1)[1].split()[0]
     assert not _serving_on(port)  # stopped, not left behind
     assert not out.exists()
+
+
+def test_claude_codes_tool_arguments_keep_the_models_key_order() -> None:
+    """Claude Code sends a call back as it got it: the same bytes in the
+    same order keep the prompt cache's prefix."""
+    from localrun.serve.anthropic import _tool_blocks, chat_request
+    from localrun.structured.toolcalls.calls import Call
+
+    arguments = {"zone": "Europe/Paris", "city": "Paris", "units": {"temp": "C", "speed": "km/h"}}
+    (block,) = _tool_blocks([Call("get_weather", arguments)])
+    assert json.dumps(block["input"]) == json.dumps(arguments)  # as written, not sorted
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": arguments}
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "18"}]},
+        ],
+    }
+    request = chat_request(json.dumps(body).encode())
+    call = request.model_dump()["messages"][1]["tool_calls"][0]["function"]
+    assert list(json.loads(call["arguments"])) == ["zone", "city", "units"]
+    assert call["arguments"].index('"zone"') < call["arguments"].index('"city"') < call["arguments"].index('"units"')
