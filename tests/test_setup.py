@@ -146,3 +146,63 @@ def test_detect_prints_the_backend_and_why_and_builds_nothing(tmp_path: Path) ->
     assert lines["wheel"].startswith("not built yet")
     assert not (project / ".venv").exists()
     assert not house.exists()
+
+
+IGNORED = "WARNING: Location 'file:///opt/pypi/simple/{}/' is ignored: it is neither a file nor a directory."
+PIP_STANDIN = """#!/bin/bash
+# python, except `-m pip` and `-m venv`: pip warns as a shared pip.conf makes it, and builds an empty wheel
+if [ "$1" = -m ] && [ "$2" = pip ]; then
+  for name in numpy typer llama-cpp-python; do printf '%s\\n' "{ignored}" | sed "s/{{}}/$name/" >&2; done
+  echo "WARNING: a real warning" >&2
+  if [ "$3" = wheel ]; then
+    while [ "$#" -gt 0 ]; do
+      [ "$1" = -w ] && mkdir -p "$2" && touch "$2/llama_cpp_python-{version}-py3-none-any.whl"
+      shift
+    done
+  fi
+  [ -z "${{PIP_FAILS:-}}" ] || {{ echo "ERROR: No matching distribution found" >&2; exit 1; }}
+  exit 0
+fi
+if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && exit 0; fi
+exec {python} "$@"
+"""
+
+
+def _setup_with_a_noisy_pip(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """scripts/setup on a copy of the project, with a stand-in for pip (in
+    PYTHON, then in the .venv it makes): no real build, no real install."""
+    import shutil
+
+    version = re.search(r'"llama-cpp-python==([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert version is not None
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    for name in ("scripts/setup", "scripts/_backend.py", "scripts/_patch_sdist.py", "pyproject.toml"):
+        shutil.copy2(ROOT / name, project / name)
+    name = f"llama_cpp_python-{version[1]}"
+    house = tmp_path / "wheelhouse"
+    (house / "sdist").mkdir(parents=True)
+    with tarfile.open(house / "sdist" / f"{name}.tar.gz", "w:gz") as tar:
+        tar.add(_sdist_tree(tmp_path / name), arcname=name)
+    python = tmp_path / "python"
+    python.write_text(PIP_STANDIN.format(ignored=IGNORED, version=version[1], python=sys.executable))
+    python.chmod(0o755)
+    env = {**os.environ, "LOCALRUN_WHEELHOUSE": str(house), "PYTHON": str(python), "LOCALRUN_BACKEND": "cpu", **extra}
+    return subprocess.run(
+        [str(project / "scripts" / "setup")], capture_output=True, text=True, env=env, check=False, timeout=120
+    )
+
+
+def test_setup_drops_pips_warnings_about_locations_that_are_not_here(tmp_path: Path) -> None:
+    done = _setup_with_a_noisy_pip(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "is ignored: it is neither a file nor a directory" not in done.stderr + done.stdout
+    assert done.stderr.count("WARNING: a real warning") == 3  # the build and the two installs: pip's others stay
+    assert "setup: ready:" in done.stderr
+
+
+def test_setup_still_stops_on_pips_errors_and_shows_them(tmp_path: Path) -> None:
+    done = _setup_with_a_noisy_pip(tmp_path, PIP_FAILS="1")
+    assert done.returncode != 0
+    assert "ERROR: No matching distribution found" in done.stderr
+    assert "is ignored" not in done.stderr and "setup: ready:" not in done.stderr
