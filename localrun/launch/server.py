@@ -47,11 +47,6 @@ def is_localrun(url: str) -> bool:
     return isinstance(health, dict) and health.get("server") == "localrun"
 
 
-def model_ids(endpoint: Endpoint) -> list[str]:
-    """The models the server lists (/v1/models); a refused key is an error saying which variable to set."""
-    return list(model_contexts(endpoint))
-
-
 def _context(model: dict[str, Any]) -> int | None:
     meta = model.get("meta")
     n_ctx = meta.get("n_ctx") if isinstance(meta, dict) else None

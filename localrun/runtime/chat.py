@@ -154,7 +154,7 @@ class ChatSession:
         self._pending_text = text
         mark = None
         if self.engine.cuts.recurrent:  # only a recurrent memory needs a checkpoint to start there again
-            mark = reply_start(self.engine, self.template, self.messages(), tokens, self.switches)
+            mark = reply_start(self.engine, self.template, self.messages(), text, tokens, self.switches)
         return TurnPlan(tokens, dropped, (mark,) if mark else ())
 
     def _tokens_for(self, text: str) -> list[int]:

@@ -45,17 +45,17 @@ def reply_start(
     engine: Tokens,
     template: str,
     messages: Sequence[Mapping[str, Any]],
+    text: str,
     tokens: Sequence[int],
     switches: Mapping[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> int | None:
-    """Where, in ``tokens`` (the rendered ``messages``), the next turn's
+    """Where, in ``tokens`` (``text``: the rendered ``messages``), the next turn's
     prompt parts from this one: that turn renders this reply, and a thinking
     template drops the thinking its generation prompt opened. Found by
     rendering the conversation once more as the next turn will (a reply, a
     user message); None where the template will not."""
     try:
-        text = render_messages(engine, template, messages, tools, switches)
         later = [{"role": "assistant", "content": "."}, {"role": "user", "content": "."}]
         replied = render_messages(engine, template, [*messages, *later], tools, switches)
     except Exception:  # a template that refuses the shape: no mark, nothing else changes
