@@ -407,11 +407,13 @@ def show(
 def _memory_text(info: ModelInfo) -> str:
     """What a context holds: a KV cache in how many layers, and a recurrent
     model's state, one per sequence whatever its length."""
+    from localrun.gguf.info import ATTENTION, RECURRENT
+
     kv = f"a KV cache in {info.attention_layers} of {info.layers} layers"
-    if info.memory == "attention":
+    if info.memory == ATTENTION:
         return f"attention: {kv}"
     per_sequence = f"({human_bytes(info.recurrent_bytes())} per sequence)"
-    if info.memory == "recurrent":
+    if info.memory == RECURRENT:
         return f"recurrent: a state in {info.recurrent_layers} of {info.layers} layers {per_sequence}, no KV cache"
     return f"hybrid: {kv}, a recurrent state in {info.recurrent_layers} {per_sequence}"
 
