@@ -1,8 +1,6 @@
-"""Reasoning models: how each family marks its thinking, and the thinking
-told apart from the answer.
-
-A family is recognized from its chat template (the markers it renders and
-strips, the switches it reads) and confirmed by what the model generates:
+"""Reasoning models: the thinking told apart from the answer, by the
+markers of the chat template's format (`localrun.chatformat`), confirmed by
+what the model generates:
 
 - ``<think>…</think>`` (Qwen3, QwQ, DeepSeek-R1 and its distills, SmolLM3,
   GLM, Kimi, MiniMax, Nemotron, ...) and its kin with other tags (Seed-OSS
@@ -34,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from localrun import chatformat
+from localrun.chatformat.thinking import ReasoningFormat
 from localrun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -43,62 +43,6 @@ PieceKind = Literal["reasoning", "content"]
 Piece = tuple[PieceKind, str]
 ThinkMode = Literal["auto", "on", "off", "show"]
 THINK_MODES: tuple[ThinkMode, ...] = ("auto", "on", "off", "show")
-
-HARMONY = "harmony"
-
-
-@dataclass(frozen=True)
-class ReasoningFormat:
-    """One family's thinking markers: ``start`` opens it, ``end`` closes it.
-    ``forced`` is what a spent budget forces (the closing marker, and for
-    harmony the header of the final answer); ``answer`` is what the answer
-    starts after (``end`` itself, or harmony's final header)."""
-
-    name: str
-    start: str
-    end: str
-    forced: str
-    answer: str
-
-    @property
-    def markers(self) -> tuple[str, ...]:
-        """The texts the splitter must see (rendered even where they are control tokens)."""
-        if self.name == HARMONY:
-            return ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
-        return (self.start, self.end)
-
-
-def _tags(name: str, start: str, end: str) -> ReasoningFormat:
-    return ReasoningFormat(name, start, end, forced=end, answer=end)
-
-
-THINK = _tags("think", "<think>", "</think>")
-FORMATS: tuple[ReasoningFormat, ...] = (
-    ReasoningFormat(
-        HARMONY,
-        "<|channel|>analysis<|message|>",
-        "<|end|>",
-        forced="<|end|><|start|>assistant<|channel|>final<|message|>",
-        answer="<|channel|>final<|message|>",
-    ),
-    _tags("seed", "<seed:think>", "</seed:think>"),
-    _tags("magistral", "[THINK]", "[/THINK]"),
-    _tags("command-r", "<|START_THINKING|>", "<|END_THINKING|>"),
-    _tags("gemma4", "<|channel>thought", "<channel|>"),
-    THINK,
-)
-
-
-def family(template: str | None) -> ReasoningFormat | None:
-    """The thinking markers a chat template renders or strips, if any."""
-    if not template:
-        return None
-    if "<|channel|>" in template and "analysis" in template:
-        return FORMATS[0]
-    for fmt in FORMATS[1:]:
-        if fmt.end in template:
-            return fmt
-    return None
 
 
 def _switch_names(template: str) -> set[str]:
@@ -132,7 +76,7 @@ def check_mode(template: str | None, mode: ThinkMode, *, model: str, budget: int
     shows nothing, as ``auto`` does). ``--think off`` or a budget on such a
     model already hold (scripts pass them to every model): returns the note
     that says they do nothing there."""
-    fmt = family(template)
+    fmt = chatformat.of(template).reasoning
     if mode == "off" and budget is not None:
         raise UsageError("--reasoning-budget with --think off: there is no thinking to budget", hint="drop one")
     if fmt is None:
@@ -168,8 +112,8 @@ def opens_thinking(fmt: ReasoningFormat, prompt: str) -> bool | None:
     opened the thinking (``…<think>\\n``), False when it opened and closed it
     (``<think>\\n\\n</think>\\n\\n``, thinking off), None when it left the
     choice to the model."""
-    if fmt.name == HARMONY:
-        return True  # every harmony reply starts with a channel header
+    if fmt.channels:
+        return True  # every reply on channels starts with a channel header
     tail = prompt.rstrip()
     if tail.endswith(fmt.start):
         return True
@@ -183,7 +127,7 @@ def reasoning_for(
 ) -> Reasoning | None:
     """The run's thinking, from its chat template and its rendered ``prompt``;
     None where the model does not think (or its prompt turned thinking off)."""
-    fmt = family(template)
+    fmt = chatformat.of(template).reasoning
     if fmt is None:
         return None
     opened = opens_thinking(fmt, prompt)
@@ -219,8 +163,7 @@ class Splitter:
     fresh: bool = field(init=False, default=True)  # nothing of this section emitted yet: leading whitespace goes
 
     def __post_init__(self) -> None:
-        harmony = self.format.name == HARMONY
-        self.state = "header" if harmony else "reasoning" if self.starts_open else "undecided"
+        self.state = "header" if self.format.channels else "reasoning" if self.starts_open else "undecided"
 
     @property
     def thinking(self) -> bool:
@@ -272,7 +215,9 @@ class Splitter:
             lead = buf.lstrip()
             if lead.startswith(fmt.start):
                 self._enter("reasoning", lead[len(fmt.start) :])
-            elif not fmt.start.startswith(lead):  # not thinking: the answer from the first character
+            elif lead.startswith(fmt.end):  # a thinking closed with nothing in it, as templates render one
+                self._enter("content", lead[len(fmt.end) :])
+            elif not (fmt.start.startswith(lead) or fmt.end.startswith(lead)):  # the answer from the first character
                 self.state = "content"
             return
         if self.state == "content":
@@ -283,12 +228,12 @@ class Splitter:
             self._header(out, buf)
             return
         kind: PieceKind = "reasoning" if self.state == "reasoning" else "content"
-        ends = (fmt.end,) if fmt.name != HARMONY else _HARMONY_ENDS
+        ends = _HARMONY_ENDS if fmt.channels else (fmt.end,)
         cut = min((i for i in (buf.find(e) for e in ends) if i >= 0), default=-1)
         if cut >= 0:
             body = buf[:cut].rstrip() if kind == "reasoning" else buf[:cut]
             self._emit(out, kind, body)
-            if fmt.name != HARMONY:
+            if not fmt.channels:
                 self._enter("content", buf[cut + len(fmt.end) :])
             else:
                 rest = buf[cut:]
@@ -319,9 +264,11 @@ class Splitter:
         elif name == "final":
             self._enter("content", rest)
         else:  # a tool call or another channel: kept whole, header and all, for whoever parses it
+            recipient = header.find("to=")  # in the role header (``<|start|>assistant to=...``): kept with it
+            begin = min((i for i in (start, recipient) if i >= 0), default=0)
             self._enter("other", rest)
             self.fresh = False
-            self._emit(out, "content", buf[max(start, 0) : mark + len("<|message|>")])
+            self._emit(out, "content", buf[begin : mark + len("<|message|>")])
 
 
 _HARMONY_ENDS = ("<|end|>", "<|start|>", "<|channel|>")

@@ -10,6 +10,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from localrun.chatformat.thinking import THINKING_MARKERS
 from localrun.runtime.jinja_env import Tracked, render, tracked
 
 
@@ -189,9 +190,6 @@ def template_caps(source: str) -> TemplateCaps:
     found.update(_tool_caps(source))
     found.update(_reasoning_caps(source))
     return TemplateCaps(**found)
-
-
-THINKING_MARKERS = ("<think>", "</think>", "<|channel>", "[THINK]", "<seed:think>", "<|think|>", "<|START_THINKING|>")
 
 
 @functools.lru_cache(maxsize=128)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localrun import chatformat
 from localrun.errors import InvalidRequestError
-from localrun.structured.toolcalls.families import HERMES, Family, family
+from localrun.structured.toolcalls.families import HERMES, Family
 from localrun.structured.toolcalls.split import Memo, Split, split
 from localrun.structured.tools import Call, Choice, Function, takes_tools, tools_prompt
 
@@ -83,7 +84,8 @@ def tool_use(
     else:
         raise InvalidRequestError("tool_choice: none, auto, required or {'type': 'function', ...}", "tool_choice")
     native = takes_tools(template)
-    return ToolUse(chosen, tools, family(template if native else None), choice, parallel is True, native)
+    fmt = chatformat.of(template if native else None)
+    return ToolUse(chosen, tools, fmt.tools, choice, parallel is True, native)
 
 
 # ---------------------------------------------------------- the prompt --

@@ -26,10 +26,11 @@ import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from localrun.errors import InvalidRequestError
+from localrun.structured.gemma_args import gemma_rules
 from localrun.structured.spec import OutputSpec
 from localrun.structured.toolcalls.calls import Call, Function
-from localrun.structured.toolcalls.families import GRAMMARS, CallFormat
-from localrun.structured.toolcalls.values import string_valued
+from localrun.structured.toolcalls.families import GRAMMARS, HARMONY_HEADER, CallFormat
+from localrun.structured.toolcalls.values import GEMMA_QUOTE, string_valued
 
 if TYPE_CHECKING:
     from localrun.structured.constraint import Tokenizer
@@ -77,7 +78,7 @@ def _declared(f: Function) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- grammar --
 
-_MARKER = re.compile(r"(</?\|?[A-Za-z_][\w|.-]*\|?>|\[[A-Z_]+\]|<｜[^｜<>]+｜>)")
+_MARKER = re.compile(r"(</?\|?[A-Za-z_][\w|.-]*\|?>|\[[A-Z_]+\]|<｜[^｜<>]+｜>|<\|\"\|>)")
 
 
 # harmony: what ends a message and opens the next of the reply
@@ -92,7 +93,7 @@ def _specials(engine: Tokenizer) -> dict[str, int]:
     found = {}
     for fmt in (*GRAMMARS, FENCED):
         texts = (fmt.begin, fmt.each, fmt.name_end, fmt.after_each, fmt.end, *(t for t, _ in fmt.triggers))
-        for text in (NEXT_MESSAGE, *texts):
+        for text in (NEXT_MESSAGE, GEMMA_QUOTE, *texts):
             for mark in _MARKER.findall(text):
                 ids = engine.tokenize(mark, add_special=False, parse_special=True)
                 if len(ids) == 1 and tok.is_special_token(ids[0]):
@@ -169,19 +170,90 @@ def _xml_args(f: Function, rule: str) -> list[str]:
     return rules
 
 
+def _pair_args(f: Function, rule: str, specials: dict[str, int]) -> list[str]:
+    """GLM's parameters for ``f``: each ``<arg_key>P</arg_key><arg_value>VALUE</arg_value>``
+    (a new line before each tag or not, as GLM's templates differ) in the
+    schema's order, the required ones always; a string's VALUE is any text up
+    to the closing tag, any other VALUE is JSON of its schema."""
+    _compile_args(f.name, f.parameters)
+    properties = f.parameters.get("properties") or {}
+    required = set(f.parameters.get("required") or [])
+    nl = '"\\n"?'
+    key_open, key_close = _lark_text("<arg_key>", specials), _lark_text("</arg_key>", specials)
+    value_open, value_close = _lark_text("<arg_value>", specials), _lark_text("</arg_value>", specials)
+    rules, parts = [], []
+    for k, (key, schema) in enumerate(properties.items()):
+        opening = f"{nl} {key_open} {json.dumps(key)} {key_close} {nl} {value_open}"
+        if string_valued(schema) and "enum" in schema:
+            value = "(" + " | ".join(json.dumps(v) for v in schema["enum"]) + f") {value_close}"
+        elif string_valued(schema):
+            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
+            if "</arg_value>" in specials:  # text never holds the token: the text runs up to it
+                rules.append(f"{rule}_p{k}: /(.|\\n){{{least},{most}}}/ {value_close}")
+            else:
+                rules.append(f"{rule}_p{k}[lazy]: /(.|\\n){{{least},{most}}}<\\/arg_value>/")
+            value = f"{rule}_p{k}"
+        else:
+            rules.append(f"{rule}_p{k}: %json {_compile_args(f.name, schema, check=False)}")
+            value = f"{rule}_p{k} {value_close}"
+        parts.append(f"({opening} {value})" + ("" if key in required else "?"))
+    rules.append(f"{rule}: {' '.join(parts)} {nl}")
+    return rules
+
+
+def _invoke_args(f: Function, rule: str, fmt: CallFormat) -> list[str]:
+    """``<parameter name="P">VALUE</parameter>`` for each of ``f``'s parameters
+    (MiniMax M2; DeepSeek V3.2's tags prefixed, with ``string="true"`` on a
+    text value), a new line before each or not, in the schema's order, the
+    required ones always; a string's VALUE is any text up to the closing
+    tag, any other VALUE is JSON of its schema."""
+    _compile_args(f.name, f.parameters)
+    properties = f.parameters.get("properties") or {}
+    required = set(f.parameters.get("required") or [])
+    close = f"</{fmt.tag}parameter>"
+    nl = '"\\n"?'
+    rules, parts = [], []
+    for k, (key, schema) in enumerate(properties.items()):
+        text = string_valued(schema)
+        attr = (' string="true"' if text else ' string="false"') if fmt.typed_attr else ""
+        head = f'<{fmt.tag}parameter name="{key}"{attr}>'
+        opening = f"{nl} {json.dumps(head)}"
+        if text and "enum" in schema:
+            value = "(" + " | ".join(json.dumps(v) for v in schema["enum"]) + f") {json.dumps(close)}"
+        elif text:
+            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
+            rules.append(f"{rule}_p{k}[lazy]: /(.|\\n){{{least},{most}}}{_regex(close)}/")
+            value = f"{rule}_p{k}"
+        else:
+            rules.append(f"{rule}_p{k}: %json {_compile_args(f.name, schema, check=False)}")
+            value = f"{rule}_p{k} {json.dumps(close)}"
+        parts.append(f"({opening} {value})" + ("" if key in required else "?"))
+    rules.append(f"{rule}: {' '.join(parts)} {nl}")
+    return rules
+
+
 def _call_rules(fmt: CallFormat, functions: list[Function], specials: dict[str, int], tag: str) -> list[str]:
     """Rules for one call of ``fmt`` from its name on (rule ``{tag}_rest``)."""
     choices = []
     rules = []
     for i, f in enumerate(functions):
-        if fmt.name == "qwen3-coder":
+        if fmt.args == "xml":
             rules += _xml_args(f, f"{tag}_a{i}")
+        elif fmt.args == "invoke":
+            rules += _invoke_args(f, f"{tag}_a{i}", fmt)
+        elif fmt.args == "pairs":
+            rules += _pair_args(f, f"{tag}_a{i}", specials)
+        elif fmt.args == "gemma":
+            _compile_args(f.name, f.parameters)
+            quote = _lark_text(GEMMA_QUOTE, specials)
+            rules += gemma_rules(f.parameters, f"{tag}_a{i}", quote, quote_is_token=GEMMA_QUOTE in specials)
         else:
             rules.append(f"{tag}_a{i}: %json {_compile_args(f.name, f.parameters)}")
         if fmt.shape == "json":
             name = f"{json.dumps(json.dumps(f.name) + ',')} {WS} {json.dumps(json.dumps(fmt.key) + ': ')}"
         else:
-            name = f"{json.dumps(f.name)} {_lark_text(fmt.name_end, specials)}"
+            number = ' ":" /[0-9]{1,3}/' if fmt.numbered else ""
+            name = f"{json.dumps(f.name)}{number} {_lark_text(fmt.name_end, specials)}"
         choices.append(f"{name} {tag}_a{i}")
     close = f'{WS} "}}" ' if fmt.shape == "json" else ""
     rules.append(f"{tag}_rest: ({' | '.join(choices)}) {close}{_lark_text(fmt.after_each, specials)}")
@@ -210,6 +282,7 @@ def tool_grammar(
     rules = ["%llguidance {}", "TEXT: /(.|\\n)*/"]
     rules += _call_rules(fmt, functions, specials, "c")
     if fmt.channels:
+        rules += _call_rules(HARMONY_HEADER, functions, specials, "d")  # the recipient in the role header
         rules[1:1] = _channel_rules(choice, specials, budget)
         grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
         return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools", whole=True)
@@ -248,8 +321,9 @@ def _channel_rules(choice: Choice, specials: dict[str, int], budget: int | None)
     ``<|end|><|start|>assistant``. With ``required``, at most one analysis
     message (the thinking, ``budget`` tokens at most: then its end and the
     call's header are forced), then the call; with ``auto``, any messages,
-    then a call or the final answer. A call (``c_call``) is constrained from
-    its ``to=functions.`` on."""
+    then a call or the final answer. A call (``c_call``, or ``d_call`` with
+    its recipient in the role header, as the chat template renders past
+    calls) is constrained from its ``to=functions.`` on."""
     channel, message = _lark_text("<|channel|>", specials), _lark_text("<|message|>", specials)
     after = _lark_text(NEXT_MESSAGE, specials)
     limit = f"[max_tokens={budget}]" if budget is not None else ""
@@ -258,9 +332,9 @@ def _channel_rules(choice: Choice, specials: dict[str, int], budget: int | None)
         f"h_text{limit}: /(.|\\n)*/",
     ]
     if choice == "required":
-        return ["start: h_think? c_call", *rules]
+        return ["start: h_think? (c_call | d_call)", *rules]
     return [
-        "start: (h_think | h_note)* (c_call | h_final)",
+        "start: (h_think | h_note)* (c_call | d_call | h_final)",
         *rules,
         f'h_note: {channel} "commentary" {message} TEXT {after}',
         f'h_final: {channel} "final" {message} TEXT',

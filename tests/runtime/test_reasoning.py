@@ -9,18 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from localrun import chatformat
+from localrun.chatformat.thinking import FORMATS, THINK, ReasoningFormat
 from localrun.errors import UsageError
 from localrun.runtime.engine import Engine
 from localrun.runtime.reasoning import (
-    FORMATS,
-    THINK,
     AnswerGuard,
     Reasoning,
-    ReasoningFormat,
     Splitter,
     ThinkingGate,
     check_mode,
-    family,
     opens_thinking,
     reasoning_for,
     split_reply,
@@ -33,6 +31,11 @@ from tests import vendored
 from tests.helpers import engine_config
 
 BY_NAME = {fmt.name: fmt for fmt in FORMATS}
+
+
+def reasoning_of(template: str | None) -> ReasoningFormat | None:
+    return chatformat.of(template).reasoning
+
 
 # (family, whether the prompt opened the thinking, a recorded output, its thinking, its answer)
 RECORDED: list[tuple[str, bool, str, str, str]] = [
@@ -133,15 +136,15 @@ def test_without_a_format_a_reply_is_all_answer() -> None:
 
 
 def test_families_of_the_vendored_templates() -> None:
-    assert family(vendored.template("Qwen-Qwen3-0.6B")) is THINK
-    assert family(vendored.template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B")) is THINK
-    assert family(vendored.template("HuggingFaceTB-SmolLM3-3B")) is THINK
-    assert family(vendored.template("openai-gpt-oss-120b")) is BY_NAME["harmony"]
-    assert family(vendored.template("mistralai-Ministral-3-14B-Reasoning-2512")) is BY_NAME["magistral"]
-    assert family(vendored.template("ByteDance-Seed-OSS")) is BY_NAME["seed"]
-    assert family(vendored.template("google-gemma-4-31B-it")) is BY_NAME["gemma4"]
-    assert family(vendored.template("meta-llama-Llama-3.3-70B-Instruct")) is None
-    assert family(None) is None
+    assert reasoning_of(vendored.template("Qwen-Qwen3-0.6B")) is THINK
+    assert reasoning_of(vendored.template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B")) is THINK
+    assert reasoning_of(vendored.template("HuggingFaceTB-SmolLM3-3B")) is THINK
+    assert reasoning_of(vendored.template("openai-gpt-oss-120b")) is BY_NAME["harmony"]
+    assert reasoning_of(vendored.template("mistralai-Ministral-3-14B-Reasoning-2512")) is BY_NAME["magistral"]
+    assert reasoning_of(vendored.template("ByteDance-Seed-OSS")) is BY_NAME["seed"]
+    assert reasoning_of(vendored.template("google-gemma-4-31B-it")) is BY_NAME["gemma4"]
+    assert reasoning_of(vendored.template("meta-llama-Llama-3.3-70B-Instruct")) is None
+    assert reasoning_of(None) is None
 
 
 def test_switches_each_template_reads() -> None:

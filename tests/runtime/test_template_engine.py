@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from localrun import chatformat
 from localrun.errors import BadModelError, UsageError
 from localrun.runtime.chat_request import request_switches, strip_bos
 from localrun.runtime.jinja_env import render, tojson
 from localrun.runtime.template_caps import supports_thinking, template_caps
-from localrun.runtime.template_input import message_fields, template_family, tool_fields
+from localrun.runtime.template_input import message_fields, tool_fields
 from localrun.runtime.templates import render_chat
 from tests.vendored import template
 
@@ -101,9 +102,9 @@ def test_template_raise_is_a_bad_model_error() -> None:
 
 
 def test_families_and_request_switches() -> None:
-    assert template_family(template("openai-gpt-oss-120b")) == "gpt-oss"
-    assert template_family(template("Qwen3-Coder")) == "qwen3-coder"
-    assert template_family(template("Qwen-Qwen2.5-7B-Instruct")) is None
+    assert chatformat.of(template("openai-gpt-oss-120b")).name == "gpt-oss"
+    assert chatformat.of(template("Qwen3-Coder")).name == "qwen3-coder"
+    assert chatformat.of(template("Qwen-Qwen2.5-7B-Instruct")) == chatformat.HERMES
     assert request_switches({"reasoning_effort": "none", "chat_template_kwargs": {"x": 1}}) == {
         "x": 1,
         "enable_thinking": False,

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from localrun.chatformat.thinking import THINK
 from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, TokenEvent
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
 from localrun.runtime.prompt import build_prompt
-from localrun.runtime.reasoning import THINK, Reasoning, reasoning_for
+from localrun.runtime.reasoning import Reasoning, reasoning_for
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.spec import parse_schema

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from localrun import chatformat
 from localrun.runtime.templates import render_chat
 from localrun.structured.toolcalls.calls import Call, Function
-from localrun.structured.toolcalls.families import FAMILIES, Family, family
+from localrun.structured.toolcalls.families import FAMILIES, Family
 from localrun.structured.toolcalls.split import Split, split
-from localrun.structured.toolcalls.values import INCOMPLETE, gemma_value, python_call, read_object, typed
+from localrun.structured.toolcalls.values import INCOMPLETE, gemma_value, python_call, python_calls, read_object, typed
 from tests.vendored import template, templates
 
 WEATHER: dict[str, Any] = {
@@ -57,10 +58,24 @@ TEMPLATES = [
     ("meta-llama-Llama-3.2-3B-Instruct", "llama3", False),
     ("meta-llama-Llama-3.3-70B-Instruct", "llama3", False),
     ("google-gemma-4-31B-it", "gemma4", True),
+    ("Kimi-K2-Instruct", "kimi-k2", True),
+    ("LFM2.5-8B-A1B", "lfm2", True),
+    ("MiniMax-M1", "minimax-m1", True),
+    ("MiniMax-M2", "minimax-m2", True),
+    ("meetkai-functionary-medium-v3.1", "functionary-v3.1", True),
+    ("meetkai-functionary-medium-v3.2", "functionary-v3.2", True),
+    ("GigaChat3.1-10B-A1.8B", "gigachat-v3.1", False),
+    ("inclusionai-ling-3.0-flash", "glm", True),
+    ("GLM-4.6", "glm", True),
+    ("deepseek-ai-DeepSeek-V3.2", "deepseek-v3.2", True),
+    ("deepseek-ai-DeepSeek-V4", "deepseek-v4", True),
+    ("NVIDIA-Nemotron-Nano-v2", "nemotron-v2", True),
+    ("ByteDance-Seed-OSS", "seed-oss", True),
 ]
 # what ends a turn: an end-of-generation token, which never reaches the reply's text
 TURN_END = re.compile(
-    r"<\|im_end\|>|<\|eot_id\|>|</s>|<｜end▁of▁sentence｜>|<\|end_of_text\|>|<\|tool_response>|<\|call\|>"
+    r"<\|im_end\|>|<\|eot_id\|>|<\|eom_id\|>|</s>|<｜end▁of▁sentence｜>|<\|end_of_text\|>|<\|tool_response>|<\|call\|>"
+    r"|<\|END_OF_TURN_TOKEN\|>|<end_of_sentence>|\[e~\[|<\|role_end\|>|<SPECIAL_12>|<seed:eos>|<\|message_sep\|>"
 )
 # the thinking a reasoning parser takes off before the answer reaches the tool parser
 THINKING = re.compile(r"^\s*(<think>)?[^<]*</think>\s*", re.DOTALL)
@@ -121,7 +136,7 @@ def streamed(text: str, fam: Family, size: int) -> tuple[str, list[Call], list[s
 def test_each_template_is_told_its_family_and_its_own_calls_parse_back(
     name: str, expected: str, parallel: bool
 ) -> None:
-    fam = family(template(name))
+    fam = chatformat.of(template(name)).tools
     assert fam.name == expected
     calls: list[tuple[str, dict[str, Any]]] = [("get_weather", LISBON), ("get_time", OSLO)][: 2 if parallel else 1]
     text = model_output(name, calls)
@@ -134,13 +149,25 @@ def test_each_template_is_told_its_family_and_its_own_calls_parse_back(
         assert (content, streamed_calls, problems) == (found.content, found.calls, []), size
 
 
-# the families whose calls may follow text (Llama's and Mistral Nemo's open the reply)
-AFTER_TEXT = [t for t in TEMPLATES if t[1] not in ("llama3", "mistral-nemo")]
+# the families whose calls may follow text (Llama's and Mistral Nemo's open the reply;
+# Functionary's text is a message of its own, below)
+AFTER_TEXT = [t for t in TEMPLATES if t[1] not in ("llama3", "mistral-nemo", "functionary-v3.2")]
+
+
+def test_functionary_text_to_the_user_is_content_and_its_recipient_lines_are_not() -> None:
+    fam = chatformat.of(template("meetkai-functionary-medium-v3.2")).tools
+    text = 'all\nLet me look that up.>>>get_time\n{"tz": "Europe/Oslo"}'
+    whole = split(text, fam, FUNCTIONS)
+    assert (whole.content, parsed(whole), whole.problems) == ("Let me look that up.", [("get_time", OSLO)], [])
+    for size in (1, 3, 7):
+        content, calls, problems = streamed(text, fam, size)
+        assert (content, [(c.name, c.arguments) for c in calls], problems) == (whole.content, parsed(whole), [])
+    assert split("all\nJust text, no call.", fam, FUNCTIONS).content == "Just text, no call."
 
 
 @pytest.mark.parametrize(("name", "expected", "parallel"), AFTER_TEXT, ids=[t[0] for t in AFTER_TEXT])
 def test_text_before_a_call_streams_and_stays_content(name: str, expected: str, parallel: bool) -> None:
-    fam = family(template(name))
+    fam = chatformat.of(template(name)).tools
     text = "Let me look that up.\n" + model_output(name, [("get_weather", LISBON)])
     whole = split(text, fam, FUNCTIONS)
     assert whole.content.strip() == "Let me look that up." and parsed(whole) == [("get_weather", LISBON)]
@@ -151,8 +178,8 @@ def test_text_before_a_call_streams_and_stays_content(name: str, expected: str, 
 
 
 def test_a_template_without_tools_is_answered_in_hermes_words() -> None:
-    assert family(None).name == "hermes"
-    assert family(template("google-gemma-2-2b-it")).name == "hermes"
+    assert chatformat.of(None).tools.name == "hermes"
+    assert chatformat.of(template("google-gemma-2-2b-it")).tools.name == "hermes"
 
 
 # -- recorded forms: what models write that their templates do not show --
@@ -210,6 +237,19 @@ RECORDED = [
     # Gemma 3 prompted for tools: a tool_code block of Python-style calls
     ("hermes", 'I will check.\n```tool_code\nget_time(tz="Europe/Oslo")\n```', "I will check."),
     ("gemma4", '```tool_code\nprint(get_time(tz="Europe/Oslo"))\n```', ""),
+    # GLM's tags around a Hermes-style JSON call
+    ("glm", '<tool_call>{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}</tool_call>', ""),
+    # GLM 4.5's layout: a new line after the name and after each tag
+    ("glm", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>Europe/Oslo</arg_value>\n</tool_call>", ""),
+    # LFM2 after text, its list of Python-style calls
+    ("lfm2", "Sure.<|tool_call_start|>[get_time(tz='Europe/Oslo')]<|tool_call_end|>", "Sure."),
+    # Kimi K2 without the functions. prefix
+    (
+        "kimi-k2",
+        "<|tool_calls_section_begin|><|tool_call_begin|>get_time:0<|tool_call_argument_begin|>"
+        '{"tz": "Europe/Oslo"}<|tool_call_end|><|tool_calls_section_end|>',
+        "",
+    ),
 ]
 
 
@@ -335,6 +375,15 @@ def test_gemma_notation_and_python_calls() -> None:
     )
     assert python_call("get_weather(__import__('os').system('x'))") is None
     assert python_call("get_weather(city=open('f'))") is None
+    # LFM2's lists of calls, an object argument in JSON's words
+    assert python_calls('[a(x={"on": true, "off": null}), b(y=\'é\')]') == [
+        ("a", {"x": {"on": True, "off": None}}),
+        ("b", {"y": "é"}),
+    ]
+    assert python_calls("[a(x=1), print]") is None
+    # a typed XML value written as Python writes it
+    assert typed("['temp', 'wind']", {"type": "array"}) == ["temp", "wind"]
+    assert typed("Lisbon", {"type": "integer"}) == "Lisbon"
 
 
 def test_the_calls_before_one_cut_short_stand() -> None:
@@ -359,4 +408,4 @@ MARKER = re.compile(r"<\|[\w\"]+\|>|<\|\w+>|<\w+\|>|\[[A-Z_]+\]|<｜[^｜<>]+｜
 def test_each_family_names_the_markers_its_calls_need_as_text(name: str, expected: str, parallel: bool) -> None:
     """The markers in a family's calls (special tokens that a plain rendering drops) are its `preserved`."""
     text = model_output(name, [("get_weather", LISBON)])
-    assert set(MARKER.findall(text)) <= set(family(template(name)).preserved), text
+    assert set(MARKER.findall(text)) <= set(chatformat.of(template(name)).tools.preserved), text

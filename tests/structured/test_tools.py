@@ -11,13 +11,28 @@ from typing import Any
 import jsonschema
 import pytest
 
+from localrun.chatformat.thinking import HARMONY as HARMONY_THINKING
 from localrun.errors import InvalidRequestError
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import generate
-from localrun.runtime.reasoning import FORMATS, HARMONY, split_reply
+from localrun.runtime.reasoning import split_reply
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
-from localrun.structured.toolcalls.families import FAMILIES, GRAMMARS, HERMES, LLAMA3, MISTRAL_JSON, CallFormat, Family
+from localrun.structured.toolcalls.families import (
+    DSML_V32,
+    FAMILIES,
+    FUNCTIONARY_V31,
+    GEMMA4,
+    GLM,
+    GRAMMARS,
+    HERMES,
+    KIMI_K2,
+    LLAMA3,
+    MINIMAX_M2,
+    MISTRAL_JSON,
+    CallFormat,
+    Family,
+)
 from localrun.structured.toolcalls.families import HARMONY as HARMONY_CALLS
 from localrun.structured.toolcalls.split import parse_calls
 from localrun.structured.toolcalls.vendors import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
@@ -47,7 +62,6 @@ def reader(fmt: CallFormat) -> Family:
 
 
 HERMES_READ = reader(HERMES)
-HARMONY_THINKING = next(f for f in FORMATS if f.name == HARMONY)
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +146,10 @@ def test_a_bare_call_opening_the_reply_is_a_call(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("fmt", [*GRAMMARS], ids=lambda f: f.name)
-def test_every_seed_at_temperature_one_calls_validly(engine: Engine, fmt: Any) -> None:
+def test_every_seed_at_temperature_one_calls_validly(request: pytest.FixtureRequest, fmt: Any) -> None:
     """A random model sampling hot: every reply is a declared call with valid
-    arguments (for harmony, after thinking that its budget closes)."""
+    arguments (for harmony, in gpt-oss's vocabulary, after any thinking, which its budget closes)."""
+    engine: Engine = request.getfixturevalue("gpt_oss" if fmt.channels else "engine")
     spec = tool_grammar(engine, FUNCTIONS, fmt, "required", parallel=False, budget=8 if fmt.channels else None)
     prompt = engine.tokenize("call a tool:")
     thought = []
@@ -151,7 +166,7 @@ def test_every_seed_at_temperature_one_calls_validly(engine: Engine, fmt: Any) -
         declared = {f.name: f.parameters for f in FUNCTIONS}
         jsonschema.validate(calls[0].arguments, declared[calls[0].name])
         assert json.loads(json.dumps(calls[0].arguments)) == calls[0].arguments
-    assert any(thought) == fmt.channels  # harmony's replies think first, now and then
+    assert fmt.channels or not any(thought)  # only harmony's grammar covers a thinking (its tests take one)
 
 
 def test_a_doubled_brace_call_is_a_call_and_is_constrained(engine: Engine) -> None:
@@ -179,6 +194,24 @@ def test_a_doubled_brace_call_is_a_call_and_is_constrained(engine: Engine) -> No
             f'{{"tz": 4}}\n```{DS_CALL_END}{DS_CALLS_END}',
         ),
         (GRAMMARS[7], f'{DS_CALLS_BEGIN}{DS_CALL_BEGIN}get_time{DS_SEP}{{"tz": 4}}{DS_CALL_END}{DS_CALLS_END}'),
+        (
+            KIMI_K2,
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>"
+            '{"tz": 4}<|tool_call_end|><|tool_calls_section_end|>',
+        ),
+        (FUNCTIONARY_V31, '<function=get_time>{"tz": 4}</function>'),
+        (GEMMA4, "<|tool_call>call:get_time{tz:4}<tool_call|>"),
+        (GLM, "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>4</arg_value>\n</tool_call>"),
+        (
+            MINIMAX_M2,
+            '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="tz">4</parameter>\n</invoke>\n'
+            "</minimax:tool_call>",
+        ),
+        (
+            DSML_V32,
+            '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="tz" string="false">4'
+            "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        ),
     ],
     ids=lambda v: v.name if isinstance(v, CallFormat) else "",
 )
@@ -197,10 +230,41 @@ def test_text_then_a_call_in_a_named_format_is_constrained_once_its_marker_begin
     assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
 
 
+def test_gemma4_arguments_are_held_to_the_schema_in_its_own_notation(engine: Engine) -> None:
+    """Keys in the order Gemma's template writes them (sorted), the required ones always, values by type."""
+    weather = Function(
+        "get_weather",
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "options": {"type": "object", "properties": {"units": {"enum": ["metric", "imperial"]}}},
+                "fields": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["city"],
+        },
+    )
+    spec = tool_grammar(engine, [weather], GEMMA4, "required")
+    good = (
+        '<|tool_call>call:get_weather{city:<|"|>Zürich, 東京<|"|>,days:3,fields:[<|"|>temp<|"|>],'
+        'options:{units:<|"|>metric<|"|>}}<tool_call|>'
+    )
+    assert _takes(engine, spec, good)
+    assert _takes(engine, spec, '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>')
+    assert not _takes(engine, spec, "<|tool_call>call:get_weather{days:3}<tool_call|>")  # city is required
+    assert not _takes(engine, spec, good.replace("days:3", 'days:<|"|>3<|"|>'))
+    assert not _takes(engine, spec, good.replace("metric", "kelvin"))
+    content, calls = parse_calls(good, reader(GEMMA4), [weather])
+    assert content == "" and calls[0].arguments["options"] == {"units": "metric"}
+
+
 # ---------------------------------------------------------------- harmony --
 
 HARMONY_CALL = '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz": 4}<|call|>'
 HARMONY_THOUGHT = "<|channel|>analysis<|message|>The user wants the time.<|end|><|start|>assistant"
+# the recipient in the role header, as the chat template renders a past call
+HARMONY_HEADER_CALL = ' to=functions.get_time<|channel|>commentary json<|message|>{"tz": 4}<|call|>'
 
 
 @pytest.fixture(scope="module")
@@ -218,15 +282,16 @@ def _takes(engine: Engine, spec: Any, text: str) -> bool:
     return matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens) and matcher.is_accepting()
 
 
+@pytest.mark.parametrize("call", [HARMONY_CALL, HARMONY_HEADER_CALL], ids=["channel", "role-header"])
 @pytest.mark.parametrize("thought", ["", HARMONY_THOUGHT])
-def test_a_required_harmony_call_is_a_declared_one_after_any_thinking(gpt_oss: Engine, thought: str) -> None:
+def test_a_required_harmony_call_is_a_declared_one_after_any_thinking(gpt_oss: Engine, thought: str, call: str) -> None:
     spec = tool_grammar(gpt_oss, FUNCTIONS, HARMONY_CALLS, "required")
     assert spec.whole  # it covers the thinking too: the channel of a call is not the final answer's
-    assert _takes(gpt_oss, spec, thought + HARMONY_CALL)
-    assert not _takes(gpt_oss, spec, thought + HARMONY_CALL.replace("get_time", "get_tim"))
-    assert not _takes(gpt_oss, spec, thought + HARMONY_CALL.replace('"tz": 4', '"tz": 99'))
+    assert _takes(gpt_oss, spec, thought + call)
+    assert not _takes(gpt_oss, spec, thought + call.replace("get_time", "get_tim"))
+    assert not _takes(gpt_oss, spec, thought + call.replace('"tz": 4', '"tz": 99'))
     assert not _takes(gpt_oss, spec, thought + "<|channel|>final<|message|>It is noon.")
-    thinking, answer = split_reply(thought + HARMONY_CALL, HARMONY_THINKING, starts_open=True)
+    thinking, answer = split_reply(thought + call, HARMONY_THINKING, starts_open=True)
     assert thinking == ("The user wants the time." if thought else "")
     content, calls = parse_calls(answer, reader(HARMONY_CALLS), FUNCTIONS)
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
@@ -242,11 +307,15 @@ def test_an_auto_harmony_reply_is_free_until_a_call_begins(gpt_oss: Engine) -> N
 
 
 def test_a_harmony_thinking_budget_closes_into_the_call(gpt_oss: Engine) -> None:
-    """Past its budget the thinking's end and the call's header are forced, up to the function's name."""
+    """Past its budget the thinking's end and the next message's start are forced, then a call."""
     spec = tool_grammar(gpt_oss, FUNCTIONS, HARMONY_CALLS, "required", budget=3)
     matcher = Constraint(gpt_oss, spec).matcher
     head = gpt_oss.tokenize("<|channel|>analysis<|message|>", add_special=False, parse_special=True)
     thinking = gpt_oss.tokenize(" a b c d e f", add_special=False)[:3]
     assert matcher.consume_tokens([*head, *thinking])
-    forced = gpt_oss.detokenize(matcher.compute_ff_tokens())
-    assert forced == "<|end|><|start|>assistant<|channel|>commentary to=functions.get_"
+    forced = matcher.compute_ff_tokens()
+    assert gpt_oss.detokenize(forced) == "<|end|><|start|>assistant"  # then the call, in either header
+    assert matcher.consume_tokens(forced)
+    for call in (HARMONY_CALL, HARMONY_HEADER_CALL):
+        tokens = gpt_oss.tokenize(call, add_special=False, parse_special=True)
+        assert matcher.validate_tokens(tokens) == len(tokens)

@@ -120,7 +120,7 @@ def json_calls(value: Any) -> tuple[Written, ...] | None:
     return tuple(out) if out else None
 
 
-def _json_body(text: str, at: int, end: int) -> tuple[Written, ...] | str:
+def json_body(text: str, at: int, end: int) -> tuple[Written, ...] | str:
     """The calls written as JSON in ``text[at:end]`` (one object, a list, or
     several objects one after another), or why not."""
     calls: list[Written] = []
@@ -145,7 +145,7 @@ _FUNCTION = re.compile(r"<function=([^>\n]*)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]*)>")
 
 
-def _xml_calls(body: str, ctx: Context) -> tuple[Written, ...] | str:
+def xml_calls(body: str, ctx: Context) -> tuple[Written, ...] | str:
     """Qwen3-Coder's calls: ``<function=NAME><parameter=P>value</parameter>...</function>``,
     each value typed by the parameter's schema."""
     calls = []
@@ -192,7 +192,7 @@ def tool_call_tags(text: str, pos: int, ctx: Context) -> Region | None:
         close = len(text)
     end = close + len("</tool_call>") if closed else len(text)
     inner = text[body:close]
-    found = _xml_calls(inner, ctx) if _FUNCTION.match(inner.lstrip()) else _json_body(text, body, close)
+    found = xml_calls(inner, ctx) if _FUNCTION.match(inner.lstrip()) else json_body(text, body, close)
     if isinstance(found, str):
         return not_calls(start, end, found)
     return Region(start, end, found)
@@ -225,7 +225,7 @@ def function_tags(text: str, pos: int, ctx: Context) -> Region | None:
             end = tail + len("</tool_call>")
         elif tail >= 0 and not text[end:tail].strip() and not ctx.final:
             return still_open(start)
-        found = _xml_calls(text[start : close + len("</function>")], ctx)
+        found = xml_calls(text[start : close + len("</function>")], ctx)
         return not_calls(start, end, found) if isinstance(found, str) else Region(start, end, found)
 
 
@@ -326,7 +326,7 @@ def fenced_json(text: str, pos: int, ctx: Context) -> Region | None:
         close, closed = find_marker(text, fence, "```")
         if not closed:
             return not_calls(start, len(text), "the call is cut short") if ctx.final else still_open(start)
-        found = _json_body(text, fence, close)
+        found = json_body(text, fence, close)
         end = close + 3
         return not_calls(start, end, found) if isinstance(found, str) else Region(start, end, found)
 

@@ -153,8 +153,14 @@ def typed(text: str, schema: Any) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        # Python's spelling, which chat templates rendered by Python (`value | string`) show the model
-        return _PYTHON_WORDS.get(text.strip(), text)
+        pass
+    # Python's spelling, which chat templates rendered by Python (`value | string`) show the model
+    if text.strip() in _PYTHON_WORDS:
+        return _PYTHON_WORDS[text.strip()]
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
 
 
 # -- Gemma 4's notation: {key:<|"|>text<|"|>,n:1,list:[...]} --
@@ -250,10 +256,40 @@ def python_call(source: str) -> tuple[str, dict[str, Any]] | None:
         if keyword.arg is None:
             return None
         try:
-            args[keyword.arg] = ast.literal_eval(keyword.value)
+            args[keyword.arg] = ast.literal_eval(_JsonWords().visit(keyword.value))
         except ValueError:
             return None
     return name, args
+
+
+class _JsonWords(ast.NodeTransformer):
+    """JSON's ``true``, ``false`` and ``null`` inside a Python-style call (as
+    LFM2 writes an object argument) read as Python's."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        words = {"true": True, "false": False, "null": None}
+        return ast.Constant(words[node.id]) if node.id in words else node
+
+
+def python_calls(source: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """``[a(x=1), b(y="z")]`` or one call alone (LFM2's notation): each name and its keyword arguments."""
+    text = source.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        found = python_call(text)
+        return None if found is None else [found]
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return None
+    if not isinstance(tree.body, ast.List):
+        return None
+    calls = []
+    for item in tree.body.elts:
+        found = python_call(ast.unparse(item))
+        if found is None:
+            return None
+        calls.append(found)
+    return calls or None
 
 
 def _dotted(node: ast.expr) -> str | None:
