@@ -467,11 +467,17 @@ def choose_kv(
     return KvChoice(*first, why)
 
 
+def prompt_estimate(prompt_chars: int) -> int:
+    """A prompt's tokens before the model loads: about 3 characters a token
+    (an overestimate for prose, near it for code), and the chat template's."""
+    return prompt_chars // 3 + 16
+
+
 def run_extent(prompt_chars: int, max_tokens: int | None) -> tuple[int, int]:
     """(the context a run needs, the depth it mostly decodes at), estimated
     before the model loads: about 3 characters a token (an overestimate for
     prose, near it for code), and DEFAULT_CTX of room to generate without a limit."""
-    prompt = prompt_chars // 3 + 16  # the chat template's tokens
+    prompt = prompt_estimate(prompt_chars)
     room = max_tokens if max_tokens is not None else DEFAULT_CTX
     return prompt + room, prompt + min(room, 1024) // 2
 

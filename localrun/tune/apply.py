@@ -4,6 +4,26 @@ After `localrun.settings.resolve` (option, model, config), every setting
 still at its default is taken from the wisdom when `localrun tune` measured
 it, with the source "wisdom"; without wisdom it stays llama.cpp's default.
 `--kv auto` and `--flash-attn auto` are settled here too, with a reason.
+
+The KV types and flash attention are settled together, for the run's shape
+(`RunShape`: the prompt it fills and the answer it decodes): among the
+settings the tune's `Rates` measured that fit the memory, the one predicted
+to finish this run first, when it beats llama.cpp's default (f16, flash
+attention auto) beyond the tie margin; so a long prompt and a long answer
+may take different settings on the same machine. The shapes each kind of
+run is weighed with (`localrun.assemble` makes them):
+
+- generate: its prompt (about 3 characters a token, before the model loads)
+  and `--max-tokens`, else `OPEN_ANSWER`;
+- chat: a turn at the middle of its context (the conversation held, a
+  message of `CHAT_MESSAGE` tokens, an answer of `OPEN_ANSWER`);
+- `--batch`: the median prompt of its lines, counted in tokens, and the
+  median answer budget (`OPEN_ANSWER` where a line has none);
+- serve: a request that fills half its slot's context (a conversation or a
+  document re-sent) and an answer of `OPEN_ANSWER`.
+
+Wisdom without rates (a tune before them) settles flash attention from its
+curve at the run's depth, as before, and the KV types for capacity alone.
 """
 
 from __future__ import annotations
@@ -18,9 +38,26 @@ from localrun.gguf.info import ModelInfo
 from localrun.runtime.placement import DEFAULT_CTX, KV_AUTO_ORDER, KvPairs, choose_kv
 from localrun.settings import AUTO, RunSettings, Source
 from localrun.system import default_threads
-from localrun.tune.wisdom import TIE_MARGIN, Attention, ModelKey, Wisdom, WisdomFile, kv_label
+from localrun.tune.wisdom import (
+    TIE_MARGIN,
+    Attention,
+    ModelKey,
+    Pick,
+    RunShape,
+    Wisdom,
+    WisdomFile,
+    kv_label,
+    parse_setting,
+    setting_label,
+)
 
 AttentionProbe = Callable[[int], Attention | None]  # a thread count: the curve measured at it, or None
+OPEN_ANSWER = 512  # the answer assumed where no --max-tokens bounds it: a few paragraphs, or a function
+CHAT_MESSAGE = 64  # a chat message and its template's tokens
+RETUNE = (
+    "the KV figures of an older `localrun tune` are not used (it raced every type with flash attention on "
+    "and never weighed the prompt); `localrun tune` measures the model again"
+)
 
 
 @dataclass(frozen=True)
@@ -109,15 +146,64 @@ def _kv(
     if AUTO not in (settings.type_k, settings.type_v):
         return settings.type_k, settings.type_v
     n = need or settings.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
-    cost = wisdom.kv_cost if wisdom is not None else None
-    costs = cost.figures if cost is not None and cost.value is not None else None  # a tie: no cost to weigh
-    choice = choose_kv(shape, n, budget, costs, TIE_MARGIN, pairs)
+    choice = choose_kv(shape, n, budget, None, TIE_MARGIN, pairs)  # for capacity: no rates to weigh
     s.values.update(type_k=choice.type_k, type_v=choice.type_v)
     s.reasons["kv"] = f"{choice.type_k}/{choice.type_v}: {choice.reason}"
-    fits = choose_kv(shape, n, budget, None, TIE_MARGIN, pairs) if costs else choice
-    if (fits.type_k, fits.type_v) != (choice.type_k, choice.type_v):  # measured faster here, not what fits
-        s.sources.update(type_k="wisdom", type_v="wisdom")
+    old = wisdom.kv_cost if wisdom is not None and wisdom.rates is None else None
+    if old is not None and old.value is not None and old.value != kv_label(choice.type_k, choice.type_v):
+        s.reasons["kv"] += f"; {RETUNE}"
     return choice.type_k, choice.type_v
+
+
+def _joint(
+    s: _Settled,
+    shape: ModelInfo,
+    wisdom: Wisdom | None,
+    run: RunShape | None,
+    need: int | None,
+    budget: int,
+    pairs: KvPairs,
+) -> bool:
+    """The KV types and flash attention that are still automatic, settled
+    together from the tune's rates for ``run`` (None: a short prompt and an
+    open answer); False where there are no rates for them (the caller
+    settles them apart, as before)."""
+    settings = s.settings
+    rates = wisdom.rates if wisdom is not None else None
+    kv_auto, fa_auto = AUTO in (settings.type_k, settings.type_v), settings.flash_attn == AUTO
+    if rates is None or not (kv_auto or fa_auto):
+        return False
+    run = run or RunShape(CHAT_MESSAGE, OPEN_ANSWER, what="no shape given")
+    fits = None
+    if kv_auto:
+        n = need or settings.n_ctx or min(DEFAULT_CTX, shape.context_length or DEFAULT_CTX)
+        fits = choose_kv(shape, n, budget, None, TIE_MARGIN, pairs)
+        first = (fits.type_k, fits.type_v)
+        kvs = [kv for kv in pairs if not budget or shape.memory_needed(n, *kv) <= budget]
+        if first not in kvs:  # none fits: the smallest is tried, whatever its speed
+            return False
+    else:
+        first = (settings.type_k, settings.type_v)
+        kvs = [first]
+    modes = ("off", "on") if fa_auto else (settings.flash_attn,)
+    allowed = [setting_label(k, v, m) for k, v in kvs for m in modes if v == "f16" or m == "on"]
+    default = setting_label(*first, "on" if fa_auto else settings.flash_attn)
+    if default not in rates.settings:  # tuned for other KV types: nothing to weigh them against
+        return False
+    pick = rates.pick(run, default, allowed)
+    type_k, type_v, mode = parse_setting(pick.label) if pick.label is not None else (*first, AUTO)
+    why = f"{pick.why} ({pick.compared()}; localrun tune's rates)"
+    if fits is not None:
+        s.values.update(type_k=type_k, type_v=type_v)
+        s.reasons["kv"] = f"{type_k}/{type_v}: {fits.reason}; {why}"
+        if (type_k, type_v) != first:
+            s.sources.update(type_k="wisdom", type_v="wisdom")
+    if fa_auto:
+        if pick.label is None:
+            s.reasons["flash_attn"] = f"auto: {why}"
+        else:
+            s.take("flash_attn", mode, f"{mode}: {why}")
+    return True
 
 
 def _flash_attn(
@@ -159,6 +245,7 @@ def apply(
     budget: int = 0,
     kv_pairs: KvPairs = KV_AUTO_ORDER,
     attention: AttentionProbe | None = None,
+    run: RunShape | None = None,
 ) -> RunSettings:
     """``settings`` with its automatic values settled for ``shape``.
 
@@ -169,11 +256,41 @@ def apply(
     ``kv_pairs`` the K/V types it may take in order, for `--kv auto`;
     ``attention``: the flash-attention curve of the model's attention shape
     at a thread count, measured here when first asked for (None: not
-    measured), where the wisdom has no curve of the model's own."""
+    measured), where the wisdom has no curve of the model's own; ``run``:
+    the run's shape, which the KV types and flash attention are chosen for
+    where the wisdom has rates (see the module docstring)."""
     s = _Settled(settings)
     if wisdom is not None:
         _measured_counts(s, wisdom)
     if settings.threads is None and "threads" not in s.values:
         s.values["threads"] = default_threads()  # llama.cpp's default, named so that --json shows it
-    _flash_attn(s, wisdom, _kv(s, shape, wisdom, need, budget, kv_pairs), depth, attention)
+    if not _joint(s, shape, wisdom, run, need, budget, kv_pairs):
+        _flash_attn(s, wisdom, _kv(s, shape, wisdom, need, budget, kv_pairs), depth, attention)
     return s.result()
+
+
+# the shapes `localrun tune --show` and `localrun show` pick for, to show what the rates decide
+EXAMPLE_SHAPES = (
+    RunShape(1800, 64, what="a long prompt, a short answer"),
+    RunShape(1800, OPEN_ANSWER, what="a long prompt, a long answer"),
+    RunShape(CHAT_MESSAGE, OPEN_ANSWER, what="a short prompt, a long answer"),
+    RunShape(CHAT_MESSAGE, OPEN_ANSWER, DEFAULT_CTX // 2, what="a turn at a chat's middle"),
+)
+
+
+def examples(wisdom: Wisdom | None) -> list[tuple[RunShape, Pick]]:
+    """What the wisdom's rates pick for each of `EXAMPLE_SHAPES`, every
+    setting measured allowed (memory not weighed); none without rates."""
+    rates = wisdom.rates if wisdom is not None else None
+    if rates is None or wisdom is None:
+        return []
+    type_k, _, type_v = wisdom.kv.partition("/")
+    default = setting_label(type_k, type_v, "on")
+    return [(run, rates.pick(run, default)) for run in EXAMPLE_SHAPES]
+
+
+def pick_text(pick: Pick) -> str:
+    """One pick as a line: the setting taken and why."""
+    if pick.label is None:
+        return f"{pick.default} kept, llama.cpp's default ({pick.why.split(' for a ')[0]}; {pick.compared()})"
+    return f"{pick.label} ({pick.why.split(' for a ')[0]}; {pick.compared()})"

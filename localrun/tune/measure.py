@@ -12,9 +12,15 @@ In order, each phase with a share of the time:
 4. the prompt batch size: tokens per second evaluating batches of each size
    (the sizes the time allows: a size still getting faster at the largest
    one measured keeps llama.cpp's 512);
-5. flash attention off and on, and each quantized KV cache type: a decode
-   step at a short depth and at the deepest depth the time allows (filling
-   every context to it), interleaved.
+5. the KV cache types and flash attention together (f16 with it off and on,
+   q8_0 and q8_0/q4_0 with it on, as a quantized V needs it): each context
+   filled to a middle depth and then to the deepest the time allows, every
+   stretch timed (the prompt's rate at that depth), and a decode step raced
+   at a short depth and at each filled one. Kept as `Rates`, one line over
+   depth per setting for the prompt and one for decoding; a run picks from
+   them for its own prompt and answer (`localrun.tune.apply`). The prompt
+   batch size is not crossed with them (its phase runs at one depth), nor
+   the thread count (the one decided first is used).
 
 Every comparison is a `Race`: rounds of every candidate in rotating order
 until the best is separated beyond noise, the rounds run out, or the phase's
@@ -35,7 +41,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,7 +62,7 @@ from localrun.runtime.placement import LLAMA_PARALLEL, place
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, relative_iqr
-from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Wisdom, kv_label
+from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Rates, Wisdom, kv_label, setting_label
 
 
 @dataclass(frozen=True)
@@ -139,14 +145,16 @@ class Context:
             else:
                 llama_cpp.llama_memory_seq_rm(self.engine.memory, s, pos, -1)
 
-    def fill(self, depth: int, chunk: int = LLAMA_UBATCH) -> None:
-        """Evaluate sequence 0 up to ``depth``."""
+    def fill(self, depth: int, chunk: int = LLAMA_UBATCH) -> float:
+        """Evaluate sequence 0 up to ``depth`` in batches of ``chunk``; the seconds it took."""
+        spent = 0.0
         while self.depth < depth:
             k = min(chunk, depth - self.depth)
-            self._run([(self.depth + i, 0, i == k - 1) for i in range(k)])
+            spent += self._run([(self.depth + i, 0, i == k - 1) for i in range(k)])
             self.depth += k
         if self.engine.cuts.recurrent:
             self.checkpoints.save(0, self._held(self.depth))
+        return spent
 
     def step_s(self, steps: int) -> float:
         """Seconds per single-token decode step at the current depth."""
@@ -306,7 +314,7 @@ class Tuner:
                 n_ubatch, pp_rate = self._ubatch(main)
             finally:
                 main.close()
-            attention, kv_cost, depth = self._depths(weights, shape, tokens, best_threads, pp_rate)
+            attention, kv_cost, depth, rates = self._depths(weights, shape, tokens, best_threads, pp_rate)
         self._report("done")
         return Wisdom(
             machine=this_machine(),
@@ -321,6 +329,7 @@ class Tuner:
             parallel=parallel,
             kv_cost=kv_cost,
             kv_depth=depth,
+            rates=rates,
             busy=round(self.busy, 3),
             unmeasured=dict(self.unmeasured),
         )
@@ -387,9 +396,12 @@ class Tuner:
 
     def _depths(
         self, weights: Weights, shape: Any, tokens: Sequence[int], threads: int, pp_rate: float
-    ) -> tuple[Attention | None, Decision | None, int]:
-        """Flash attention off/on (f16 V only) and each KV type, at a short
-        depth and the deepest the time allows."""
+    ) -> tuple[Attention | None, Decision | None, int, Rates | None]:
+        """Every KV-types and flash-attention setting together (f16 off and on,
+        the quantized types on, as they need it): the prompt filled to a middle
+        and to the deepest depth the time allows, each stretch timed (the
+        prompt's rate), and decode steps raced at a short depth and at each
+        filled depth, interleaved."""
         deadline = self._phase("depth")
         type_k, type_v = self.kv
         kinds: list[tuple[str, str, str]] = []
@@ -404,41 +416,89 @@ class Tuner:
         rows = self.ranges.max_rows
         limit = (shape.context_length or MAX_DEPTH) - 2 * rows
         depth = max(MIN_DEPTH, min(depth, MAX_DEPTH, limit))
-        depths = [PROMPT, depth] if depth < 4 * MIN_DEPTH else [PROMPT, depth // 2, depth]
+        middle = (PROMPT + depth) // 2  # two stretches of one size: the same batches in each
+        stretch = middle - PROMPT
+        chunk = -(-stretch // -(-stretch // LLAMA_UBATCH))  # equal batches of at most llama.cpp's ubatch
+        depths = [PROMPT, depth] if depth < 4 * MIN_DEPTH else [PROMPT, middle, depth]
         contexts = {
             kind: Context(weights, self._config(depth + 2 * rows, *kind[:2], kind[2], threads), tokens)
             for kind in kinds
         }
+        fill_ms: dict[tuple[str, str, str], list[float]] = {k: [] for k in kinds}
         try:
             steps = self._steps(contexts[kinds[0]].step_s(2))
             at: dict[int, Race[tuple[str, str, str]]] = {}
-            for d in depths:
-                for ctx in contexts.values():
-                    ctx.fill(d)
+
+            def race_at(d: int) -> None:
                 self._report(f"depth {d}")
                 at[d] = Race(kinds).run(
                     self._watched(lambda k: contexts[k].step_s(steps)), max_rounds=6, deadline=deadline
                 )
+
+            race_at(PROMPT)
+            for i, target in enumerate((middle, depth)):
+                for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:  # rotating, as a race does
+                    self.load.read()
+                    filled = target - contexts[kind].depth
+                    fill_ms[kind].append(contexts[kind].fill(target, chunk) * 1e3 / max(filled, 1))
+                if target in depths:
+                    race_at(target)
         finally:
             for ctx in contexts.values():
                 ctx.close()
         if self._ran_busy("depth"):
-            return None, None, 0
-        attention = None
-        if type_v == "f16":
-            off, on = (type_k, type_v, "off"), (type_k, type_v, "on")
-            attention = Attention(
-                tuple(depths),
-                tuple(at[d].median(off) * 1e3 for d in depths),
-                tuple(at[d].median(on) * 1e3 for d in depths),
-                noise=round(statistics.median(relative_iqr(at[d].samples[k]) for d in depths for k in (off, on)), 4),
-            )
-        kv_cost = None
-        on_kinds = [k for k in kinds if k[2] == "on"]
-        if len(on_kinds) > 1:
-            deep = Race(on_kinds, {k: at[depth].samples[k] for k in on_kinds})
-            kv_cost = _decision(deep, on_kinds[0], "ms/token", name=lambda k: kv_label(k[0], k[1]), max_gain=MAX_GAIN)
-        return attention, kv_cost, depth
+            return None, None, 0, None
+        attention, kv_cost = _depth_figures(self.kv, kinds, depths, at, depth)
+        fill_depths = ((PROMPT + middle) // 2, (middle + depth) // 2)
+        return attention, kv_cost, depth, _rates(kinds, depths, at, fill_ms, fill_depths, chunk)
+
+
+def _depth_figures(
+    kv: tuple[str, str],
+    kinds: Sequence[tuple[str, str, str]],
+    depths: Sequence[int],
+    at: Mapping[int, Race[tuple[str, str, str]]],
+    depth: int,
+) -> tuple[Attention | None, Decision | None]:
+    """Flash attention off and on with f16 V as a curve, and the KV types with
+    it on at the deepest depth, as tune kept them before the rates (shown by
+    `localrun tune --show`; a run's choice reads the rates)."""
+    type_k, type_v = kv
+    attention = None
+    if type_v == "f16":
+        off, on = (type_k, type_v, "off"), (type_k, type_v, "on")
+        attention = Attention(
+            tuple(depths),
+            tuple(at[d].median(off) * 1e3 for d in depths),
+            tuple(at[d].median(on) * 1e3 for d in depths),
+            noise=round(statistics.median(relative_iqr(at[d].samples[k]) for d in depths for k in (off, on)), 4),
+        )
+    kv_cost = None
+    on_kinds = [k for k in kinds if k[2] == "on"]
+    if len(on_kinds) > 1:
+        deep = Race(on_kinds, {k: at[depth].samples[k] for k in on_kinds})
+        kv_cost = _decision(deep, on_kinds[0], "ms/token", name=lambda k: kv_label(k[0], k[1]), max_gain=MAX_GAIN)
+    return attention, kv_cost
+
+
+def _rates(
+    kinds: Sequence[tuple[str, str, str]],
+    depths: Sequence[int],
+    at: Mapping[int, Race[tuple[str, str, str]]],
+    fill_ms: Mapping[tuple[str, str, str], Sequence[float]],
+    fill_depths: tuple[int, int],
+    chunk: int,
+) -> Rates:
+    """Every setting's prompt rate over its two filled stretches and decode
+    cost at each depth: what a run's shape is weighed against."""
+    return Rates(
+        fill_depths=fill_depths,
+        fill_tps={setting_label(*k): tuple(1e3 / max(ms, 1e-9) for ms in fill_ms[k]) for k in kinds},
+        decode_depths=tuple(depths),
+        decode_ms={setting_label(*k): tuple(at[d].median(k) * 1e3 for d in depths) for k in kinds},
+        chunk=chunk,
+        noise=round(statistics.median(relative_iqr(at[d].samples[k]) for d in depths for k in kinds), 4),
+    )
 
 
 def _busy_share(run: Callable[[], object], threads: int) -> float:

@@ -9,7 +9,16 @@ cannot be read is ignored with a warning, never a crash.
 
 Each setting is a `Decision`: the value chosen, or None where the candidates
 measured as a tie (then llama.cpp's default is kept), with the figures behind
-it.
+it. The settings that interact, the KV cache types and flash attention, are
+kept as `Rates` instead: for each combination measured, how fast it fills a
+prompt and decodes at a few depths. Which one a run takes depends on the
+run's shape (`RunShape`: its prompt and its answer), so it is chosen for each
+run (`Rates.pick`, from `localrun.tune.apply`), never once for all.
+
+Version 2 added the rates. A version-1 file still loads; its entries have no
+rates, so their KV types are chosen for capacity alone (their KV race ran
+every type with flash attention on, and never weighed the prompt) until
+`localrun tune` measures the model again.
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ from typing import Any
 from localrun import paths
 from localrun.tune.machine import Machine, this_machine
 
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)  # the versions `WisdomFile.load` reads (1: no rates)
 TIE_MARGIN = 0.03  # candidates closer than this share of the better one's figure are a tie
 MAX_GAIN = 2.5  # a setting measured this many times faster than llama.cpp's default is a red flag, not a result
 # the fields each phase of `localrun tune` measures (localrun.tune.measure)
@@ -33,7 +43,7 @@ PHASE_FIELDS: dict[str, tuple[str, ...]] = {
     "verify": ("verify_ms",),
     "parallel": ("parallel",),
     "ubatch": ("n_ubatch",),
-    "depth": ("flash_attn", "kv_cost", "kv_depth"),
+    "depth": ("flash_attn", "kv_cost", "kv_depth", "rates"),
 }
 
 
@@ -156,6 +166,152 @@ class Attention:
         return cls(depths, off, on, float(raw.get("noise", 0.0)))
 
 
+def setting_label(type_k: str, type_v: str, flash_attn: str) -> str:
+    """A KV-types and flash-attention combination as the rates name it: "f16/f16 fa off"."""
+    return f"{type_k}/{type_v} fa {flash_attn}"
+
+
+def parse_setting(label: str) -> tuple[str, str, str]:
+    """(type_k, type_v, flash attention) of a `setting_label`."""
+    kv, _, mode = label.partition(" fa ")
+    type_k, _, type_v = kv.partition("/")
+    if not type_k or not type_v or mode not in ("on", "off"):
+        raise ValueError(f"{label!r} is not a KV and flash-attention setting")
+    return type_k, type_v, mode
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a run does, for choosing its settings: ``prompt`` tokens filled
+    after ``start`` tokens the context already holds (a chat's earlier
+    turns), then ``answer`` tokens decoded. ``what``: how it was guessed,
+    for the reason shown."""
+
+    prompt: int
+    answer: int
+    start: int = 0
+    what: str = ""
+
+    def describe(self) -> str:
+        held = f" after {self.start:,} held" if self.start else ""
+        text = f"{self.prompt:,}-token prompt{held} and {self.answer:,}-token answer"
+        return f"{text} ({self.what})" if self.what else text
+
+
+def _rising(depths: Sequence[float], ms: Sequence[float]) -> tuple[float, float]:
+    """A line of cost over depth that never falls (attention never gets
+    cheaper with more context: a falling fit is noise, so the mean, flat)."""
+    a, b = _fit(depths, ms)
+    return (a, b) if b >= 0 else (sum(ms) / len(ms), 0.0)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The setting `Rates.pick` chose for a run's shape: ``label`` (None:
+    the default kept, a tie or a red flag), the predicted seconds of every
+    setting it weighed, and why."""
+
+    label: str | None
+    default: str
+    seconds: Mapping[str, float]
+    why: str
+
+    def compared(self) -> str:
+        """The predictions, fastest first: "f16/f16 fa off 10.6 s, f16/f16 fa on 11.1 s"."""
+        return ", ".join(f"{k} {v:.2f} s" for k, v in sorted(self.seconds.items(), key=lambda kv: kv[1]))
+
+
+@dataclass(frozen=True)
+class Rates:
+    """For each KV-types and flash-attention setting measured (`setting_label`):
+    prompt tokens evaluated a second at ``fill_depths`` (the middle of each
+    filled stretch, in batches of ``chunk`` tokens) and decode milliseconds a
+    token at ``decode_depths``. ``noise``: the decode samples' typical
+    spread, as a share. Each becomes a line over depth, so that a run's time
+    is predicted for its own prompt and answer (`seconds`)."""
+
+    fill_depths: tuple[int, ...]
+    fill_tps: Mapping[str, tuple[float, ...]]
+    decode_depths: tuple[int, ...]
+    decode_ms: Mapping[str, tuple[float, ...]]
+    chunk: int = 0
+    noise: float = 0.0
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        return tuple(k for k in self.decode_ms if k in self.fill_tps)
+
+    def seconds(self, label: str, run: RunShape) -> float:
+        """The predicted seconds of ``run`` with ``label``: each prompt token at
+        the fill line's cost at its depth, each answer token at the decode
+        line's (a line's sum over a stretch is its count times the cost at
+        the stretch's middle)."""
+        fa, fb = _rising(self.fill_depths, [1e3 / max(t, 1e-9) for t in self.fill_tps[label]])
+        da, db = _rising(self.decode_depths, self.decode_ms[label])
+        fill = run.prompt * (fa + fb * (run.start + run.prompt / 2))
+        decode = run.answer * (da + db * (run.start + run.prompt + run.answer / 2))
+        return (fill + decode) / 1e3
+
+    def pick(self, run: RunShape, default: str, allowed: Sequence[str] | None = None) -> Pick:
+        """The setting of ``allowed`` (None: every one measured) predicted
+        fastest for ``run``. ``default`` (llama.cpp's: f16 with flash
+        attention on, as its auto settles on a CPU) is kept when it is within
+        the tie margin or the noise of the fastest, or when the fastest is
+        predicted more than `MAX_GAIN` times as fast (a machine that was busy,
+        not a result); among settings tied with the fastest, the default's KV
+        types (no quantization) come first."""
+        names = [k for k in (allowed if allowed is not None else self.settings) if k in self.settings]
+        seconds = {k: self.seconds(k, run) for k in names}
+        if not seconds:
+            return Pick(None, default, seconds, "none of the settings measured applies")
+        fastest = min(seconds.values())
+        margin = max(TIE_MARGIN, self.noise)
+        tied = [k for k in seconds if seconds[k] - fastest <= margin * fastest]
+        if default in tied:
+            alike = "fastest" if tied == [default] else "alike"
+            return Pick(None, default, seconds, f"predicted {alike} for a {run.describe()}")
+        kv = default.partition(" fa ")[0]
+        best = min([k for k in tied if k.partition(" fa ")[0] == kv] or tied, key=lambda k: seconds[k])
+        if default not in seconds:  # nothing to weigh the others against: the default stands
+            return Pick(None, default, seconds, f"{default} was not measured")
+        base = seconds[default]
+        if base > MAX_GAIN * seconds[best]:
+            gain = base / seconds[best]
+            return Pick(None, default, seconds, f"{best} predicted {gain:.1f}x as fast: more than a setting gives")
+        gain = base / seconds[best]
+        return Pick(best, default, seconds, f"predicted {gain:.2f}x as fast as {default} for a {run.describe()}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fill_depths": list(self.fill_depths),
+            "fill_tps": {k: [round(x, 2) for x in v] for k, v in self.fill_tps.items()},
+            "decode_depths": list(self.decode_depths),
+            "decode_ms": {k: [round(x, 3) for x in v] for k, v in self.decode_ms.items()},
+            "chunk": self.chunk,
+            "noise": self.noise,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Rates:
+        if not isinstance(raw, dict):
+            raise ValueError("the rates are not an object")
+        fill_depths = tuple(int(d) for d in raw["fill_depths"])
+        decode_depths = tuple(int(d) for d in raw["decode_depths"])
+        fill = {str(k): tuple(float(x) for x in v) for k, v in raw["fill_tps"].items()}
+        decode = {str(k): tuple(float(x) for x in v) for k, v in raw["decode_ms"].items()}
+        if not fill_depths or not decode_depths:
+            raise ValueError("the rates lack their depths")
+        for label, figures in fill.items():
+            parse_setting(label)
+            if len(figures) != len(fill_depths) or min(figures) <= 0:
+                raise ValueError(f"the prompt rates of {label} do not match their depths")
+        for label, figures in decode.items():
+            parse_setting(label)
+            if len(figures) != len(decode_depths):
+                raise ValueError(f"the decode rates of {label} do not match their depths")
+        return cls(fill_depths, fill, decode_depths, decode, int(raw.get("chunk", 0)), float(raw.get("noise", 0.0)))
+
+
 @dataclass(frozen=True)
 class Wisdom:
     """What `localrun tune` (and `localrun bench`) measured for one key."""
@@ -172,6 +328,7 @@ class Wisdom:
     parallel: Decision | None = None  # value: sequences decoded together
     kv_cost: Decision | None = None  # decode ms per token at depth per KV types; value: the fastest or None
     kv_depth: int = 0  # the depth kv_cost was measured at
+    rates: Rates | None = None  # prompt and decode speed per KV types and flash attention (None: an older tune)
     bench: Mapping[str, Any] = field(default_factory=dict)  # `localrun bench`'s advice
     busy: float = 0.0  # the share of the CPUs other processes took while it measured
     unmeasured: Mapping[str, str] = field(default_factory=dict)  # phase: why it decides nothing (machine busy)
@@ -194,7 +351,7 @@ class Wisdom:
         return self.machine == machine and self.model == model and (kv is None or self.kv == kv)
 
     def as_dict(self) -> dict[str, Any]:
-        def opt(d: Decision | Attention | None) -> Any:
+        def opt(d: Decision | Attention | Rates | None) -> Any:
             return d.as_dict() if d is not None else None
 
         return {
@@ -210,6 +367,7 @@ class Wisdom:
             "parallel": opt(self.parallel),
             "kv_cost": opt(self.kv_cost),
             "kv_depth": self.kv_depth,
+            "rates": opt(self.rates),
             "bench": dict(self.bench),
             "busy": self.busy,
             "unmeasured": dict(self.unmeasured),
@@ -244,6 +402,7 @@ class Wisdom:
             parallel=dec("parallel"),
             kv_cost=dec("kv_cost"),
             kv_depth=int(raw.get("kv_depth", 0)),
+            rates=Rates.from_dict(raw["rates"]) if raw.get("rates") else None,
             bench=bench if isinstance(bench, dict) else {},
             busy=float(raw.get("busy", 0.0)),
             unmeasured={str(k): str(v) for k, v in (raw.get("unmeasured") or {}).items()},
@@ -285,7 +444,7 @@ class WisdomFile:
             found.damaged = True
             found.problems.append(f"{path} is not valid JSON and is ignored ({exc}){later}")
             return found
-        if not isinstance(raw, dict) or raw.get("version") != VERSION or not isinstance(raw.get("entries"), list):
+        if not isinstance(raw, dict) or raw.get("version") not in READABLE or not isinstance(raw.get("entries"), list):
             found.damaged = True
             found.problems.append(f"{path} is not a wisdom file of version {VERSION} and is ignored{later}")
             return found

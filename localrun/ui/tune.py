@@ -90,7 +90,8 @@ def describe(w: Wisdom) -> str:
         lines.append(f"  --batch parallel   {_choice(w.parallel, '4')}")
         rates = ", ".join(f"{k}: {1000 / v:.1f}" for k, v in w.parallel.figures.items() if v > 0)
         lines.append(f"                     {rates} tokens/s in all")
-    if w.kv_cost is not None:
+    lines += _rates(w)
+    if w.kv_cost is not None and w.rates is None:  # before the rates: the KV types raced with flash attention on
         best = w.kv_cost.value or "none faster than another"
         lines.append(f"  KV cache types     at depth {w.kv_depth}: fastest {best}")
         lines.append(f"                     {_figures(w.kv_cost)}")
@@ -107,6 +108,8 @@ def _attention(w: Wisdom) -> list[str]:
     choice = fa.choice()
     cross = fa.crossover
     summary = "a tie: llama.cpp's auto kept" if choice is None else f"{choice} over the depths measured"
+    if w.rates is not None:  # a run picks from the rates, for its own prompt and answer
+        summary = "decode steps with f16 (each run picks from the rates below)"
     if cross is not None and cross < 64 * max(fa.depths):
         summary += f"; the two cross near depth {cross}"
     lines = [f"  flash attention    {summary}"]
@@ -124,4 +127,28 @@ def _verify(w: Wisdom) -> list[str]:
     slow = [r for r in range(1, len(curve)) if any(curve[m] <= curve[r - 1] for m in range(r, len(curve)))]
     if slow:
         lines.append(f"                     slower than a larger batch: {', '.join(map(str, slow))} rows")
+    return lines
+
+
+def _rates(w: Wisdom) -> list[str]:
+    """Each KV and flash-attention setting's prompt and decode rates, and what
+    they pick for a few shapes of run."""
+    from localrun.tune.apply import examples, pick_text
+
+    r = w.rates
+    if r is None:
+        if w.kv_cost is None and w.flash_attn is None:
+            return []
+        return ["  KV, flash attn     no prompt rates (an older `localrun tune`): `localrun tune` again to weigh them"]
+    fill_at = " / ".join(map(str, r.fill_depths))
+    decode_at = " / ".join(map(str, r.decode_depths))
+    lines = [
+        f"  KV, flash attn     prompt tok/s at depth {fill_at} (batches of {r.chunk}); decode ms/token at {decode_at}"
+    ]
+    for label in r.settings:
+        fill = " / ".join(f"{t:.1f}" for t in r.fill_tps[label])
+        decode = " / ".join(f"{ms:.1f}" for ms in r.decode_ms[label])
+        lines.append(f"                     {label:<16} {fill} tok/s, {decode} ms")
+    for run, pick in examples(w):
+        lines.append(f"                     {run.describe()}: {pick_text(pick)}")
     return lines

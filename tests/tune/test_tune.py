@@ -35,6 +35,13 @@ def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path) -> None:
     assert set(measured["flash_attn"]) == {"depths", "off_ms", "on_ms", "noise"}
     assert measured["threads"]["figures"] and measured["parallel"]["figures"]
     assert set(measured["kv_cost"]["figures"]) == {"f16/f16", "q8_0/q8_0", "q8_0/q4_0"}
+    # every KV and flash-attention setting raced together, a prompt rate beside each decode rate
+    rates = measured["rates"]
+    kinds = {"f16/f16 fa off", "f16/f16 fa on", "q8_0/q8_0 fa on", "q8_0/q4_0 fa on"}
+    assert set(rates["fill_tps"]) == set(rates["decode_ms"]) == kinds
+    assert len(rates["fill_depths"]) == 2 and rates["fill_depths"][0] < rates["fill_depths"][1]
+    assert all(len(v) == 2 and min(v) > 0 for v in rates["fill_tps"].values())
+    assert all(len(v) == len(rates["decode_depths"]) and min(v) > 0 for v in rates["decode_ms"].values())
 
     shown = cli("tune", "--show", "--json", str(wide_model))
     assert shown.returncode == 0, shown.stderr
@@ -52,10 +59,10 @@ def test_tune_keeps_wisdom_that_generate_uses(wide_model: Path) -> None:
             assert settings[name] == {"value": value, "source": "wisdom"}
         else:
             assert settings[name]["source"] == "default"
-    # f16 fits; a quantized cache only where tune found it faster beyond the tie margin
-    faster = measured["kv_cost"]["value"]
+    # f16 fits; a quantized cache only where the rates predicted it faster for this run beyond the tie margin
     kv = f"{settings['type_k']['value']}/{settings['type_v']['value']}"
-    assert kv == "f16/f16" or (faster is not None and "localrun tune" in settings["type_k"]["why"]), settings
+    assert "localrun tune's rates" in settings["type_k"]["why"], settings
+    assert kv == "f16/f16" or "as fast as f16/f16" in settings["type_k"]["why"], settings
 
 
 def test_generate_follows_hand_written_wisdom(wide_model: Path) -> None:
@@ -135,9 +142,9 @@ def test_conversations_choose_flash_attention_for_their_depth(wide_model: Path) 
     assert isinstance(settings, dict) and settings["flash_attn"]["value"] == "off", settings
     assert "at depth 2048" in settings["flash_attn"]["why"]
     # the server's plan, and the small context it is given
-    plans = serve_plans([str(wide_model)], Options(ctx="512"), offline=True, verbose=False, queue=4, template=None)
+    plans = serve_plans([str(wide_model)], Options(ctx="512"), offline=True, verbose=False, queue=4)
     assert plans[0].config.flash_attn == "on"  # a 512-token slot stays shallow: depth 256
-    plans = serve_plans([str(wide_model)], Options(), offline=True, verbose=False, queue=4, template=None)
+    plans = serve_plans([str(wide_model)], Options(), offline=True, verbose=False, queue=4)
     assert plans[0].config.flash_attn == "off"
 
 
@@ -160,9 +167,10 @@ def test_tune_on_a_busy_machine_keeps_every_phase_as_not_measured(wide_model: Pa
     assert set(wisdom.unmeasured) == {"threads", "verify", "parallel", "ubatch", "depth"}
     assert all("machine busy" in why for why in wisdom.unmeasured.values())
     assert (wisdom.threads, wisdom.parallel, wisdom.n_ubatch, wisdom.flash_attn, wisdom.kv_cost) == (None,) * 5
+    assert wisdom.rates is None
     assert wisdom.verify_ms == () and len(reads) >= 10
     quiet = Tuner(wide_model, seconds=3, load=lambda: 0).run()
-    assert not quiet.unmeasured and quiet.verify_ms
+    assert not quiet.unmeasured and quiet.verify_ms and quiet.rates is not None
 
 
 def test_a_model_on_a_gpu_is_tuned_over_a_gpus_ranges(wide_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
