@@ -11,6 +11,9 @@ two for --rounds rounds, each checked to be answered by the model named; the
 server's resident memory (VmRSS) is read after it starts (before any model
 loads), after each request, and once the idle unload has left no model
 loaded. The goal: after the idle unload, within 10% of before the first load.
+With --pooling (mean, cls, last), the server pools every model and each
+turn asks the model named for embeddings of a few texts too, before its
+completion.
 """
 
 from __future__ import annotations
@@ -81,18 +84,31 @@ def loaded(url: str) -> list[str]:
     return [m["id"] for m in data if m["status"]["value"] != "unloaded"]
 
 
-def start(home: Path, idle: float) -> AbstractContextManager[Server]:
+def threads(pid: int) -> int:
+    """The process's threads now."""
+    found = re.search(r"Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
+    return int(found.group(1)) if found else 0
+
+
+def start(home: Path, idle: float, pooling: str | None = None) -> AbstractContextManager[Server]:
     env = {**os.environ, "LOCALRUN_HOME": str(home / "localrun")}
     args = ["--models-max", "1", "--idle-unload", f"{idle}s", "--parallel", "1", "--ctx", "512", "--no-log"]
-    return serve_process(args, env)
+    return serve_process(args + (["--pooling", pooling] if pooling else []), env)
 
 
-def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float) -> float:
-    """Requests alternating between the two models, then the wait for the idle
-    unload; the server's resident memory (MiB) once no model is loaded."""
+TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "hello there"] * 4
+
+
+def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float, embed: bool = False) -> float:
+    """Requests alternating between the two models (embeddings, then a
+    completion, with ``embed``), then the wait for the idle unload; the
+    server's resident memory (MiB) once no model is loaded."""
     peak = before
     for turn in range(2 * rounds):
         name = ALIASES[turn % 2]
+        if embed:
+            vectors = client.embeddings.create(model=name, input=TEXTS)
+            assert vectors.model == name and len(vectors.data) == len(TEXTS), vectors.model
         reply = client.completions.create(model=name, prompt="Once upon a time", max_tokens=16)
         assert reply.model == name, (reply.model, name)
         assert loaded(url) == [name], loaded(url)
@@ -102,7 +118,8 @@ def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float)
         time.sleep(0.2)
     after = rss_mib(pid)
     print(f"{2 * rounds} requests, each answered by the model named, one loaded at a time: at most {peak:.0f} MiB; "
-          f"idle unload after {time.monotonic() - t0:.1f} s: {after:.0f} MiB ({parts(pid)})", flush=True)  # fmt: skip
+          f"idle unload after {time.monotonic() - t0:.1f} s: {after:.0f} MiB ({parts(pid)}, "
+          f"{threads(pid)} threads)", flush=True)  # fmt: skip
     return after
 
 
@@ -112,6 +129,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="requests to each model, alternating")
     parser.add_argument("--cycles", type=int, default=2, help="rounds then an idle unload, this many times")
     parser.add_argument("--idle", type=float, default=3.0, help="--idle-unload, seconds")
+    parser.add_argument("--pooling", choices=("mean", "cls", "last"), help="serve --pooling; embeddings each turn")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -123,13 +141,14 @@ def main() -> int:
         if len(models) != 2:
             parser.error("give two GGUF files, or none")
         register_pulled(home, dict(zip(ALIASES, models, strict=True)))
-        with start(home, args.idle) as server:
+        with start(home, args.idle, args.pooling) as server:
             proc, url = server.proc, server.url
             time.sleep(1.0)
             before = rss_mib(proc.pid)
-            print(f"before any load: {before:.0f} MiB ({parts(proc.pid)})", flush=True)
+            print(f"before any load: {before:.0f} MiB ({parts(proc.pid)}, {threads(proc.pid)} threads)", flush=True)
             client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-            afters = [cycle(client, url, proc.pid, args.rounds, before) for _ in range(args.cycles)]
+            embed = args.pooling is not None
+            afters = [cycle(client, url, proc.pid, args.rounds, before, embed) for _ in range(args.cycles)]
             client.close()
             change = (afters[0] / before - 1) * 100
             growth = afters[-1] - afters[0]

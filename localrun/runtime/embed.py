@@ -10,7 +10,9 @@ The context comes either with an engine of its own (`open_embedder`, for
 `localrun embed`: the engine's config is the run's plan, as
 `localrun.assemble` made it, with embeddings switched on) or beside an engine already
 loaded (`embedder_beside`, for a served model: a second context on the same
-weights, so generation and embeddings share one load).
+weights, so generation and embeddings share one load). A served model's
+embedder decodes on the model's engine thread (`localrun.serve.worker`):
+`embed_tokens` and `rerank` take the ``run`` that gets them there.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ MATRYOSHKA = (
 )
 
 Progress = Callable[[int, int], None]
+Run = Callable[[Sequence[list[int]]], list[np.ndarray]]  # inputs' raw pooled outputs, in order
 
 
 def declared_pooling(info: GGUFInfo) -> int | None:
@@ -158,6 +161,8 @@ class Embedder:
         self.memory = llama_cpp.llama_get_memory(ctx)
         self.lock = threading.Lock()
         self._batch = Batch(n_ctx)
+        # what its own context holds on each device (the weights are the engine's), as llama.cpp logged it
+        self.buffers: tuple[llama_log.DeviceBuffers, ...] = ()
 
     @property
     def ranks(self) -> bool:
@@ -247,10 +252,14 @@ class Embedder:
                     progress(done, len(inputs))
         return out
 
-    def embed_tokens(self, inputs: Sequence[list[int]], progress: Progress | None = None) -> Embedded:
+    def embed_tokens(
+        self, inputs: Sequence[list[int]], progress: Progress | None = None, run: Run | None = None
+    ) -> Embedded:
+        """Each input's unit-length embedding, decoded by ``run`` (None: `run` here, now)."""
         if self.ranks:
             raise InvalidRequestError(f"{self.engine.info.path.name} is a reranker: it scores pairs", "model")
-        vectors = [normalized(v) for v in self.run(inputs, progress)]
+        raw = run(inputs) if run is not None else self.run(inputs, progress)
+        vectors = [normalized(v) for v in raw]
         return Embedded(vectors, sum(len(t) for t in inputs))
 
     def embed(self, texts: Sequence[str], progress: Progress | None = None) -> Embedded:
@@ -276,8 +285,9 @@ class Embedder:
         pair += ([sep] if sep is not None else []) + doc + ([eos] if eos is not None else [])
         return pair
 
-    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
-        """Each document's relevance to ``query`` (the rank head's first score), and the tokens read."""
+    def rerank(self, query: str, documents: Sequence[str], run: Run | None = None) -> tuple[list[float], int]:
+        """Each document's relevance to ``query`` (the rank head's first score),
+        and the tokens read; decoded by ``run`` (None: `run` here, now)."""
         if not self.ranks:
             raise InvalidRequestError(
                 f"{self.engine.info.path.name} has no rank head (pooling {self.pooling_name}); use a reranker",
@@ -291,7 +301,7 @@ class Embedder:
         if empty is not None:
             raise InvalidRequestError(f"document {empty} is empty", "documents")
         pairs = [self.check(self.pair(query, d), i, len(documents), "documents") for i, d in enumerate(documents)]
-        scores = self.run(pairs)
+        scores = run(pairs) if run is not None else self.run(pairs)
         return [float(s[0]) for s in scores], sum(len(p) for p in pairs)
 
     # -- lifetime --
@@ -351,8 +361,12 @@ def embedder_beside(engine: Engine, pooling: str | None = None, n_seq: int = SEQ
         ctx = llama_cpp.llama_init_from_model(engine.model, cparams)
     if not ctx:
         raise EngineError(f"llama.cpp could not create an embedding context: {llama_log.last_error() or 'unknown'}")
+    # the buffer lines logged since are this context's (the model's are the load's, counted by the engine)
+    buffers = tuple(replace(b, model=0) for b in llama_log.device_buffers())
     try:
-        return Embedder(engine, ctx, config.n_ctx, config.n_seq_max, owns_engine=False)
+        embedder = Embedder(engine, ctx, config.n_ctx, config.n_seq_max, owns_engine=False)
+        embedder.buffers = tuple(b for b in buffers if b.total)
+        return embedder
     except BaseException:
         with contextlib.suppress(Exception), native_call():
             llama_cpp.llama_free(ctx)

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import AuthenticationError, InvalidRequestError, LocalrunError
 from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats, TokenChoice
-from localrun.serve import anthropic, apply_template, embeddings, responses_api
+from localrun.serve import anthropic, apply_template, embeddings, metrics, ollama, responses_api
 from localrun.serve.errors import ApiError, api_error, http_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.prompts import prepare
@@ -45,6 +45,7 @@ from localrun.serve.worker import Failed, JobEvent
 MAX_BODY = 16 * 2**20  # bytes a request body may have
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key
 ANTHROPIC_PATHS = "/v1/messages"
+OLLAMA_PATHS = "/api/"
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,17 @@ class AppSettings:
     api_key: str | None = None
     cors: tuple[str, ...] = ()  # origins allowed to call from a browser; none: no CORS headers at all
     max_body: int = MAX_BODY
+    metrics: bool = True  # GET /metrics (Prometheus' format), behind the API key
 
 
 # ------------------------------------------------------------- the guard --
 
 
 def _error_response(error: ApiError, path: str) -> JSONResponse:
-    """The error in OpenAI's shape, or Anthropic's on its endpoints."""
+    """The error in OpenAI's shape, or Anthropic's or ollama's on their endpoints."""
     body = anthropic.error_body(error) if path.startswith(ANTHROPIC_PATHS) else error.body()
+    if path.startswith(OLLAMA_PATHS):
+        body = {"error": error.message}
     return JSONResponse(body, error.status, headers=error.headers)
 
 
@@ -151,6 +155,10 @@ class Job:
         self.t0 = time.perf_counter()
         self.on_event = on_event
         self.ended = False
+        self.status, self.outcome = 0, ""  # as it ended
+        self.text: str | None = None
+        self.lead: Job | None = None  # the first choice of the request's `n`: it reports them all
+        self.copies: list[Job] = []  # the other choices, for the first
 
     def deliver(self, event: JobEvent) -> None:
         """Called on the engine thread."""
@@ -167,25 +175,40 @@ class Job:
             return
         self.ended = True
         self.stats = stats
+        self.status, self.outcome, self.text = status, outcome, text
         if stats is None:  # disconnected or failed: its slot goes to the next request
             self.model.worker.cancel(self.index)
-        if self.on_event is not None:
-            self.on_event(
-                RequestDone(
-                    self.method,
-                    self.path,
-                    status,
-                    self.model.id,
-                    stats.prompt_tokens if stats else self.prompt_tokens,
-                    stats.cached_tokens if stats else 0,
-                    stats.generated_tokens if stats else self.generated,
-                    stats.decode_tokens_per_s if stats else 0.0,
-                    time.perf_counter() - self.t0,
-                    outcome or (stats.stop_reason if stats else ""),
-                    prompt=self.prompt,
-                    response=text,
-                )
+        (self.lead or self).report()
+
+    def report(self) -> None:
+        """The request's line in the log, once it and every other choice of its `n` ended: the tokens
+        of all, each choice's text, the first failure's status."""
+        every = [self, *self.copies]
+        if self.on_event is None or not all(job.ended for job in every):
+            return
+        stats, failed = self.stats, next((job for job in every if job.status != 200), self)
+        texts = [job.text for job in every]
+        if self.copies and any(t is not None for t in texts):
+            response: str | None = "\n\n".join(f"[choice {i}]\n{t or ''}" for i, t in enumerate(texts))
+        else:
+            response = self.text
+        self.on_event(
+            RequestDone(
+                self.method,
+                self.path,
+                failed.status,
+                self.model.id,
+                stats.prompt_tokens if stats else self.prompt_tokens,
+                stats.cached_tokens if stats else 0,
+                sum(job.stats.generated_tokens if job.stats else job.generated for job in every),
+                stats.decode_tokens_per_s if stats else 0.0,
+                time.perf_counter() - self.t0,
+                failed.outcome or (failed.stats.stop_reason if failed.stats else ""),
+                prompt=self.prompt,
+                response=response,
+                ttft_s=stats.ttft_s if stats and stats.generated_tokens else None,
             )
+        )
 
 
 class EventStream(Response):
@@ -363,7 +386,7 @@ async def _admit_copies(
     keep_alive: float | None = None,
 ) -> tuple[list[Job], ToolUse | None]:
     """The request prepared once and submitted ``copies`` times (`n`), each
-    copy a job of its own with its own seed; the first reports the request."""
+    copy a job of its own with its own seed; the first reports the request, every choice in it."""
     _note_ignored(parsed, on_event)
     model = await table.ready(parsed.model, keep_alive)
     room = model.worker.parallel + model.worker.max_queue
@@ -386,6 +409,9 @@ async def _admit_copies(
                 on_event if not copy else None,
                 prompt=parsed.logged_prompt(),
             )
+            if jobs:  # another choice: the first reports the request once every choice ended
+                job.lead = jobs[0]
+                jobs[0].copies.append(job)
             model.worker.submit(batch_request, job.deliver)
             jobs.append(job)
     except BaseException:
@@ -642,11 +668,16 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
     """The API over ``table``'s models; ``on_event`` hears of every request answered."""
     settings = settings or AppSettings()
     app = FastAPI(title="localrun", docs_url=None, redoc_url=None, openapi_url=None)
+    counted = metrics.Metrics(table) if settings.metrics else None
+    on_event = counted.tee(on_event) if counted is not None else on_event
     _error_handlers(app, on_event)
     _routes(app, table, on_event)
     _model_routes(app, table)
     _response_routes(app, table, on_event)
     embeddings.register(app, table, on_event)
+    ollama.register(app, ollama.Routes(table, on_event, _admit, _respond))
+    if counted is not None:
+        metrics.register(app, counted)  # the last route: the others are what it counts by
     app.add_middleware(HoldRequests, table=table)
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
     if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too

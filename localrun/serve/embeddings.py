@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
-from starlette.concurrency import run_in_threadpool
 
 from localrun.errors import InvalidRequestError
 from localrun.runtime.embed import Embedder, truncated
 from localrun.serve.events import OnEvent, RequestDone
-from localrun.serve.router import ModelTable, take_keep_alive
+from localrun.serve.router import ModelTable, in_own_thread, take_keep_alive
 from localrun.serve.schemas import json_object
 from localrun.serve.served import ServedModel
 
@@ -99,7 +98,8 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
 
 
 def embeddings(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI embeddings response for ``body`` (run on a worker thread: it decodes)."""
+    """The OpenAI embeddings response for ``body`` (called off the event loop:
+    it tokenizes there, and waits while the model's engine thread decodes)."""
     _refuse_unknown(body, EMBEDDING_FIELDS)
     embedder = embedder_of(model)
     encoding = body.get("encoding_format", "float") or "float"
@@ -111,7 +111,7 @@ def embeddings(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
         tokens = embedder.tokenize([str(text) for text in inputs])
     else:
         tokens = [embedder.check([int(t) for t in item], i, len(inputs)) for i, item in enumerate(inputs)]
-    result = embedder.embed_tokens(tokens)
+    result = embedder.embed_tokens(tokens, run=model.worker.embed_now)
     vectors = result.vectors if dimensions is None else [truncated(v, dimensions) for v in result.vectors]
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(vector, encoding)} for i, vector in enumerate(vectors)
@@ -143,7 +143,7 @@ def rerank(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
     top_n = body.get("top_n", len(documents))
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
         raise InvalidRequestError("'top_n' must be a positive integer", "top_n")
-    scores, tokens = embedder.rerank(query, documents)
+    scores, tokens = embedder.rerank(query, documents, run=model.worker.embed_now)
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
     results: list[dict[str, Any]] = []
     for i in order:
@@ -162,7 +162,8 @@ def register(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
         t0 = time.perf_counter()
         body = json_object(await request.body())
         model = await served_model(table, body)
-        response = await run_in_threadpool(handler, model, body)
+        # tokenized on a thread that ends with the request, decoded on the model's engine thread
+        response = await in_own_thread(handler, model, body)
         if on_event is not None:
             prompt_tokens = int(response["usage"]["prompt_tokens"])
             elapsed = time.perf_counter() - t0

@@ -9,6 +9,7 @@ from typing import Any
 from localrun.errors import (
     AuthenticationError,
     BadModelError,
+    ChatTemplateError,
     ContextOverflowError,
     EngineError,
     InvalidRequestError,
@@ -25,6 +26,7 @@ STATUS: dict[type[LocalrunError], tuple[int, str, str | None]] = {
     ContextOverflowError: (400, "invalid_request_error", "context_length_exceeded"),
     InvalidRequestError: (400, "invalid_request_error", None),
     UsageError: (400, "invalid_request_error", None),
+    ChatTemplateError: (400, "invalid_request_error", None),  # the template raised for the request, as llama-server
     AuthenticationError: (401, "invalid_request_error", "invalid_api_key"),
     ModelNotFoundError: (404, "invalid_request_error", "model_not_found"),
     ServerBusyError: (503, "server_error", "server_busy"),

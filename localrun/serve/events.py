@@ -32,6 +32,7 @@ class RequestDone:
     outcome: str = ""  # the finish reason, "disconnected", or the error message
     prompt: str | None = None  # what the run history keeps: the request's prompt (a chat's last user message)
     response: str | None = None  # ... and the text it was answered with
+    ttft_s: float | None = None  # seconds to its first token (a generation that made one)
 
 
 @dataclass(frozen=True)

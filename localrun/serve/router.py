@@ -41,6 +41,8 @@ _T = TypeVar("_T")
 
 DEFAULT_IDLE_UNLOAD_S = 300.0
 SWEEP_EVERY_S = 1.0  # how often idle models are looked for (`tick`)
+DEFAULT_QUEUE_TIMEOUT_S = 300.0  # how long a request waits for a model to make room for its own
+ROOM_POLL_S = 0.25  # a wait for room looks again this often (a request's end also wakes it)
 
 State = Literal["loaded", "loading", "unloading", "unloaded"]
 
@@ -168,22 +170,41 @@ class ModelTable:
         servable: Sequence[Servable] = (),
         models_max: int = 0,
         idle_unload_s: float | None = DEFAULT_IDLE_UNLOAD_S,
+        queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+        max_waiting: int | None = None,
+        discover: Callable[[], Sequence[Servable]] | None = None,
     ) -> None:
-        if not models and not servable:
+        if not models and not servable and discover is None:
             raise ValueError("a server needs a model")
         self.registry = registry
+        self.discover = discover  # the servable models as they are now: a model pulled since is served too
         self.models_max = models_max  # 0: no limit
         self.idle_unload_s = idle_unload_s  # None: never
+        self.queue_timeout_s = queue_timeout_s  # a load waits this long for an idle model to make room
+        self.max_waiting = max_waiting  # requests that may wait for a model to load; None: no bound
+        self.waiting = 0  # requests waiting now for their model to load (or unload and load again)
+        self._freed: asyncio.Event | None = None  # set when a request ends: a model may have gone idle
         self.entries: list[_Entry] = [_Entry(m.id, m.names, None, pinned=True, model=m, state="loaded") for m in models]
-        for each in servable:
-            if not any(e.answers_to(name) for e in self.entries for name in (each.id, *each.names)):  # given with -m
-                self.entries.append(_Entry(each.id, each.names, each.plan))
+        self._add(servable)
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
         self._last_sweep = 0.0
         self._sweeping: asyncio.Future[list[str]] | None = None
         self._said: list[Notice] = []  # loads and unloads, for the server's log (`notices`)
 
     # -- finding --
+
+    def _add(self, servable: Sequence[Servable]) -> bool:
+        """Each servable model not served yet (nor given with -m) as an entry; whether any was."""
+        added = False
+        for each in servable:
+            if not any(e.answers_to(name) for e in self.entries for name in (each.id, *each.names)):
+                self.entries.append(_Entry(each.id, each.names, each.plan))
+                added = True
+        return added
+
+    def _rediscover(self) -> bool:
+        """Models pulled (or put in --models-dir) since the server started, added; whether any was."""
+        return self.discover is not None and self._add(self.discover())
 
     @property
     def models(self) -> list[ServedModel]:
@@ -193,6 +214,10 @@ class ModelTable:
     def _entry(self, name: str | None) -> _Entry:
         """The entry ``name`` names (none: the first pinned or loaded model, else the first servable)."""
         if not name:
+            if not self.entries and not self._rediscover():
+                raise ModelNotFoundError(
+                    "no model is pulled to serve yet", hint="localrun pull MODEL: the next request finds it"
+                )
             return next((e for e in self.entries if e.model is not None), self.entries[0])
         for entry in self.entries:
             if entry.answers_to(name):
@@ -201,17 +226,25 @@ class ModelTable:
             raise InvalidRequestError(
                 f"model {name!r} is a file path; a request names one of the models this server serves", "model"
             )
-        if self.registry is not None and "/" not in name:
-            entry_ = self.registry.by_file(name)
-            alias: str | None = entry_.alias if entry_ is not None else None
-            if alias is None:
-                with contextlib.suppress(ModelNotFoundError):
-                    alias = self.registry.resolve(name).alias
-            for entry in self.entries:
-                if alias is not None and entry.answers_to(alias):
-                    return entry
+        by_alias = self._by_alias(name)
+        if by_alias is not None:
+            return by_alias
+        if self._rediscover():
+            return self._entry(name)
         served = ", ".join(e.id for e in self.entries)
-        raise ModelNotFoundError(f"model {name!r} is not served here", hint=f"served: {served}")
+        hint = f"served: {served}" if served else f"none is pulled yet: localrun pull {name}"
+        raise ModelNotFoundError(f"model {name!r} is not served here", hint=hint)
+
+    def _by_alias(self, name: str) -> _Entry | None:
+        """The entry of the registry alias ``name`` is another name of (its file's name, a bare family)."""
+        if self.registry is None or "/" in name:
+            return None
+        entry_ = self.registry.by_file(name)
+        alias: str | None = entry_.alias if entry_ is not None else None
+        if alias is None:
+            with contextlib.suppress(ModelNotFoundError):
+                alias = self.registry.resolve(name).alias
+        return next((e for e in self.entries if alias is not None and e.answers_to(alias)), None)
 
     def find(self, name: str | None) -> ServedModel:
         """The loaded model ``name`` names, now; a servable one not loaded is
@@ -237,6 +270,9 @@ class ModelTable:
             for entry in held:
                 entry.holds -= 1
                 entry.last_used = now
+            if held and self._freed is not None:
+                self._freed.set()
+                self._freed = None
             if any(self._timeout(e) == 0 for e in held):
                 with contextlib.suppress(RuntimeError):  # no event loop: the next tick sweeps
                     asyncio.get_running_loop().create_task(self.sweep())
@@ -256,10 +292,24 @@ class ModelTable:
         if keep_alive is not None and not entry.pinned:
             entry.keep_alive = keep_alive
         entry.last_used = time.monotonic()
-        while entry.model is None or entry.change is not None:
-            if entry.change is None:
-                entry.change = asyncio.ensure_future(self._load(entry))
-            await asyncio.shield(entry.change)
+        if entry.model is None or entry.change is not None:
+            if self.max_waiting is not None and self.waiting >= self.max_waiting:
+                raise ServerBusyError(
+                    f"{self.waiting} requests are waiting for a model to load (--queue {self.max_waiting})",
+                    hint="retry later",
+                )
+            self.waiting += 1
+            try:
+                while entry.model is None or entry.change is not None:
+                    change = entry.change
+                    if change is None:
+                        change = entry.change = asyncio.ensure_future(self._load(entry))
+                    elif change.done():  # ended, its owner not yet past its `finally`: let it run (awaiting
+                        await asyncio.sleep(0)  # a done future yields nothing, and the loop would spin)
+                        continue
+                    await asyncio.shield(change)
+            finally:
+                self.waiting -= 1
         entry.last_used = time.monotonic()
         return entry.model
 
@@ -290,7 +340,8 @@ class ModelTable:
         try:
             async with self._locked():
                 entry.state = "loading"
-                await self._make_room(entry)
+                deadline = time.monotonic() + self.queue_timeout_s
+                await self._make_room(entry, deadline)
                 while True:
                     try:
                         t0 = time.monotonic()
@@ -302,9 +353,10 @@ class ModelTable:
                         break
                     except _NoRoom as no_room:
                         victim = self._victim(entry)
-                        if victim is None:
+                        if victim is not None:
+                            await self._drop(victim)
+                        elif not await self._room(entry, deadline):
                             raise ServerBusyError(f"{no_room}; {self._holders()}", hint="retry later") from None
-                        await self._drop(victim)
             entry.state = "loaded"
             entry.last_used = time.monotonic()
         except BaseException:
@@ -328,17 +380,34 @@ class ModelTable:
         except (OSError, ValueError, RuntimeError) as exc:
             raise ModelNotFoundError(f"model {entry.id!r} could not be loaded: {exc}") from exc
 
-    async def _make_room(self, entry: _Entry) -> None:
-        """Past ``models_max``, unload the least recently used idle model first."""
+    async def _make_room(self, entry: _Entry, deadline: float) -> None:
+        """Past ``models_max``, unload the least recently used idle model
+        first; while none is idle, wait (up to ``deadline``) for one to be."""
         while self.models_max and len(self.models) >= self.models_max:
             victim = self._victim(entry)
-            if victim is None:
+            if victim is not None:
+                await self._drop(victim)
+            elif not await self._room(entry, deadline):
                 busy = ", ".join(m.id for m in self.models)
                 raise ServerBusyError(
-                    f"{len(self.models)} models are loaded (--models-max {self.models_max}) and none is idle: {busy}",
+                    f"{len(self.models)} models are loaded (--models-max {self.models_max}) and none went idle"
+                    f" within {self.queue_timeout_s:g} s: {busy}",
                     hint="retry when a request ends",
                 )
-            await self._drop(victim)
+
+    async def _room(self, entry: _Entry, deadline: float) -> bool:
+        """Wait for a request to end (or `ROOM_POLL_S`); False once ``deadline``
+        has passed, or when no other model could ever make room (none loaded
+        but pinned ones). The lock stays held: loads queue behind this one in
+        the order they came."""
+        left = deadline - time.monotonic()
+        if left <= 0 or not any(e is not entry and e.model is not None and not e.pinned for e in self.entries):
+            return False
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._freed.wait(), min(left, ROOM_POLL_S))
+        return True
 
     def _victim(self, entry: _Entry) -> _Entry | None:
         idle = [e for e in self.entries if e is not entry and self._idle(e)]
@@ -414,6 +483,7 @@ class ModelTable:
     def describe(self) -> list[dict[str, Any]]:
         """Every servable model's /v1/models entry: its ``status`` (loaded,
         loading, unloading, unloaded) and, loaded, what it holds and does."""
+        self._rediscover()
         now = time.monotonic()
         listed = []
         for entry in self.entries:
@@ -445,13 +515,23 @@ class ModelTable:
         entry = self._entry(name)
         return next(d for d in self.describe() if d["id"] == entry.id)
 
+    def unloads_in(self, name: str) -> float | None:
+        """Seconds until ``name``'s model unloads if it stays idle from now
+        (ollama's ``expires_at``); None: never (given at start, or no keep alive)."""
+        entry = self._entry(name)
+        timeout = self._timeout(entry)
+        if timeout is None:
+            return None
+        idle = entry.holds == 0 and (entry.model is None or self._idle(entry))
+        return max(timeout - (time.monotonic() - entry.last_used), 0.0) if idle else timeout
+
     def status(self) -> ServerStatus:
         """All loaded models' slots and requests together."""
         each = [m.worker.status() for m in self.models]
         return ServerStatus(
             slots=sum(s.parallel for s in each),
             busy=sum(s.busy for s in each),
-            queued=sum(s.queued for s in each),
+            queued=sum(s.queued for s in each) + self.waiting,
             done=sum(s.done for s in each),
             cancelled=sum(s.cancelled for s in each),
             tokens_per_s=sum(s.tokens_per_s for s in each),

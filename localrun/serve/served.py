@@ -58,7 +58,7 @@ class ServedModel:
     template: str | None  # None: the model has no chat template (chat requests are refused)
     system: str | None
     created: int = field(default_factory=lambda: int(time.time()))
-    embedder: Embedder | None = None  # an embedding model's second context, for /v1/embeddings and /v1/rerank
+    embedder: Embedder | None = None  # a second context for /v1/embeddings and /v1/rerank, run on the worker's thread
     chat: bool = True  # whether chat requests are what it is for (not an embedding model)
 
     @property
@@ -69,7 +69,7 @@ class ServedModel:
         if self.template is None and self.chat:
             said.append(
                 "no chat template: chat requests are refused (400); "
-                "start the server with --template NAME, or use /v1/completions"
+                "start the server with --template NAME|FILE, or use /v1/completions"
             )
         return said
 
@@ -80,8 +80,12 @@ class ServedModel:
     @property
     def held(self) -> dict[str, int]:
         """What it holds on each device, by name, as llama.cpp logged its
-        buffers: weights, every slot's KV cache, the compute and output buffers."""
-        return {b.device: b.total for b in self.engine.buffers}
+        buffers: weights, every slot's KV cache, the compute and output
+        buffers, and its embedding context's."""
+        held: dict[str, int] = {}
+        for b in (*self.engine.buffers, *(self.embedder.buffers if self.embedder is not None else ())):
+            held[b.device] = held.get(b.device, 0) + b.total
+        return held
 
     def describe(self) -> dict[str, Any]:
         """Its /v1/models entry (with llama-server's `meta`)."""
@@ -110,11 +114,14 @@ class ServedModel:
 def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
     """Load the model as ``run`` (its plan) says, and start its engine thread."""
     engine = Engine(run.config, run.info)
+    embedder: Embedder | None = None
     try:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
         capacity = engine.n_ctx // engine.n_seq_max
         speculate = plan.speculate and speculation_refused(engine) is None  # a recurrent memory that cannot roll back
         speculation = Speculation(lookup_drafters(engine), verify_curve=run.verify_curve) if speculate else None
+        embeds = plan.pooling != "auto" or makes_embeddings(plan.info)
+        embedder = embedder_beside(engine, plan.pooling) if embeds else None
         worker = Worker(
             engine,
             run.parallel,
@@ -123,10 +130,11 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
             name=plan.id,
             speculation=speculation,
             prompt_cache=default_cache() if plan.prompt_cache else None,
+            embedder=embedder,
         )
-        embeds = plan.pooling != "auto" or makes_embeddings(plan.info)
-        embedder = embedder_beside(engine, plan.pooling) if embeds else None
     except LocalrunError:
+        if embedder is not None:
+            embedder.close()
         engine.close()
         raise
     worker.start()

@@ -5,6 +5,12 @@ the thread hands them to the scheduler at its next step, so a new request
 joins the running batch without waiting for the others. Each request's text
 and end go back through the callback it was submitted with, called on the
 engine thread. `cancel` frees a request's slot before the next step.
+
+Embeddings (`Worker.embed`) decode on the same thread, on the model's
+embedding context, between the batch's steps: the inputs of every request
+waiting then are packed into one run. llama.cpp's threads for them are this
+thread's, which ends when the model unloads; nothing of them stays behind
+on a thread of the server's pool.
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from localrun.errors import EngineError, LocalrunError, ServerBusyError
 from localrun.events import SequenceDone, SequenceReasoning, SequenceText
 from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
+from localrun.runtime.embed import Embedder
 from localrun.runtime.engine import Engine
 from localrun.runtime.promptcache import PromptCache
 from localrun.speculative import Speculation
@@ -36,6 +46,14 @@ class Failed:
 
 JobEvent = SequenceText | SequenceReasoning | SequenceDone | Failed
 Deliver = Callable[[JobEvent], None]
+
+
+@dataclass(eq=False)
+class _EmbedJob:
+    """One request's inputs for the embedding context, and where their pooled outputs go."""
+
+    inputs: list[list[int]]
+    result: Future[list[np.ndarray]] = field(default_factory=Future)
 
 
 @dataclass(frozen=True)
@@ -65,8 +83,10 @@ class Worker:
         name: str = "engine",
         speculation: Speculation | None = None,
         prompt_cache: PromptCache | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.engine = engine
+        self.embedder = embedder  # the model's embedding context: `embed` runs on it
         self.run = ContinuousBatch(
             engine,
             parallel,
@@ -82,6 +102,7 @@ class Worker:
         self._cond = threading.Condition()
         self._incoming: list[BatchRequest] = []
         self._cancels: list[int] = []
+        self._embeds: list[_EmbedJob] = []
         self._deliver: dict[int, Deliver] = {}  # every admitted request not yet ended
         self._stopping = False
         self._failed = 0
@@ -112,6 +133,24 @@ class Worker:
             self._deliver[request.index] = deliver
             self._incoming.append(request)
             self._cond.notify()
+
+    def embed(self, inputs: Sequence[list[int]]) -> Future[list[np.ndarray]]:
+        """Each input's pooled output (a vector, or a rank head's scores), raw,
+        in order, once the engine thread has run them on the embedding
+        context with whatever other requests' inputs wait then."""
+        if self.embedder is None:
+            raise EngineError("this model has no embedding context")
+        job = _EmbedJob([list(tokens) for tokens in inputs])
+        with self._cond:
+            if self._stopping:
+                raise ServerBusyError("the server is shutting down")
+            self._embeds.append(job)
+            self._cond.notify()
+        return job.result
+
+    def embed_now(self, inputs: Sequence[list[int]]) -> list[np.ndarray]:
+        """`embed`, waiting for the outputs (from a thread that is not the engine's)."""
+        return self.embed(inputs).result()
 
     def cancel(self, index: int) -> None:
         """Drop request ``index`` (nothing if it has ended)."""
@@ -166,18 +205,20 @@ class Worker:
         if deliver is not None and event is not None:
             deliver(event)
 
-    def _take(self) -> tuple[list[BatchRequest], list[int], bool]:
+    def _take(self) -> tuple[list[BatchRequest], list[int], list[_EmbedJob], bool]:
         with self._cond:
-            while not (self._incoming or self._cancels or self._stopping or self.run.busy):
+            while not (self._incoming or self._cancels or self._embeds or self._stopping or self.run.busy):
                 self._cond.wait()
             incoming, self._incoming = self._incoming, []
             cancels, self._cancels = self._cancels, []
-            return incoming, cancels, self._stopping
+            embeds, self._embeds = self._embeds, []
+            return incoming, cancels, embeds, self._stopping
 
     def _loop(self) -> None:
+        embeds: list[_EmbedJob] = []
         try:
             while True:
-                incoming, cancels, stopping = self._take()
+                incoming, cancels, embeds, stopping = self._take()
                 for request in incoming:
                     self.run.submit(request)
                 for index in cancels:
@@ -187,10 +228,37 @@ class Worker:
                     for index in self.run.cancel_all():
                         self._end(index, Failed(index, ServerBusyError("the server is shutting down")))
                     return
+                self._run_embeds(embeds)
                 if self.run.busy:
                     self._step()
         finally:
+            with self._cond:
+                embeds += self._embeds
+                self._embeds = []
+            for job in embeds:
+                if not job.result.done():
+                    job.result.set_exception(ServerBusyError("the server is shutting down"))
             self.run.close()
+
+    def _run_embeds(self, jobs: list[_EmbedJob]) -> None:
+        """Every waiting request's inputs in one run of the embedding context
+        (packed into as few decodes as it holds), each request's outputs back to it."""
+        if not jobs:
+            return
+        assert self.embedder is not None  # `embed` takes no job without it
+        inputs = [tokens for job in jobs for tokens in job.inputs]
+        try:
+            outputs = self.embedder.run(inputs)
+        except Exception as exc:  # a failed decode fails these requests, not the server
+            error = exc if isinstance(exc, LocalrunError) else EngineError(f"the engine failed: {exc}")
+            self._failed += len(jobs)
+            for job in jobs:
+                job.result.set_exception(error)
+            return
+        start = 0
+        for job in jobs:
+            job.result.set_result(outputs[start : start + len(job.inputs)])
+            start += len(job.inputs)
 
     def _step(self) -> None:
         try:

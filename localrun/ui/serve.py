@@ -23,7 +23,8 @@ def listening_line(ev: Listening) -> str:
         "flash attention as llama.cpp decides" if ev.flash_attn == "auto" else f"flash attention {ev.flash_attn}"
     )
     slots = f"{count(ev.parallel, 'slot')} of {ev.slot_ctx} tokens" if ev.parallel else "loaded on demand"
-    return f"serving {', '.join(ev.models)} on {ev.url}/v1 ({slots}, {attention}, {auth}); Ctrl-C stops"
+    models = ", ".join(ev.models) or "each model once it is pulled"
+    return f"serving {models} on {ev.url}/v1 ({slots}, {attention}, {auth}); Ctrl-C stops"
 
 
 def request_line(ev: RequestDone) -> str:

@@ -33,10 +33,15 @@ class Counted:
         return plan(self.path, self.ident)
 
 
-def table(tiny_model: Path, *idents: str, models_max: int = 0) -> tuple[ModelTable, dict[str, Counted]]:
+def table(
+    tiny_model: Path, *idents: str, models_max: int = 0, queue_timeout_s: float = 0.0
+) -> tuple[ModelTable, dict[str, Counted]]:
     planners = {i: Counted(tiny_model, i) for i in idents}
     servable = [Servable(i, frozenset({f"{i}.gguf"}), planners[i]) for i in idents]
-    return ModelTable([], servable=servable, models_max=models_max, idle_unload_s=None), planners
+    models = ModelTable(
+        [], servable=servable, models_max=models_max, idle_unload_s=None, queue_timeout_s=queue_timeout_s
+    )
+    return models, planners
 
 
 def closed(model: ServedModel) -> bool:
@@ -137,16 +142,76 @@ def test_eviction_spares_the_busy_model(tiny_model: Path) -> None:
         models.close()
 
 
-def test_a_model_that_cannot_be_evicted_is_a_503(tiny_model: Path) -> None:
-    models, _ = table(tiny_model, "a", "b", models_max=1)
+def test_a_model_that_cannot_be_evicted_in_time_is_a_503(tiny_model: Path) -> None:
+    models, _ = table(tiny_model, "a", "b", models_max=1)  # --queue-timeout 0
 
     async def run() -> None:
         with models.holding():
             await models.ready("a")
-            with pytest.raises(ServerBusyError, match="none is idle: a"):
+            with pytest.raises(ServerBusyError, match="none went idle within 0 s: a"):
                 await models.ready("b")
         await models.ready("b")  # the request on "a" has ended: "a" goes
         assert [m.id for m in models.models] == ["b"]
+
+    try:
+        asyncio.run(run())
+    finally:
+        models.close()
+
+
+def test_a_request_waits_for_the_busy_model_to_make_room(tiny_model: Path) -> None:
+    models, _ = table(tiny_model, "a", "b", models_max=1, queue_timeout_s=600)
+
+    async def run() -> None:
+        ended = asyncio.Event()
+        a_ready = asyncio.Event()
+
+        async def streaming_on_a() -> None:
+            with models.holding():
+                await models.ready("a")
+                a_ready.set()
+                await ended.wait()
+
+        on_a = asyncio.create_task(streaming_on_a())
+        await a_ready.wait()
+        for_b = asyncio.create_task(models.ready("b"))
+        for _ in range(20):  # a few turns of the loop, with the poll's wake-ups among them
+            await asyncio.sleep(0.05)
+        assert not for_b.done() and models.waiting == 1 and models.status().queued == 1  # waiting, not refused
+        ended.set()
+        await on_a
+        served = await for_b
+        assert served.id == "b" and [m.id for m in models.models] == ["b"] and models.waiting == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        models.close()
+
+
+def test_past_the_queue_a_request_for_a_model_is_a_503(tiny_model: Path) -> None:
+    models, _ = table(tiny_model, "a", "b", models_max=1, queue_timeout_s=600)
+    models.max_waiting = 1
+
+    async def run() -> None:
+        ended = asyncio.Event()
+        a_ready = asyncio.Event()
+
+        async def streaming_on_a() -> None:
+            with models.holding():
+                await models.ready("a")
+                a_ready.set()
+                await ended.wait()
+
+        on_a = asyncio.create_task(streaming_on_a())
+        await a_ready.wait()
+        first = asyncio.create_task(models.ready("b"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ServerBusyError, match=r"1 requests are waiting for a model to load \(--queue 1\)"):
+            await models.ready("b")
+        ended.set()
+        await on_a
+        assert (await first).id == "b"
 
     try:
         asyncio.run(run())
@@ -159,7 +224,7 @@ def test_a_model_that_does_not_fit_is_a_503_naming_what_holds_the_memory(tiny_mo
     budget = shape.memory_needed(4 * 512, "f16", "f16") + 1000  # the first with four slots, not one of another
     assert budget - held_alone(tiny_model) < shape.memory_needed(512, "f16", "f16")
     servable = [Servable(i, frozenset(), functools.partial(plan, tiny_model, i, budget)) for i in ("a", "b")]
-    models = ModelTable([], servable=servable, idle_unload_s=None)
+    models = ModelTable([], servable=servable, idle_unload_s=None, queue_timeout_s=0)
 
     async def run() -> None:
         with models.holding():

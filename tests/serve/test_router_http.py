@@ -89,6 +89,18 @@ def test_keep_alive_that_does_not_parse_is_a_400_naming_it(on_demand: Server, pa
     assert "keep_alive" in json.dumps(answer.json())
 
 
+def test_requests_for_two_models_past_models_max_wait_their_turn(on_demand: Server) -> None:
+    """32 requests alternating between two models from 8 threads under --models-max 1:
+    each waits for the other model to go idle, none is refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = on_demand.client()
+    names = [ALPHA if i % 2 == 0 else BETA for i in range(32)]
+    with ThreadPoolExecutor(8) as pool:
+        answered = list(pool.map(lambda name: ask(client, name), names))
+    assert answered == names, on_demand.log
+
+
 def ps(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     port = server.url.rsplit(":", 1)[1]
     env = {k: v for k, v in os.environ.items() if k != "LOCALRUN_API_KEY"}
@@ -139,13 +151,14 @@ def test_a_model_file_deleted_is_an_error_and_the_server_stays_up(
 
 def test_eviction_never_takes_the_model_a_stream_runs_on(long_model: Path, wide_model: Path, tmp_path: Path) -> None:
     register_pulled(tmp_path, {ALPHA: long_model, BETA: wide_model})
-    for server in start(tmp_path, "--models-max", "1", "--parallel", "1", "--ctx", "32768"):
+    for server in start(tmp_path, "--models-max", "1", "--parallel", "1", "--ctx", "32768", "--queue-timeout", "1"):
         client = server.client()
         stream = client.completions.create(model=ALPHA, prompt="Once", max_tokens=30000, stream=True)
         next(iter(stream))  # it runs
         with pytest.raises(openai.APIStatusError) as refused:
             ask(client, BETA)
-        assert refused.value.status_code == 503 and "none is idle: alpha:test" in refused.value.message
+        assert refused.value.status_code == 503 and "none went idle within 1 s: alpha:test" in refused.value.message
+        assert refused.value.response.headers["Retry-After"]
         assert listed(server)[ALPHA]["value"] == "loaded" and listed(server)[ALPHA]["slots_busy"] == 1
         stream.close()  # the stream ends: its model is idle, and goes for the next
         for _ in range(1000):  # the server sees the client go, however long the machine takes
