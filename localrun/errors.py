@@ -24,6 +24,16 @@ class BadModelError(LocalrunError):
     """The file exists but is not a model llama.cpp can load."""
 
 
+class ChatTemplateError(BadModelError):
+    """A chat template raised for the conversation it was given (Mistral's
+    "tool call ids must be 9 characters"): the request's fault where a server
+    answers (400, as llama-server does), not the server's."""
+
+
+class TemplateFileError(UsageError):
+    """``--template FILE``: a file that cannot be read, or not a Jinja template that compiles."""
+
+
 class InvalidRequestError(UsageError):
     """A request to the server that cannot be served as sent: ``param`` names the field."""
 

@@ -19,6 +19,7 @@ from localrun.cli._env import current
 from localrun.errors import (
     AgentNotInstalledError,
     BadModelError,
+    ChatTemplateError,
     ConfigError,
     ContextOverflowError,
     DownloadError,
@@ -29,6 +30,7 @@ from localrun.errors import (
     RemoteError,
     RpcError,
     StreamCutError,
+    TemplateFileError,
     UsageError,
 )
 from localrun.paths import why_failed
@@ -56,6 +58,8 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     UsageError: ExitCode.USAGE,
     ModelNotFoundError: ExitCode.MODEL_NOT_FOUND,
     BadModelError: ExitCode.BAD_MODEL,
+    ChatTemplateError: ExitCode.BAD_MODEL,  # the template raised for this conversation
+    TemplateFileError: ExitCode.USAGE,  # --template FILE: unreadable, or not a Jinja template
     ContextOverflowError: ExitCode.OUT_OF_CONTEXT,
     EngineError: ExitCode.ERROR,
     RegistryError: ExitCode.BAD_CONFIG,
@@ -65,6 +69,12 @@ EXIT_CODES: dict[type[LocalrunError], ExitCode] = {
     StreamCutError: ExitCode.STREAM_CUT,
     RpcError: ExitCode.RPC_FAILED,
     AgentNotInstalledError: ExitCode.AGENT_NOT_INSTALLED,
+}
+
+
+# the hint an error of these types gets where the core gave none (the core does not know the command line)
+HINTS: dict[type[LocalrunError], str] = {
+    ChatTemplateError: "--template NAME|FILE renders with another template; generate --raw sends the prompt as is",
 }
 
 
@@ -112,8 +122,9 @@ def report(error: LocalrunError) -> ExitCode:
     """`error: ...` and `hint: ...` on stderr; the exit code the error stands for."""
     env = current()
     env.stderr.write(f"error: {error.message}\n")
-    if error.hint:
-        env.stderr.write(f"hint: {error.hint}\n")
+    hint = error.hint or next((HINTS[cls] for cls in type(error).__mro__ if cls in HINTS), None)
+    if hint:
+        env.stderr.write(f"hint: {hint}\n")
     return exit_code_for(error)
 
 

@@ -24,7 +24,7 @@ def chat_template(engine: Tokens, name: str | None = None) -> str:
     if template is None:
         raise UsageError(
             f"{engine.info.name} has no chat template in its GGUF metadata",
-            hint=f"choose one with --template ({', '.join(BUILTIN_TEMPLATES)})",
+            hint=f"give one with --template FILE (a Jinja chat template) or NAME ({', '.join(BUILTIN_TEMPLATES)})",
         )
     return template
 

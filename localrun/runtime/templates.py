@@ -10,10 +10,11 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from localrun.errors import BadModelError
+from localrun import chatformat
+from localrun.errors import ChatTemplateError
 from localrun.runtime.jinja_env import render
 from localrun.runtime.template_caps import preserve_reasoning_switches, supports_thinking, template_caps
-from localrun.runtime.template_input import is_gemma4, is_gpt_oss, template_messages, tool_fields
+from localrun.runtime.template_input import template_messages, tool_fields
 
 Message = dict[str, str]
 
@@ -38,7 +39,8 @@ def render_chat(
     ``reasoning_effort``, any other template variable, as llama-server's
     ``chat_template_kwargs``). ``now`` is the date the template may print."""
     caps = template_caps(template)
-    prepared = template_messages(messages, template, caps)
+    fmt = chatformat.of(template)
+    prepared = template_messages(messages, template, caps, fmt)
     offered = tool_fields(tools)
     moment = now or datetime.datetime.now()
     context: dict[str, Any] = {
@@ -62,16 +64,8 @@ def render_chat(
     try:
         prompt = render(template, context, moment)
     except (TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
-        raise BadModelError(
-            f"the model's chat template failed: {exc}", hint="use --raw to send the prompt as is"
-        ) from exc
-    if is_gemma4(template) and add_generation_prompt and prompt.endswith("<turn|>\n"):
-        prompt += "<|turn>model\n"  # llama.cpp opens the model's turn after a call and its results
-    if is_gpt_oss(template) and not add_generation_prompt:
-        head, found, tail = prompt.rpartition("<|return|>")
-        if found:
-            prompt = head + "<|end|>" + tail  # a finished answer ends as a turn in history does
-    return prompt
+        raise ChatTemplateError(f"the chat template failed: {exc}") from exc
+    return fmt.finish(prompt, add_generation_prompt)
 
 
 BUILTIN_TEMPLATES: dict[str, str] = {
@@ -84,9 +78,12 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{{ m.content }}<|eot_id|>{% endfor %}"
         "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
     ),
-    "gemma": (
-        "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m.role == 'assistant' else 'user' %}"
-        "<start_of_turn>{{ role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+    "gemma": (  # Gemma has no system turn: the system prompt opens the first user turn, as Gemma's own does
+        "{{ bos_token }}{% set ns = namespace(system='') %}{% for m in messages %}"
+        "{% if m.role == 'system' %}{% set ns.system = ns.system + (m.content or '') | trim %}{% else %}"
+        "{% set role = 'model' if m.role == 'assistant' else 'user' %}<start_of_turn>{{ role }}\n"
+        "{% if ns.system and role == 'user' %}{{ ns.system }}\n\n{% set ns.system = '' %}{% endif %}"
+        "{{ (m.content or '') | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
     ),
     "phi3": (
