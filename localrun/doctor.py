@@ -159,7 +159,14 @@ def default_model(registry: Registry, user: UserConfig, found: Sequence[Device])
     if run.wisdom is None:
         unmeasured = f"not measured here: `localrun tune {target.label}`"
         return DefaultModel(target.label, path, run.placement, note=unmeasured)
-    return DefaultModel(target.label, path, run.placement, speed_of(run.wisdom))
+    speed = speed_of(run.wisdom)
+    if speed.decode is None and speed.prompt is None and speed.batch is None:  # a tune that kept no rate
+        kept_none = (
+            f"no speed kept from the tune of {speed.measured_at} (the machine was busy, or it measured "
+            f"nothing that decides): `localrun tune {target.label}` on a quiet machine"
+        )
+        return DefaultModel(target.label, path, run.placement, note=kept_none)
+    return DefaultModel(target.label, path, run.placement, speed)
 
 
 def examine(registry: Registry, user: UserConfig | None = None) -> Report:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localrun.errors import ModelNotFoundError, StreamCutError
-from localrun.events import DoneEvent, Event, Stats, StopReason, TokenEvent
+from localrun.events import DoneEvent, Event, ReasoningEvent, Stats, StopReason, TokenEvent
 from localrun.remote.client import RemoteClient
 from localrun.remote.config import Remote
 from localrun.runtime.sampling import SamplingParams
@@ -132,6 +132,7 @@ class RemoteModel:
         first: float | None = None
         last = t0
         pieces: list[str] = []
+        thoughts = 0  # pieces of thinking (`reasoning_content`, or `reasoning` as some servers name it)
         usage: dict[str, Any] = {}
         timings: dict[str, Any] = {}
         finish: str | None = None
@@ -143,15 +144,21 @@ class RemoteModel:
                 timings = chunk.get("timings") or timings
                 for choice in chunk.get("choices") or ():
                     finish = choice.get("finish_reason") or finish
-                    delta = choice.get("delta") if request.messages is not None else choice
-                    text = (delta or {}).get("content" if request.messages is not None else "text") or ""
-                    if not text:
+                    delta = (choice.get("delta") if request.messages is not None else choice) or {}
+                    thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    text = delta.get("content" if request.messages is not None else "text") or ""
+                    if not (text or thinking):
                         continue
                     last = time.perf_counter()
                     first = first if first is not None else last
-                    pieces.append(text)
-                    rate = (len(pieces) - 1) / (last - first) if last > first else 0.0
-                    yield TokenEvent(text, len(pieces), first - t0, last - t0, rate)
+                    made = len(pieces) + thoughts + 1
+                    rate = (made - 1) / (last - first) if last > first else 0.0
+                    if isinstance(thinking, str) and thinking:
+                        thoughts += 1
+                        yield ReasoningEvent(thinking, made, thoughts, first - t0, last - t0, rate)
+                    if text:
+                        pieces.append(text)
+                        yield TokenEvent(text, len(pieces) + thoughts, first - t0, last - t0, rate)
                 if self.abort_requested:
                     stop_reason = "interrupted"
                     break
@@ -164,7 +171,13 @@ class RemoteModel:
             events.close()  # closes the connection
         yield DoneEvent(
             self._stats(
-                request, "".join(pieces), stop_reason or _stop_reason(finish, request), usage, timings, t0, first, last
+                request,
+                "".join(pieces),
+                stop_reason or _stop_reason(finish, request),
+                usage,
+                timings,
+                (t0, first, last),
+                thoughts,
             )
         )
 
@@ -175,11 +188,13 @@ class RemoteModel:
         stop_reason: StopReason,
         usage: dict[str, Any],
         timings: dict[str, Any],
-        t0: float,
-        first: float | None,
-        last: float,
+        times: tuple[float, float | None, float],
+        thoughts: int = 0,
     ) -> Stats:
+        t0, first, last = times
         generated = int(usage.get("completion_tokens") or 0) if usage else 0
+        # the thinking's tokens as the server counts them, else its streamed pieces (a token each, as a rule)
+        reasoning = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or thoughts)
         client_rate = (generated - 1) / (last - first) if first is not None and last > first and generated > 1 else 0.0
         details = usage.get("prompt_tokens_details") or {}
         valid, invalid = check_output(request.output, text, stop_reason) if request.output is not None else (None, None)
@@ -194,4 +209,5 @@ class RemoteModel:
             cached_tokens=int(details.get("cached_tokens") or timings.get("cache_n") or 0),
             valid=valid,
             invalid=invalid,
+            reasoning_tokens=min(reasoning, generated) if generated else reasoning,
         )

@@ -11,7 +11,7 @@ system prompt stays) and the caller is told how many.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,6 +42,11 @@ class Turn:
     interrupted: bool = False
     stats: Stats | None = None
     reasoning: str = ""
+    steps: list[dict[str, Any]] = field(default_factory=list)  # a tool loop's calls and results before the reply
+
+
+# a tool loop's hook: the messages as the template takes them, and the tools it offers
+PromptTools = Callable[[list[Message]], tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]
 
 
 @dataclass
@@ -99,6 +104,7 @@ class ChatSession:
     switches: dict[str, Any] | None = None  # the chat template's switches (enable_thinking, reasoning_effort)
     think: ThinkMode = "auto"
     reasoning_budget: int | None = None  # a reasoning model's thinking ends after this many tokens
+    prompt_tools: PromptTools | None = None  # tools offered (localrun.mcp's tool loop sets it)
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.engine)
@@ -120,6 +126,7 @@ class ChatSession:
         out: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
         for i, turn in enumerate(turns, 1):
             out.append({"role": "user", "content": turn.user})
+            out.extend(turn.steps)
             if turn.reply or turn.reasoning or i < len(turns):  # the last one unanswered is the one to answer
                 reply = {"role": "assistant", "content": turn.reply}  # the template keeps or drops the thinking
                 out.append(reply | {"reasoning_content": turn.reasoning} if turn.reasoning else reply)
@@ -139,10 +146,20 @@ class ChatSession:
         if not user.strip():
             raise UsageError("the message is empty")
         self.turns.append(Turn(user))
+        return self.replan()
+
+    def _prompt(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        messages = self.messages()
+        return self.prompt_tools(messages) if self.prompt_tools is not None else (list(messages), None)
+
+    def replan(self) -> TurnPlan:
+        """The prompt for the last turn's reply as the conversation stands
+        (after a tool loop's calls and results), older turns dropped to fit."""
         reserve = min(self.max_tokens or REPLY_RESERVE, REPLY_RESERVE)
         dropped = 0
         while True:
-            text = render_messages(self.engine, self.template, self.messages(), switches=self.switches)
+            messages, tools = self._prompt()
+            text = render_messages(self.engine, self.template, messages, tools, switches=self.switches)
             tokens = self._tokens_for(text)
             if len(tokens) + reserve <= self.engine.n_ctx or len(self.turns) == 1:
                 break
@@ -154,7 +171,7 @@ class ChatSession:
         self._pending_text = text
         mark = None
         if self.engine.cuts.recurrent:  # only a recurrent memory needs a checkpoint to start there again
-            mark = reply_start(self.engine, self.template, self.messages(), text, tokens, self.switches)
+            mark = reply_start(self.engine, self.template, messages, text, tokens, self.switches, tools)
         return TurnPlan(tokens, dropped, (mark,) if mark else ())
 
     def _tokens_for(self, text: str) -> list[int]:
@@ -163,12 +180,14 @@ class ChatSession:
             return self._cached_tokens + self.engine.tokenize(rest, add_special=False)
         return tokenize_rendered(self.engine, text)
 
-    def reply(self, plan: TurnPlan) -> Iterator[Event]:
+    def reply(self, plan: TurnPlan, grammar: OutputSpec | None = None) -> Iterator[Event]:
         """Stream the reply to the last planned message; the turn keeps what was
-        generated, even when interrupted."""
+        generated, even when interrupted. ``grammar``: this reply's constraint
+        in place of the session's (a tool loop's calls)."""
         turn = self.turns[-1]
         self.engine.abort_requested = False
-        constraint = Constraint(self.engine, self.output) if self.output is not None else None
+        output = grammar if grammar is not None else self.output
+        constraint = Constraint(self.engine, output) if output is not None else None
         reasoning = reasoning_for(self.template, self._pending_text, budget=self.reasoning_budget, mode=self.think)
         events = self.decoding.generate(
             self.engine,
@@ -220,7 +239,13 @@ class ChatSession:
                 for t in self.turns
                 for m in (
                     {"role": "user", "content": t.user},
-                    {"role": "assistant", "content": t.reply, **({"interrupted": True} if t.interrupted else {})},
+                    *t.steps,  # a tool loop's calls and results
+                    {
+                        "role": "assistant",
+                        "content": t.reply,
+                        **({"reasoning_content": t.reasoning} if t.reasoning else {}),  # the thinking, apart
+                        **({"interrupted": True} if t.interrupted else {}),
+                    },
                 )
             ],
         }
@@ -251,6 +276,9 @@ def read_conversation(path: Path) -> Conversation:
     for i, m in enumerate(messages, 1):
         role = m.get("role") if isinstance(m, dict) else None
         content = m.get("content") if isinstance(m, dict) else None
+        if turns and not turns[-1].reply and (role == "tool" or (role == "assistant" and m.get("tool_calls"))):
+            turns[-1].steps.append(m)  # a tool loop's call or result, before the turn's reply
+            continue
         if not isinstance(content, str) or role not in ("system", "user", "assistant"):
             raise UsageError(f"{path}: message {i} needs a role (system, user, assistant) and text content")
         if role == "system":
@@ -260,6 +288,8 @@ def read_conversation(path: Path) -> Conversation:
         elif turns and not turns[-1].reply:
             turns[-1].reply = content
             turns[-1].interrupted = bool(m.get("interrupted"))
+            thinking = m.get("reasoning_content")
+            turns[-1].reasoning = thinking if isinstance(thinking, str) else ""
         else:
             raise UsageError(f"{path}: message {i} is a reply with no question before it")
     model = record.get("model") if record.get("format") == SAVE_FORMAT else None

@@ -35,6 +35,8 @@ class Target:
 
     @classmethod
     def from_entry(cls, entry: ModelEntry) -> Target:
+        if entry.path is not None:  # models.toml's `path`: the file here, under its alias
+            return cls(entry.alias, entry=entry, file=entry.file, quant=entry.quant, path=entry.path)
         return cls(entry.alias, entry=entry, repo=entry.repo, file=entry.file, quant=entry.quant)
 
 

@@ -1,5 +1,6 @@
 """models.toml: aliases, their sources, mirrors, draft pairing and defaults,
-and remotes (OpenAI-compatible servers the commands can run on by name).
+and remotes (OpenAI-compatible servers the commands can run on by name). An
+alias may name a GGUF file on this machine instead (`path`).
 
 localrun ships a `models.toml` (the top of the source tree; package data in
 the wheel); a `models.toml` in localrun's config directory adds entries or
@@ -11,14 +12,14 @@ reason.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from localrun import paths
 from localrun.errors import ModelNotFoundError, RegistryError
-from localrun.store.ggufs import DEFAULT_QUANT, is_split
+from localrun.store.ggufs import DEFAULT_QUANT, is_split, quant_of
 
 
 def shipped_file() -> Path:
@@ -32,6 +33,7 @@ def shipped_file() -> Path:
 
 
 _ENTRY_KEYS = {
+    "path",
     "repo",
     "file",
     "quant",
@@ -85,6 +87,7 @@ class ModelEntry:
     description: str = ""
     mirrors: tuple[Mirror, ...] = ()
     defaults: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None  # a GGUF file on this machine the alias names (models.toml's `path`): never pulled
 
     @property
     def base(self) -> str:
@@ -235,12 +238,35 @@ def _parse_mirror(path: Path, alias: str, raw: Any) -> Mirror:
     return Mirror(sha256=sha, size=size, parts=tuple(parts))
 
 
+_LOCAL_ONLY = {"path", "family", "size", "draft", "default_tag", "defaults", "description", "quant"}
+
+
+def _parse_local(path: Path, alias: str, raw: dict[str, Any]) -> ModelEntry:
+    """An alias of a GGUF file on this machine: `path`, absolute, from the home
+    folder (``~``) or from the folder of the models.toml that says it."""
+    hub_keys = sorted(set(raw) - _LOCAL_ONLY)
+    if hub_keys:
+        raise _fail(path, alias, f"'path' names a file here: {', '.join(hub_keys)} is for a file on the hub")
+    where = _need_str(path, alias, raw, "path")
+    if not where.endswith(".gguf"):
+        raise _fail(path, alias, f"path {where!r} must be a .gguf file")
+    file = Path(where).expanduser()
+    if not file.is_absolute():
+        file = path.parent / file
+    bare = {key: value for key, value in raw.items() if key != "path"}
+    quant = bare.get("quant") or quant_of(file.name) or ""  # as given, else as the file's name says
+    entry = _parse_entry(path, alias, {**bare, "repo": "local/file", "file": file.name, "quant": quant})
+    return replace(entry, repo="", path=file)
+
+
 def _parse_entry(path: Path, alias: str, raw: Any) -> ModelEntry:
     if alias.count(":") != 1 or not all(alias.split(":")):
         raise _fail(path, alias, "an alias is family:tag, e.g. qwen2.5-coder:1.5b")
     if not isinstance(raw, dict):
         raise _fail(path, alias, "an entry must be a table")
     _check_keys(path, alias, raw, _ENTRY_KEYS, "entry")
+    if "path" in raw:
+        return _parse_local(path, alias, raw)
     repo = _need_str(path, alias, raw, "repo")
     if repo.count("/") != 1 or ".." in repo:
         raise _fail(path, alias, f"repo {repo!r} must be owner/name")

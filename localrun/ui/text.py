@@ -27,7 +27,9 @@ def draft_line(draft: DraftStats) -> str:
 
 def stats_line(stats: Stats) -> str:
     return (
-        f"{count(stats.generated_tokens, 'token')}, {stats.decode_tokens_per_s:.1f} tok/s, "
+        f"{count(stats.generated_tokens, 'token')}"
+        f"{f' ({stats.reasoning_tokens} thinking)' if stats.reasoning_tokens else ''}"
+        f", {stats.decode_tokens_per_s:.1f} tok/s, "
         f"prompt {count(stats.prompt_tokens, 'token')} at {stats.prompt_tokens_per_s:.1f} tok/s"
         f"{f' ({stats.cached_tokens} cached)' if stats.cached_tokens else ''}"
         f"{f', prompt cache {stats.prompt_cache}' if stats.prompt_cache else ''}, "
