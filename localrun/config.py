@@ -16,6 +16,10 @@ model's registry entry says otherwise.
     memory_budget = "6GiB"   # weights + KV cache + compute (bytes or a size)
     markdown = false         # chat: replies as written, not rendered as Markdown
 
+    [mcp.servers.files]      # an MCP server whose tools chat and generate offer (docs/tools.md)
+    command = "npx"
+    args = ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]
+
 Precedence everywhere: a command-line option (for the model, then
 LOCALRUN_MODEL), then the model's registry defaults, then this file, then
 localrun's built-in default. The file is
@@ -57,6 +61,7 @@ class UserConfig:
     parallel: int | None = None
     memory_budget: int | None = None  # bytes
     markdown: bool | None = None  # chat renders replies as Markdown
+    mcp_servers: Mapping[str, Any] | None = None  # [mcp.servers.NAME] tables, as written (localrun.mcp reads them)
 
 
 def config_file() -> Path:
@@ -127,7 +132,7 @@ KEYS = tuple(_PARSERS)
 
 def parse(raw: Mapping[str, Any], path: Path) -> UserConfig:
     """Check the file's content (a parsed TOML document) and type it."""
-    unknown = sorted(set(raw) - {"defaults"})
+    unknown = sorted(set(raw) - {"defaults", "mcp"})
     if unknown:
         reason = f"unknown top-level key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}"
         raise _fail(path, None, reason, hint=_top_level_hint(unknown))
@@ -142,7 +147,19 @@ def parse(raw: Mapping[str, Any], path: Path) -> UserConfig:
                 path, key, f"unknown key (known: {', '.join(KEYS)})", hint=f"did you mean {near}?" if near else None
             )
         values[key] = _PARSERS[key](path, key, value)
-    return UserConfig(**values)
+    return UserConfig(**values, mcp_servers=_mcp_servers(raw.get("mcp"), path))
+
+
+def _mcp_servers(mcp: Any, path: Path) -> dict[str, Any] | None:
+    """[mcp.servers.NAME]: each server a table (its keys are checked when tools are used)."""
+    if mcp is None:
+        return None
+    if not isinstance(mcp, dict) or set(mcp) - {"servers"}:
+        raise ConfigError(f"{path}: [mcp] holds only [mcp.servers.NAME] tables", hint="see docs/tools.md")
+    servers = mcp.get("servers", {})
+    if not isinstance(servers, dict) or not all(isinstance(v, dict) for v in servers.values()):
+        raise ConfigError(f"{path}: [mcp.servers] holds one table per server", hint="see docs/tools.md")
+    return servers
 
 
 def _near_key(key: str) -> str | None:
@@ -189,6 +206,15 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
 
 
+def _toml_any(value: Any) -> str:
+    """A TOML value: a scalar, an array, or an inline table."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_any(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_any(v)}" for k, v in value.items()) + "}"
+    return _toml_value(value)
+
+
 def save_defaults(values: Mapping[str, Any], path: Path | None = None) -> Path:
     """Merge ``values`` into [defaults] (checked as on load) and write the file
     atomically: a temporary file in the same folder, then a rename. Comments in
@@ -200,6 +226,8 @@ def save_defaults(values: Mapping[str, Any], path: Path | None = None) -> Path:
     parse({"defaults": merged}, path)
     lines = ["# localrun user defaults (localrun bench --save-defaults); keys: docs/config.md", "[defaults]"]
     lines += [f"{key} = {_toml_value(merged[key])}" for key in KEYS if key in merged]
+    for name, server in (raw.get("mcp", {}).get("servers") or {}).items():  # kept as they were
+        lines += ["", f"[mcp.servers.{json.dumps(name)}]", *(f"{k} = {_toml_any(v)}" for k, v in server.items())]
     paths.ensure_dir(path.parent)
     paths.atomic_write(path, "\n".join(lines) + "\n")
     return path

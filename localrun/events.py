@@ -91,6 +91,36 @@ Event = TokenEvent | ReasoningEvent | DoneEvent
 
 
 @dataclass(frozen=True)
+class ToolStepDone:
+    """A tool loop's step ended in calls (its figures); the reply goes on after their results."""
+
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """The model called a tool (``name``, the arguments checked against its schema); ``id`` pairs it with its result."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolResultEvent:
+    """A call's result as the model is given it. ``status``: ok, error, timeout or refused (not allowed to run)."""
+
+    id: str
+    name: str
+    text: str
+    status: str
+    seconds: float = 0.0
+
+
+ToolEvent = ToolStepDone | ToolCallEvent | ToolResultEvent
+
+
+@dataclass(frozen=True)
 class TokenChoice:
     """A token sampled and its log-probability under the model, with the most
     likely tokens there (`top`, each (token, logprob)): OpenAI's `logprobs`."""

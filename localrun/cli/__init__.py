@@ -29,6 +29,7 @@ from localrun.cli import (
     rpc_server,
     run,
     serve,
+    tools,
     tune,
 )
 from localrun.cli import template as template_cli
@@ -62,6 +63,7 @@ app.command("doctor")(bounded(doctor.doctor_command))
 app.command("rpc-server")(bounded(rpc_server.rpc_server_command))
 app.command("template")(bounded(template_cli.template_command))
 app.command("launch")(bounded(launch.launch_command))
+app.command("tools")(bounded(tools.tools_command))
 
 
 def _print_version(value: bool) -> None:

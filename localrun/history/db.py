@@ -97,6 +97,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # as JSON [{"user", "reply", "interrupted"}]: `chat --continue` starts from them
         "ALTER TABLE conversations ADD COLUMN carried TEXT",
     ),
+    (
+        # a reply's tool calls (chat and generate with MCP tools), as JSON
+        # [{"name", "status", "chars" (of the result), "seconds"}]
+        "ALTER TABLE runs ADD COLUMN tool_calls TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -133,6 +133,7 @@ COLUMNS: tuple[str, ...] = (
     "exit_status",
     "valid",
     "cpu",
+    "tool_calls",
 )
 _INSERT = f"INSERT INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _CONTEXT_COLUMNS = {f.name for f in fields(RunContext)} & set(COLUMNS)

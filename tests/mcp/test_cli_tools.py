@@ -1,0 +1,179 @@
+"""`--mcp` on the command line: `localrun tools` lists, `generate` and `chat`
+run the tool loop, with the calls and results as JSON events, the answer
+alone in a pipe, and nothing run there unless --allow-tool allows it. The
+tiny model is steered to call (a bias on `<tool_call>`)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun import paths
+from localrun.cli import _options
+from localrun.runtime.engine import Engine
+from localrun.runtime.sampling import SamplingParams
+from tests.helpers import cli, engine_config
+from tests.mcp.conftest import FACTS, RAW, alive, pids
+from tests.synthmodels import BY_NAME, write_family_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A tiny Qwen3-template model, and its `<tool_call>` token."""
+    path = write_family_model(BY_NAME["qwen3"], tmp_path_factory.mktemp("qwen3") / "qwen3.gguf")
+    with Engine(engine_config(path, n_ctx=256, n_threads=1)) as engine:
+        (marker,) = engine.tokenize("<tool_call>", add_special=False, parse_special=True)
+    return path, marker
+
+
+@pytest.fixture
+def calling(model: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The model writes `<tool_call>` wherever it may: it calls (the grammar writes the rest)."""
+    path, marker = model
+    made: Callable[..., SamplingParams] = _options.sampling_params
+
+    def biased(*args: Any, **kwargs: Any) -> SamplingParams:
+        return replace(made(*args, **kwargs), logit_bias=((marker, 30.0),))
+
+    monkeypatch.setattr(_options, "sampling_params", biased)
+    return path
+
+
+def servers(tmp_path: Path, pidfile: Path, **entries: dict[str, Any]) -> Path:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": entries}))
+    return path
+
+
+def facts(tmp_path: Path, pidfile: Path, tools: str = "add") -> dict[str, Any]:
+    env = {"LOCALRUN_TEST_PIDFILE": str(pidfile), "LOCALRUN_TEST_TOOLS": tools,
+           "LOCALRUN_TEST_CALLS": str(tmp_path / "calls.log")}  # fmt: skip
+    return {"command": sys.executable, "args": [str(FACTS)], "env": env}
+
+
+def ran(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_tools_lists_each_servers_tools_and_says_what_failed(tmp_path: Path, pidfile: Path) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile, "add,today"), gone={"command": "/no/such"},
+                   raw={"command": sys.executable, "args": [str(RAW), "bad-schema"],
+                        "env": {"LOCALRUN_TEST_PIDFILE": str(pidfile)}})  # fmt: skip
+    res = cli("tools", "--mcp", str(file))
+    assert res.returncode == 0, res.stderr
+    names = [line.split()[0] for line in res.stdout.splitlines()[1:]]
+    assert sorted(names) == ["facts_add", "facts_today", "raw_echo"]
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 3  # the server that did not start, and each tool left out
+    assert any("MCP server gone: cannot start" in w for w in warnings)
+    assert sum("MCP server raw: tool" in w and "left out" in w for w in warnings) == 2
+    assert all(not alive(pid) for pid in pids(pidfile))
+
+
+def test_tools_json(tmp_path: Path, pidfile: Path) -> None:
+    res = cli("tools", "--mcp", str(servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile, "add"))), "--json")
+    (tool,) = json.loads(res.stdout)
+    assert tool["name"] == "facts_add" and tool["parameters"]["required"] == ["a", "b"]
+
+
+def test_tools_with_no_server_is_a_usage_error() -> None:
+    res = cli("tools")
+    assert res.returncode == 2 and "no MCP server is configured" in res.stderr
+
+
+def test_generate_json_has_tool_call_and_result_events(calling: Path, tmp_path: Path, pidfile: Path) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    res = cli("generate", "-m", str(calling), "--mcp", str(file), "--allow-tool", "all", "--json", "-n", "160",
+              "--max-tool-steps", "1", "--temperature", "1", "--seed", "3", "Add 2 and 40.")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds.count("tool_call") >= 1 and kinds.count("tool_result") == kinds.count("tool_call")
+    assert kinds.count("done") == 1 and kinds[-1] == "done"
+    calls = [e for e in events if e["type"] == "tool_call"]
+    results = {e["id"]: e for e in events if e["type"] == "tool_result"}
+    for call in calls:  # each call names the tool, with the arguments its schema asks for, and ran
+        result = results[call["id"]]
+        assert call["name"] == "facts_add" and set(call["arguments"]) == {"a", "b"}
+        assert result["status"] == "ok" and result["content"] == str(call["arguments"]["a"] + call["arguments"]["b"])
+    assert ran(tmp_path) == [f"add {{'a': {c['arguments']['a']}, 'b': {c['arguments']['b']}}}" for c in calls]
+    with sqlite3.connect(paths.history_db()) as conn:  # the run history keeps each call
+        (recorded,) = conn.execute("SELECT tool_calls FROM runs WHERE command = 'generate'").fetchone()
+    logged = json.loads(recorded)
+    assert [(c["name"], c["status"], c["chars"]) for c in logged] == [
+        ("facts_add", "ok", len(results[c["id"]]["content"])) for c in calls
+    ]
+
+
+def test_generate_in_a_pipe_runs_no_tool_unless_allowed(calling: Path, tmp_path: Path, pidfile: Path) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    res = cli(
+        "generate",
+        "-m",
+        str(calling),
+        "--mcp",
+        str(file),
+        "-n",
+        "160",
+        "--max-tool-steps",
+        "1",
+        "--seed",
+        "5",
+        "--temperature",
+        "1",
+        "Add 2 and 40.",
+    )
+    assert res.returncode == 0, res.stderr
+    assert ran(tmp_path) == []
+    assert "the model called facts_add; in a pipe a tool runs only with --allow-tool" in res.stderr
+    assert '"name": "facts_add"' not in res.stdout  # the call itself is never shown in a pipe
+
+
+def test_allow_tool_naming_nothing_is_said(calling: Path, tmp_path: Path, pidfile: Path) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    res = cli("generate", "-m", str(calling), "--mcp", str(file), "--allow-tool", "facts_sub", "-n", "8", "hi")
+    assert "--allow-tool facts_sub: no tool or server has that name" in res.stderr
+
+
+def test_piped_chat_keeps_each_turns_results_in_its_context(calling: Path, tmp_path: Path, pidfile: Path) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    options = ["--allow-tool", "facts", "--json", "-n", "160", "--max-tool-steps", "1", "--ctx", "4096", "-t", "1"]
+    res = cli("chat", "-m", str(calling), "--mcp", str(file), *options, input="Add 2 and 40.\nNow add 1 and 1.\n")
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    results = [e for e in events if e["type"] == "tool_result"]
+    assert {e["turn"] for e in results} == {1, 2} and all(e["status"] == "ok" for e in results)
+    assert [e["turn"] for e in events if e["type"] == "done"] == [1, 2]
+    assert len(ran(tmp_path)) == len(results)  # several calls in one reply where the model writes them
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--raw"], "--mcp and --raw cannot go together"),
+        (["--schema", "name"], "--mcp and --schema or --grammar cannot go together"),
+        (["--max-tool-steps", "0"], "--max-tool-steps must be at least 1"),
+        (["--tool-timeout", "0"], "--tool-timeout must be more than 0"),
+    ],
+)
+def test_generate_refuses_what_tools_cannot_go_with(tmp_path: Path, args: list[str], said: str) -> None:
+    file = tmp_path / "mcp.json"
+    file.write_text('{"mcpServers": {}}')
+    res = cli("generate", "-m", "x.gguf", "--mcp", str(file), *args, "hi")
+    assert res.returncode == 2 and said in res.stderr
+
+
+def test_with_tools_a_temperature_nobody_chose_is_low() -> None:
+    from localrun.cli.tools import TOOL_TEMPERATURE, tool_sampling
+
+    default = SamplingParams(temperature=0.8)
+    assert tool_sampling(default, None).temperature == TOOL_TEMPERATURE
+    assert tool_sampling(default, 0.8).temperature == 0.8  # --temperature 0.8 given: kept

@@ -1,0 +1,199 @@
+"""The tool loop on a tiny random model with a real chat template (Qwen3's:
+Hermes-style calls) and the real facts server: the grammar makes every call
+name a declared tool with arguments that follow its schema; the model is
+steered (a bias on `<tool_call>`) so that it calls. What runs is read from
+the server's own log of its calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.events import DoneEvent, TokenEvent, ToolCallEvent, ToolResultEvent, ToolStepDone
+from localrun.mcp.host import ToolHost
+from localrun.mcp.loop import Answer, Approval, ToolLoop, merged
+from localrun.runtime.chat import ChatSession, read_conversation
+from localrun.runtime.engine import Engine
+from localrun.runtime.sampling import SamplingParams
+from localrun.structured.spec import json_problem
+from tests.helpers import engine_config
+from tests.mcp.conftest import FACTS, python_server
+from tests.synthmodels import BY_NAME, write_family_model
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    path = write_family_model(BY_NAME["qwen3"], tmp_path_factory.mktemp("qwen3") / "qwen3.gguf")
+    with Engine(engine_config(path, n_ctx=4096, n_threads=2)) as engine:
+        yield engine
+
+
+@pytest.fixture
+def calls(tmp_path: Path) -> Path:
+    return tmp_path / "calls.log"
+
+
+def host(calls: Path, pidfile: Path, tools: str = "add") -> ToolHost:
+    env = {"LOCALRUN_TEST_CALLS": str(calls), "LOCALRUN_TEST_PIDFILE": str(pidfile), "LOCALRUN_TEST_TOOLS": tools}
+    return ToolHost([python_server("facts", FACTS, env=env)])
+
+
+def session(engine: Engine, *, seed: int = 1) -> ChatSession:
+    """A chat whose model writes `<tool_call>` wherever it may (the grammar decides the rest)."""
+    (marker,) = engine.tokenize("<tool_call>", add_special=False, parse_special=True)
+    sampling = SamplingParams(temperature=1.0, seed=seed, logit_bias=((marker, 30.0),))
+    assert engine.info.chat_template is not None
+    return ChatSession(engine, engine.info.chat_template, sampling, max_tokens=160, switches={"enable_thinking": False})
+
+
+def ran(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_a_call_runs_and_its_result_goes_back_to_the_model(engine: Engine, calls: Path, pidfile: Path) -> None:
+    chat = session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"facts_add"}), max_steps=1, parallel=False)
+        events = list(loop.turn(loop.plan("What is Bob's badge number?")))
+    steps = [e for e in events if isinstance(e, ToolStepDone)]
+    (call,) = [e for e in events if isinstance(e, ToolCallEvent)]
+    (result,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert len(steps) == 1 and isinstance(events[-1], DoneEvent)
+    assert sum(isinstance(e, DoneEvent) for e in events) == 1  # one reply, its figures over both steps
+    assert call.name == "facts_add"
+    schema = tools.tool("facts_add")
+    assert schema is not None and json_problem(schema.parameters, json.dumps(call.arguments)) is None
+    assert result.status == "ok" and result.id == call.id
+    a, b = call.arguments["a"], call.arguments["b"]
+    assert ran(calls) == [f"add {{'a': {a}, 'b': {b}}}"]
+    assert result.text == str(a + b)
+    assert not any("<tool_call>" in e.text for e in events[: events.index(steps[0])] if isinstance(e, TokenEvent))
+    turn = chat.turns[-1]
+    assert [m["role"] for m in turn.steps] == ["assistant", "tool"]
+    assert turn.steps[1] == {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.text}
+    # the last step's prompt holds the result, and (the step limit reached) offers no tool
+    assert f"<tool_response>\n{result.text}\n</tool_response>" in chat._pending_text
+    assert "<tools>" not in chat._pending_text
+    assert loop.problems == [] and loop.calls == 1  # every call written was read and checked
+    final = events[-1]
+    assert isinstance(final, DoneEvent) and final.stats.generated_tokens > steps[0].stats.generated_tokens
+    assert chat.totals.turns == 1
+
+
+def test_in_a_pipe_no_tool_runs_unless_allowed(engine: Engine, calls: Path, pidfile: Path) -> None:
+    chat = session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval(set(), ask=None), max_steps=1, parallel=False)
+        events = list(loop.turn(loop.plan("What is Bob's badge number?")))
+    (result,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    assert result.status == "refused" and result.text == "the user did not allow facts_add to run"
+    assert ran(calls) == []
+    assert "the user did not allow facts_add to run" in chat._pending_text
+
+
+def test_asked_always_runs_that_tool_for_the_rest_of_the_session(engine: Engine, calls: Path, pidfile: Path) -> None:
+    asked: list[tuple[str, dict[str, Any]]] = []
+
+    def ask(tool: Any, arguments: dict[str, Any]) -> Any:
+        asked.append((tool.name, arguments))
+        return "always"
+
+    chat = session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval(set(), ask=ask), max_steps=1, parallel=False)
+        for question in ("Bob's badge?", "And Alice's?"):
+            list(loop.turn(loop.plan(question)))
+    assert len(asked) == 1 and asked[0][0] == "facts_add"
+    assert len(ran(calls)) == 2
+    first, second = chat.turns  # both turns keep their calls and results in the conversation
+    assert len(first.steps) == 2 and len(second.steps) == 2
+    assert first.steps[1]["content"] in chat._pending_text and second.steps[1]["content"] in chat._pending_text
+
+
+def test_save_and_load_keep_the_calls_and_results(engine: Engine, calls: Path, pidfile: Path, tmp_path: Path) -> None:
+    chat = session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), max_steps=1, parallel=False)
+        list(loop.turn(loop.plan("Add 2 and 40.")))
+    chat.save(tmp_path / "chat.json")
+    (turn,) = read_conversation(tmp_path / "chat.json").turns
+    assert turn.steps == chat.turns[0].steps and turn.reply == chat.turns[0].reply
+    assert [m["role"] for m in turn.steps] == ["assistant", "tool"]
+
+
+def test_asked_no_the_call_is_refused_and_asked_again_next_time(engine: Engine, calls: Path, pidfile: Path) -> None:
+    answers: Iterator[Answer] = iter(["no", "yes"])
+    chat = session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval(set(), ask=lambda tool, args: next(answers)), max_steps=1, parallel=False)
+        first = [e for e in loop.turn(loop.plan("Bob?")) if isinstance(e, ToolResultEvent)]
+        second = [e for e in loop.turn(loop.plan("Carol?")) if isinstance(e, ToolResultEvent)]
+    assert [r.status for r in first + second] == ["refused", "ok"]
+    assert len(ran(calls)) == 1
+
+
+def test_the_same_call_again_is_not_run_the_model_answers_without_tools(
+    engine: Engine, calls: Path, pidfile: Path
+) -> None:
+    """A tool with no arguments: the second step's call is the first's, so that step is made again with no tool."""
+    chat = session(engine)
+    with host(calls, pidfile, tools="today") as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), max_steps=4, parallel=False)
+        events = list(loop.turn(loop.plan("What day is it?")))
+    assert [e.name for e in events if isinstance(e, ToolCallEvent)] == ["facts_today"]
+    assert ran(calls) == ["today {}"]
+    assert "<tools>" not in chat._pending_text and "Tuesday 3 March" in chat._pending_text
+
+
+def test_a_failing_tool_and_a_timeout_go_back_as_the_tools_result(engine: Engine, calls: Path, pidfile: Path) -> None:
+    chat = session(engine)
+    with host(calls, pidfile, tools="slow") as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), max_steps=1, parallel=False, timeout=0.5)
+        events = list(loop.turn(loop.plan("Wait a bit.")))
+    (result,) = [e for e in events if isinstance(e, ToolResultEvent)]
+    if result.status == "ok":  # the model asked for a wait shorter than the timeout
+        pytest.skip("the call was quick")
+    assert result.status == "timeout" and "did not answer within 0.5 s" in result.text
+    assert result.text in chat._pending_text
+
+
+def test_merged_figures_sum_the_steps() -> None:
+    from localrun.events import Stats
+
+    a = Stats(100, 10, 0.5, 20.0, 1.0, "eos")
+    b = Stats(150, 21, 0.2, 10.0, 2.5, "eos", cached_tokens=100)
+    both = merged([a, b])
+    assert (both.generated_tokens, both.prompt_tokens, both.ttft_s, both.elapsed_s) == (31, 150, 0.5, 3.5)
+    assert both.decode_tokens_per_s == pytest.approx(29 / (9 / 20 + 20 / 10))
+
+
+def test_tools_need_a_chat_template_that_offers_them(engine: Engine, calls: Path, pidfile: Path) -> None:
+    chat = session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval(), parallel=False)
+        loop.plan("hello")
+    assert "facts_add" in chat._pending_text and "<tools>" in chat._pending_text
+
+
+def test_a_step_ends_at_a_call_written_twice_or_any_call_where_none_is_offered() -> None:
+    from localrun.mcp.loop import MAX_CALLS, _runaway
+
+    written: list[tuple[str, str]] = []
+    assert not _runaway(written, [("a", "{}")], offering=True)
+    assert not _runaway(written, [("b", "{}")], offering=True)
+    assert _runaway(written, [("a", "{}")], offering=True)  # the same call again: a small model's loop
+    assert _runaway([], [("a", "{}")], offering=False)  # no tool offered: a call is no answer
+    many = [(f"t{i}", "{}") for i in range(MAX_CALLS)]
+    assert _runaway([], many, offering=True)
