@@ -16,6 +16,7 @@ should see come back in `Assembled`.
 from __future__ import annotations
 
 import functools
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from localrun.runtime import devices as devices_module
 from localrun.runtime.devices import HOST, Device
 from localrun.runtime.engine import EngineConfig
 from localrun.runtime.memory import ROLLBACK_DEPTH
+from localrun.runtime.model_template import ChatTemplate, choose_template, with_template
 from localrun.runtime.placement import (
     DEFAULT_CTX,
     LLAMA_PARALLEL,
@@ -45,7 +47,7 @@ from localrun.settings import AUTO, RunSettings
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune import attention
-from localrun.tune.wisdom import Wisdom
+from localrun.tune.wisdom import RunShape, Wisdom
 
 PINNED = ("option", "config", "model")  # where a thread count comes from that adapting must keep
 UNBOUNDED = 1 << 30  # a server's slots: as many as fit
@@ -59,20 +61,28 @@ class OneSequence:
     """generate or chat: one sequence. ``need``: the context it needs,
     ``depth``: the depth it mostly decodes at (None: unknown);
     ``speculative``: the speculative loop runs it (any `--spec` but none),
-    ``constrained``: a grammar masks its logits."""
+    ``constrained``: a grammar masks its logits; ``prompt``: its prompt's
+    tokens (None: a conversation, which grows toward ``depth``) and
+    ``answer`` its --max-tokens, for the run's shape."""
 
     need: int | None = None
     depth: int | None = None
     speculative: bool = False
     constrained: bool = False
+    prompt: int | None = None
+    answer: int | None = None
 
 
 @dataclass(frozen=True)
 class Prompts:
     """`--batch`: each runnable prompt's context need (its tokens, counted
-    before placement with a vocabulary-only load, plus what it may generate)."""
+    before placement with a vocabulary-only load, plus what it may generate);
+    ``prompts`` and ``answers``: each one's prompt tokens and max tokens (0:
+    none), for the run's shape (empty: unknown)."""
 
     needs: tuple[int, ...]
+    prompts: tuple[int, ...] = ()
+    answers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,7 @@ class Assembled:
     warnings: tuple[str, ...] = ()
     hint: str | None = None  # how to tune the model, said once per model
     gpu_hint: str | None = None  # a GPU the build cannot use, and the setup command that builds for it
+    template: ChatTemplate | None = None  # the chat template chosen (`info` carries it), and where it came from
 
     @property
     def placement(self) -> Placement:
@@ -144,6 +155,27 @@ def _draft_shape(draft: Path | None) -> ModelInfo | None:
         return describe(read_gguf(draft))
     except (LocalrunError, OSError):
         return None
+
+
+def run_shape(workload: Workload, settings: RunSettings) -> RunShape | None:
+    """What the run will do, for the settings chosen by their measured rates
+    (`localrun.tune.apply` says which shape each kind of run gets)."""
+    if isinstance(workload, OneSequence):
+        if workload.prompt is not None:
+            answer = workload.answer or tuned.OPEN_ANSWER
+            budget = "--max-tokens" if workload.answer else "an open answer"
+            return RunShape(workload.prompt, answer, what=f"the prompt's length, {budget}")
+        if workload.depth is not None:
+            return RunShape(tuned.CHAT_MESSAGE, tuned.OPEN_ANSWER, workload.depth, what="a turn at the chat's middle")
+        return None
+    if isinstance(workload, Prompts):
+        if not workload.prompts:
+            return None
+        answers = [a or tuned.OPEN_ANSWER for a in workload.answers] or [tuned.OPEN_ANSWER]
+        prompt, answer = round(statistics.median(workload.prompts)), round(statistics.median(answers))
+        return RunShape(prompt, answer, what="the batch's median line")
+    half = conversation_depth(settings.n_ctx)
+    return RunShape(half, tuned.OPEN_ANSWER, what="a request filling half its slot")
 
 
 def _host_loop(workload: Workload) -> str | None:
@@ -257,6 +289,7 @@ def assemble(
     devices: Sequence[Device] | None = None,
     use_wisdom: bool = True,
     draft: Path | None = None,
+    template: ChatTemplate | None = None,
 ) -> Assembled:
     """The plan of ``workload`` on the model at ``path`` with ``settings``
     (after the precedence rule of `localrun.settings.resolve`): placed on
@@ -264,8 +297,13 @@ def assemble(
     model that will run beside it) in the same plan, its automatic values
     settled from the wisdom (``use_wisdom`` False: llama.cpp's defaults, as a
     benchmark comparing with llama.cpp's own tools needs), its context and
-    sequences sized in the memory placed. The model is not loaded."""
+    sequences sized in the memory placed. ``template`` (`--template`)
+    replaces the GGUF's chat template in ``info``, for every reader of it; a
+    GGUF without one gets the one its architecture implies, where one does.
+    The model is not loaded."""
     info = read_gguf(path)
+    chosen = choose_template(info, template)
+    info = with_template(info, chosen)
     shape = describe(info)
     found_devices = devices_module.probe() if devices is None else tuple(devices)
     extent = _extent(shape, settings, workload)
@@ -283,6 +321,7 @@ def assemble(
         budget=placement.budget,
         kv_pairs=placement.kv_pairs,
         attention=functools.partial(attention.measured, shape) if on_cpu else None,
+        run=run_shape(workload, settings),
     )
     settings = sample_on(settings, placement, workload)
     config = _config(info, shape, settings, workload, extent, placement, verbose)
@@ -294,7 +333,9 @@ def assemble(
             f"KV {kv[0]}/{kv[1]} on a GPU: llama.cpp's CUDA flash attention has kernels for matching K and V "
             "types only, and falls back to a slower path for this pair; --kv q8_0 (or f16) keeps them matched"
         )
-    return Assembled(config, info, settings, workload, draft, found.wisdom, tuple(warnings), found.hint, gpu_hint)
+    return Assembled(
+        config, info, settings, workload, draft, found.wisdom, tuple(warnings), found.hint, gpu_hint, chosen
+    )
 
 
 def _place(

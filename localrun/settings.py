@@ -42,6 +42,7 @@ class Options:
     gpu_layers: str | None = None  # auto, all or a count (0: the CPU)
     device: str | None = None  # one device by llama.cpp's name (CUDA0); None: every GPU
     sample_on: str | None = None  # auto, host or device
+    template: str | None = None  # --template: a built-in chat template's name, or a Jinja file
 
 
 @dataclass(frozen=True)

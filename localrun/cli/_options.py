@@ -26,10 +26,23 @@ if TYPE_CHECKING:
     from localrun.runtime import devices as found_devices
     from localrun.runtime.devices import Device as Place  # `Device` here is the --device option
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.model_template import ChatTemplate
     from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
     from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
+
+Template = Annotated[
+    str | None,
+    typer.Option(
+        "--template",
+        metavar="NAME|FILE",
+        help="The chat template to render with, in place of the GGUF's: a Jinja file (as llama.cpp's "
+        "--chat-template-file) or a built-in (chatml, llama3, gemma, phi3). Without it: the GGUF's own, "
+        "else the built-in its architecture implies (gemma3: gemma).",
+        show_default=False,
+    ),
+]
 
 Pooling = Annotated[
     str,
@@ -294,6 +307,11 @@ class PlannedRun:
     run: Assembled | None = None  # the plan it came from
 
     @property
+    def template(self) -> ChatTemplate | None:
+        """The chat template chosen in the plan (`info` carries it), and where it came from."""
+        return self.run.template if self.run is not None else None
+
+    @property
     def verify_curve(self) -> tuple[float, ...] | None:
         return self.wisdom.verify_curve if self.wisdom is not None else None
 
@@ -301,7 +319,10 @@ class PlannedRun:
         """The settings as `--json` and the history show them, the placement among them."""
         from localrun.assemble import report
 
-        return report(self.settings, self.config.placement)
+        shown = report(self.settings, self.config.placement)
+        if self.template is not None:
+            shown["chat_template"] = template_setting(self.template, self.info.architecture)
+        return shown
 
 
 @dataclass(frozen=True)
@@ -313,6 +334,7 @@ class Settled:
     target: Target
     settings: RunSettings
     draft: Path | None = None
+    template: ChatTemplate | None = None  # --template, read and compiled
 
 
 def settle(
@@ -323,14 +345,16 @@ def settle(
     for speculation on auto (pulled first with ``pull_draft``, `--draft`),
     or the one `--draft-model` names (pulled if need be)."""
     from localrun.cli._resolve import draft_path
+    from localrun.runtime.model_template import given_template
 
     check_positive(threads=options.threads)
+    template = given_template(options.template) if options.template is not None else None  # before any pull
     env = current()
     entry = store.parse(model_name(model) or env.registry.default, env.registry).entry
     settings = resolve(options, entry.defaults if entry else None, env.config)  # bad values fail before a pull
     found = resolve_model(model, offline=offline, with_draft=with_draft and settings.draft == "auto")
     draft = draft_path(settings.draft, found.target, offline=offline, pull=pull_draft) if with_draft else None
-    return Settled(found.path, found.target, settings, draft)
+    return Settled(found.path, found.target, settings, draft, template)
 
 
 def plan(
@@ -372,6 +396,7 @@ def plan(
         hint_once=notes,
         draft=settled.draft,
         devices=found,
+        template=settled.template,
     )
     for warning in run.warnings:
         out().warn(warning)
@@ -453,6 +478,38 @@ def reference(resolved: PlannedRun) -> str:
     return str(target.path.absolute()) if target.path is not None else target.label
 
 
+def template_setting(chosen: ChatTemplate, architecture: str) -> dict[str, Any]:
+    """The chat template as `--json` shows a setting: its value, source and why."""
+    if chosen.origin == "gguf":
+        return {"value": "gguf", "source": "model"}
+    if chosen.origin in ("built-in", "file"):
+        return {"value": chosen.name, "source": "option"}
+    why = f"the GGUF has none; its architecture is {architecture}"
+    return {"value": chosen.name or None, "source": "default", "why": why}
+
+
+def template_unless_raw(template: str | None, raw: bool) -> str | None:
+    """`--template`, refused beside `--raw` (which renders with none)."""
+    if raw and template is not None:
+        raise UsageError("--raw sends the prompt without a chat template; --template names one", hint="drop one")
+    return template
+
+
+def say_template(resolved: PlannedRun, *, raw: bool = False, refused: bool = False) -> None:
+    """A note on stderr where the chat template is not the GGUF's own and was
+    not given: inferred from the architecture, or none, where the prompt goes
+    as is (``refused``: a command that refuses to run without one says so itself)."""
+    from localrun.runtime.model_template import template_note
+
+    if resolved.template is None or raw or (refused and resolved.template.source is None):
+        return
+    target = resolved.target
+    name = target.path.name if target.path is not None else target.label
+    note = template_note(resolved.template, name, resolved.info.architecture)
+    if note is not None:
+        out().note(note)
+
+
 def load(resolved: PlannedRun) -> Engine:
     """The engine, loaded; a retry with fewer GPU layers is said in one warning."""
     from localrun.runtime.engine import Engine
@@ -506,3 +563,13 @@ def thinking(mode: str, budget: int | None, template: str | None, model: str) ->
         out().note(f"note: {ignored}")
         return Thinking("auto", None, switches_for(template, "auto") or None, template)  # as without them
     return Thinking(mode, budget, switches_for(template, mode) or None, template)
+
+
+def warn_past_training(resolved: PlannedRun) -> None:
+    """`--ctx` beyond the context the model was trained on: allowed, said."""
+    trained, asked = resolved.info.context_length, resolved.settings.n_ctx
+    if resolved.settings.sources.get("ctx") == "option" and asked and trained and asked > trained:
+        out().warn(
+            f"--ctx {asked} is beyond the {trained} tokens {title(resolved)} was trained on: "
+            "text past them may lose its way"
+        )

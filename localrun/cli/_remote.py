@@ -40,6 +40,7 @@ _LOCAL_ONLY = {
     "flash_attn": "flash-attn",
     "threads": "threads",
     "draft": "spec",
+    "template": "template",
 }
 
 

@@ -104,13 +104,18 @@ def run(
     failed, INVALID_OUTPUT when a result does not follow its schema, INTERRUPTED on Ctrl-C."""
     from localrun.assemble import Prompts
     from localrun.cli.serve import model_id
+    from localrun.runtime.model_template import choose_template, with_template
 
     jobs = _jobs(source, settings, resume)
     if not jobs:
         return ExitCode.OK
     with Vocabulary(settled.path) as vocabulary:
+        vocabulary.info = with_template(vocabulary.info, choose_template(vocabulary.info, settled.template))
         needs = tokenize_jobs(jobs, settings, vocabulary)
-    resolved = opt.plan(settled, Prompts(needs), verbose=verbose)
+    runnable = [job for job in jobs if job.error is None]
+    shape = Prompts(needs, tuple(len(j.tokens or ()) for j in runnable), tuple(j.max_tokens or 0 for j in runnable))
+    resolved = opt.plan(settled, shape, verbose=verbose)
+    opt.say_template(resolved, raw=settings.raw)
     recorder = _history.recorder(_history.context("batch", resolved, output=output), no_log=no_log)
     model_name = model_id(resolved.target)  # the name a server would answer with, never a path
     config = resolved.config

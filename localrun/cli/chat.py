@@ -12,6 +12,7 @@ with `--json`.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,19 +20,20 @@ import typer
 
 from localrun.cli import _history
 from localrun.cli import _options as opt
+from localrun.cli import tools as tools_cli
 from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._input import read_turns
 from localrun.cli._output import out
 from localrun.cli._resolve import model_name
-from localrun.cli.generate import refuse_stats_with_json, warn_past_training
+from localrun.cli.generate import refuse_stats_with_json
 from localrun.errors import UsageError
-from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options, RunSettings, sampling_defaults
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
+    from localrun.mcp.loop import ToolLoop
     from localrun.runtime.chat import ChatSession, Conversation
     from localrun.runtime.placement import Placement
     from localrun.ui.stream import Renderer
@@ -48,14 +50,7 @@ def chat(
     continue_last: Annotated[
         bool, typer.Option("--continue", "-c", help="Continue the last conversation in the run history.")
     ] = False,
-    template: Annotated[
-        str | None,
-        typer.Option(
-            "--template",
-            help=f"Chat template when the model has none: {', '.join(BUILTIN_TEMPLATES)}.",
-            show_default=False,
-        ),
-    ] = None,
+    template: opt.Template = None,
     max_tokens: opt.MaxTokens = None,
     temperature: opt.Temperature = None,
     top_p: opt.TopP = 0.95,
@@ -93,17 +88,23 @@ def chat(
     ] = None,
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
+    mcp: tools_cli.Mcp = None,
+    no_mcp: tools_cli.NoMcp = False,
+    allow_tool: tools_cli.AllowTool = None,
+    max_tool_steps: tools_cli.MaxToolSteps = 8,
+    tool_timeout: tools_cli.ToolTimeout = 60.0,
 ) -> ExitCode:
     """Chat with a model: interactive on a terminal, one turn per line in a pipe."""
     from rich.console import Console
 
+    from localrun.cli._switch import ModelSwitch
     from localrun.cli.repl import Repl
     from localrun.runtime.chat import ChatSession, read_conversation
     from localrun.runtime.prompt import chat_template
 
     opt.check_positive(max_tokens=max_tokens)
     refuse_stats_with_json(stats, as_json)
-    temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
+    temperature, max_tokens = sampling_defaults(asked := temperature, max_tokens, current().config)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     drafting = draft_choice(spec, draft, draft_model)
     output = opt.structured_output(schema, grammar)
@@ -119,14 +120,16 @@ def chat(
         sample_on=sample_on,
         system=system,
         draft=drafting,
+        template=template,
     )
     from localrun.cli import _remote
 
     continuing = load is not None or continue_last  # on the conversation's model unless -m is given
     remote = _remote.find(model if remote_url or continuing else model_name(model), remote_url)
+    tooling = tools_cli.chat_options(mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, remote, output, asked)
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         opt.refuse_thinking(think, reasoning_budget, True)
-        _remote.refuse_local_options(options, offline=offline, load=load, template=template, grammar=grammar)
+        _remote.refuse_local_options(options, offline=offline, load=load, grammar=grammar)
         return _remote.chat(
             remote,
             system=system if system is not None else current().config.system,
@@ -148,17 +151,17 @@ def chat(
     resolved = _resolve(
         model, saved, options, offline=offline, verbose=verbose, pull_draft=draft, constrained=output is not None
     )
-    warn_past_training(resolved)
-    own = resolved.info.chat_template
-    thinking = opt.thinking(think, reasoning_budget, own if template is None else None, opt.title(resolved))
+    opt.warn_past_training(resolved)
+    opt.say_template(resolved, refused=True)
+    own = resolved.info.chat_template  # --template's, where it was given (the plan carries it)
+    thinking = opt.thinking(think, reasoning_budget, own, opt.title(resolved))
     env = current()
-    with (
-        opt.load(resolved) as engine,
-        open_draft(resolved, engine) as speculation,
-    ):
+    with contextlib.ExitStack() as loaded:  # the model and its drafter; /model NAME puts another in their place
+        engine = loaded.enter_context(opt.load(resolved))
+        speculation = loaded.enter_context(open_draft(resolved, engine))
         session = ChatSession(
             engine,
-            chat_template(engine, template),
+            chat_template(engine),
             sampling,
             system=resolved.settings.system,
             max_tokens=max_tokens,
@@ -185,10 +188,23 @@ def chat(
                 recorder=recorder,
                 markdown=_markdown(markdown),
                 report=lambda: turn_report(resolved.settings, resolved.config.placement, session),
+                switch=ModelSwitch(
+                    resolved,
+                    loaded,
+                    options,
+                    resolve=lambda name, options, constrained: _resolve(
+                        name, None, options, offline=offline, verbose=verbose, constrained=constrained
+                    ),
+                    report=turn_report,
+                    think=think,
+                    reasoning_budget=reasoning_budget,
+                    recorder=recorder,
+                ),
+                tools=tools_cli.attach(loaded, tooling, session, console),
             )
             return repl.run()
         report = turn_report(resolved.settings, resolved.config.placement, session)  # a pipe keeps its loop
-        return run_piped(session, as_json, stats, report, recorder)
+        return run_piped(session, as_json, stats, report, recorder, tools_cli.attach(loaded, tooling, session, None))
 
 
 def turn_report(settings: RunSettings, placement: Placement, session: ChatSession) -> dict[str, Any]:
@@ -252,6 +268,7 @@ def run_piped(
     show_stats: bool,
     settings: dict[str, object] | None = None,
     recorder: Recorder | None = None,
+    tools: ToolLoop | None = None,
 ) -> ExitCode:
     from localrun.cli._signals import ctrl_c_stops
     from localrun.runtime.generate import finished
@@ -271,9 +288,9 @@ def run_piped(
             if as_json
             else PlainRenderer(env.stdout, env.stderr, show_stats=show_stats, show_thinking=session.think == "show")
         )
-        with ctrl_c_stops(session.engine), finished(session.reply(plan)) as replies:
+        with ctrl_c_stops(session.engine), finished(tools_cli.reply(session, plan, tools)) as replies:
             watched = recorder.watch_turn(session.turns, replies, system=session.system) if recorder else replies
-            final = renderer.render(watched)
+            final = renderer.render(tools_cli.piped(watched, as_json, env.stdout, {"turn": turn}, tools, recorder))
         if recorder is not None:
             recorder.flush(_history.exit_status(final))  # after the reply is shown
         if final.stop_reason == "interrupted":

@@ -9,6 +9,7 @@ import typer
 
 from localrun.cli import _history
 from localrun.cli import _options as opt
+from localrun.cli import tools as tools_cli
 from localrun.cli._draft import Draft, DraftModel, Spec, draft_choice, open_draft
 from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
@@ -66,16 +67,6 @@ def one_prompt(argument: str | None, option: str | None, file: Path | None) -> s
     except OSError as exc:
         raise UsageError(f"-f {file}: {why_failed(exc)}") from None
     return checked(raw.decode("utf-8", errors="surrogateescape"), f"-f {file}")
-
-
-def warn_past_training(resolved: opt.PlannedRun) -> None:
-    """`--ctx` beyond the context the model was trained on: allowed, said."""
-    trained, asked = resolved.info.context_length, resolved.settings.n_ctx
-    if resolved.settings.sources.get("ctx") == "option" and asked and trained and asked > trained:
-        out().warn(
-            f"--ctx {asked} is beyond the {trained} tokens {opt.title(resolved)} was trained on: "
-            "text past them may lose its way"
-        )
 
 
 def refuse_stats_with_json(stats: bool, as_json: bool) -> None:
@@ -234,6 +225,7 @@ def generate(
     draft: Draft = False,
     draft_model: DraftModel = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    template: opt.Template = None,
     prompt_cache: Annotated[
         bool | None,
         typer.Option(
@@ -269,12 +261,17 @@ def generate(
     resume: Annotated[
         Path | None, typer.Option("--resume", help="--batch: skip the ids already in this file; append to it.")
     ] = None,
+    mcp: tools_cli.Mcp = None,
+    no_mcp: tools_cli.NoMcp = False,
+    allow_tool: tools_cli.AllowTool = None,
+    max_tool_steps: tools_cli.MaxToolSteps = 8,
+    tool_timeout: tools_cli.ToolTimeout = 60.0,
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
     prompt = one_prompt(prompt, prompt_option, prompt_file)
     opt.check_positive(max_tokens=max_tokens, parallel=parallel)
     refuse_stats_with_json(stats, as_json)
-    temperature, max_tokens = sampling_defaults(temperature, max_tokens, current().config)
+    temperature, max_tokens = sampling_defaults(asked := temperature, max_tokens, current().config)
     sampling = opt.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     stops = opt.check_stops(stop)
     speculation = draft_choice(spec, draft, draft_model)
@@ -292,11 +289,22 @@ def generate(
         system=system,
         draft=speculation,
         parallel=parallel,
+        template=opt.template_unless_raw(template, raw),
     )
     from localrun.cli import _remote
 
     remote = _remote.find(model if remote_url else model_name(model), remote_url)
     opt.refuse_thinking(think, reasoning_budget, remote is not None or batch is not None)
+    if (
+        tooling := tools_cli.generate_options(
+            mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, remote, batch, raw, output, prompt_cache
+        )
+    ) is not None:  # the model may call tools: localrun/cli/tools.py
+        return _with_tools(prompt, model, options, rpc, tooling, (parallel, unordered, resume), offline=offline,
+                           verbose=verbose, draft=draft, sampling=tools_cli.tool_sampling(sampling, asked),
+                           max_tokens=max_tokens, stops=stops,
+                           as_json=as_json, stats=stats, think=think, reasoning_budget=reasoning_budget,
+                           no_log=no_log)  # fmt: skip
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         _remote.refuse_local_options(options, offline=offline, prompt_cache=prompt_cache, grammar=grammar)
         return _on_remote(
@@ -334,7 +342,8 @@ def generate(
     instruction, material = read_prompt(prompt)
     workload = _one_sequence((instruction, material, system), max_tokens, constrained=output is not None)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, pull_draft=draft, workload=workload)
-    warn_past_training(resolved)
+    opt.warn_past_training(resolved)
+    opt.say_template(resolved, raw=raw)
     thinking = opt.thinking(think, reasoning_budget, None if raw else resolved.info.chat_template, opt.title(resolved))
     with opt.load(resolved) as engine:
         built = build_prompt(
@@ -371,13 +380,50 @@ def generate(
     return _exit_code(final, output, as_json)
 
 
+def _with_tools(
+    prompt: str | None,
+    model: str | None,
+    options: Options,
+    rpc: str | None,
+    tooling: tools_cli.ToolOptions,
+    for_batch: tuple[int | None, bool, Path | None],
+    *,
+    offline: bool,
+    verbose: bool,
+    draft: bool,
+    sampling: SamplingParams,
+    max_tokens: int | None,
+    stops: tuple[str, ...],
+    as_json: bool,
+    stats: bool,
+    think: str,
+    reasoning_budget: int | None,
+    no_log: bool,
+) -> ExitCode:
+    """`generate` with MCP tools: the prompt, the model, then one turn of a chat with its tool loop."""
+    _refuse_batch_options(*for_batch)
+    servers = tools_cli.server_list(tooling)
+    assert servers is not None
+    opt.use_rpc(rpc)
+    instruction, material = read_prompt(prompt)
+    workload = _one_sequence((instruction, material, options.system, tools_cli.ROOM), max_tokens, constrained=True)
+    resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, pull_draft=draft, workload=workload)
+    opt.warn_past_training(resolved)
+    return tools_cli.generate(resolved, instruction, material, servers, tooling, sampling=sampling,
+                              max_tokens=max_tokens, stops=stops, as_json_out=as_json, stats=stats, think=think,
+                              reasoning_budget=reasoning_budget, no_log=no_log)  # fmt: skip
+
+
 def _one_sequence(texts: tuple[str | None, ...], max_tokens: int | None, *, constrained: bool) -> OneSequence:
     """The run's workload: one sequence, its context need guessed from the prompt's length."""
     from localrun.assemble import OneSequence
-    from localrun.runtime.placement import run_extent
+    from localrun.runtime.placement import prompt_estimate, run_extent
 
-    need, depth = run_extent(sum(len(text) for text in texts if text), max_tokens)
-    return OneSequence(need=need, depth=depth, constrained=constrained)
+    chars = sum(len(text) for text in texts if text)
+    need, depth = run_extent(chars, max_tokens)
+    return OneSequence(
+        need=need, depth=depth, constrained=constrained, prompt=prompt_estimate(chars), answer=max_tokens
+    )
 
 
 def _refuse_batch_options(parallel: int | None, unordered: bool, resume: Path | None) -> None:

@@ -26,6 +26,8 @@ def _flash_attn_auto(path: Path) -> tuple[str, str]:
     from localrun.tune.apply import find
 
     wisdom = find(path, hint_once=False).wisdom
+    if wisdom is not None and wisdom.rates is not None:
+        return "by shape", "chosen with the KV types for each run's prompt and answer from localrun tune's rates"
     curve = wisdom.flash_attn if wisdom is not None else None
     if curve is None:
         return "auto", "llama.cpp decides as it loads the model; `localrun tune` measures which is faster here"
@@ -35,6 +37,25 @@ def _flash_attn_auto(path: Path) -> tuple[str, str]:
     if mode is None:
         return "auto", f"llama.cpp decides as it loads the model: on and off measured alike here{where}"
     return mode, f"{mode}: measured faster here over depths {', '.join(map(str, curve.depths))}{where}"
+
+
+def _by_shape(path: Path) -> tuple[list[dict[str, object]], list[str]]:
+    """What this machine's rates pick for a few shapes of run (none without
+    them), as --json's rows and as lines."""
+    from localrun.tune.apply import examples, find, pick_text
+
+    picks = examples(find(path, hint_once=False).wisdom)
+    rows: list[dict[str, object]] = [
+        {
+            "shape": {"prompt": run.prompt, "answer": run.answer, "start": run.start, "what": run.what},
+            "setting": pick.label or pick.default,
+            "source": "wisdom" if pick.label is not None else "default",
+            "why": pick_text(pick),
+            "seconds": {k: round(v, 3) for k, v in pick.seconds.items()},
+        }
+        for run, pick in picks
+    ]
+    return rows, [f"    {run.describe()}: {pick_text(pick)}" for run, pick in picks]
 
 
 def pull(
@@ -73,6 +94,22 @@ def pull(
         _tune_once(paths[0])
 
 
+def busy_now(readings: int = 5, gap_s: float = 0.2) -> str | None:
+    """Whether other processes keep the CPUs busy now, read ``readings`` times
+    over about a second (`localrun.runtime.load`): why, or None on a quiet machine."""
+    import time
+
+    from localrun.runtime.load import LoadWatch
+
+    watch = LoadWatch()
+    for i in range(readings):
+        if i:
+            time.sleep(gap_s)
+        watch.read()
+    why = watch.busy()
+    return None if why is None else why.replace("samples", "readings")
+
+
 def _tune_once(path: Path) -> None:
     """`localrun tune` on a model this machine has no wisdom for; a model that
     cannot be measured is a warning: the download stands."""
@@ -81,6 +118,10 @@ def _tune_once(path: Path) -> None:
     from localrun.tune.apply import find
 
     if find(path, hint_once=False).wisdom is not None:
+        return
+    busy = busy_now()
+    if busy is not None:  # what it measured would be discarded: the minute is not spent
+        out().note(f"not measuring {path.name} now ({busy}); `localrun tune` measures it on a quiet machine")
         return
     try:
         run_tune(path)
@@ -134,7 +175,7 @@ def _rows() -> list[ListRow]:
                 download_bytes=entry.size,
                 quant=entry.quant,
                 draft=entry.draft,
-                source=f"hf://{entry.repo}/{entry.file}",
+                source=str(entry.path) if entry.path is not None else f"hf://{entry.repo}/{entry.file}",
                 mirrors=len(entry.mirrors),
                 default=entry.alias == default,
                 path=str(path) if path else None,
@@ -335,6 +376,7 @@ def show(
     budget_bytes = placement.budget
     kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
     fa_mode, fa_why = _flash_attn_auto(path)
+    by_shape, by_shape_lines = _by_shape(path)
     fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
     record = {
         "name": info.name,
@@ -363,6 +405,7 @@ def show(
         "budget_bytes": budget_bytes,
         "max_context": fits,
         "flash_attn_auto": fa_mode,
+        "kv_flash_attn_by_shape": by_shape,
         "placement": placement.to_json(),
         "wait": openmp.policy().as_setting(),
         "gpus": [
@@ -392,6 +435,7 @@ def show(
         f"  memory           {_memory_text(info)}",
         f"  attention        {heads if info.attention_layers else 'none'}",
         f"  flash attention  auto: {fa_why}",
+        *by_shape_lines,
         f"  trained context  {info.context_length} tokens",
         f"  vocabulary       {info.vocab_size} tokens",
         f"  chat template    {'yes' if info.has_chat_template else 'no (use --raw)'}",

@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -28,10 +28,14 @@ from localrun.ui.stream import LiveRenderer
 from localrun.ui.text import oldest_turns, session_line, stats_line
 from localrun.units import count
 
+if TYPE_CHECKING:
+    from localrun.cli._switch import ModelSwitch
+    from localrun.mcp.loop import ToolLoop
+
 MULTILINE = '"""'
 QUIT_WORDS = frozenset({"exit", "quit"})  # a line of only one of these ends the session, as in a shell
 
-# `/set parameter NAME VALUE` (ollama's names): the sampling field each sets, and its type
+# `/set NAME VALUE` and `/set parameter NAME VALUE` (ollama's names): the sampling field each sets, and its type
 PARAMETERS: dict[str, tuple[str, type[int] | type[float]]] = {
     "temperature": ("temperature", float),
     "top_k": ("top_k", int),
@@ -42,7 +46,10 @@ PARAMETERS: dict[str, tuple[str, type[int] | type[float]]] = {
     "seed": ("seed", int),
     "num_predict": ("max_tokens", int),
 }
+# the command line's spellings of the same settings (`--max-tokens`, `--top-p`...)
+SPELLINGS = {"max_tokens": "num_predict", "temp": "temperature", "n_predict": "num_predict"}
 AT_START = {"num_ctx": "--ctx", "num_gpu": "--gpu-layers", "num_thread": "--threads"}  # fixed once loaded
+UNSET = frozenset({"none", "random", "off", "default"})  # `/set seed random`, `/set num_predict none`
 
 
 def line_editing(history: Path | None = None) -> None:
@@ -82,8 +89,12 @@ class Repl:
         recorder: Recorder | None = None,
         markdown: bool = True,
         report: Callable[[], dict[str, Any]] | None = None,
+        switch: ModelSwitch | None = None,
+        tools: ToolLoop | None = None,
     ) -> None:
         self.session = session
+        self.tools = tools  # MCP tools the model may call (localrun/cli/tools.py)
+        self.switch = switch  # loads another model for /model NAME (None: the session keeps its model)
         self.report = report  # the settings a turn's record shows, for the loop it runs (/draft, /schema)
         self.markdown = markdown  # replies shown as Markdown, else as the model wrote them (/markdown)
         self.recorder = recorder  # the run history's: each turn logged after it is shown
@@ -104,8 +115,15 @@ class Repl:
             "/save": Command("/save FILE", "save the conversation as JSON (chat --load FILE resumes it)", self._save),
             "/load": Command("/load FILE", "load a saved conversation", self._load),
             "/set": Command(
-                "/set parameter NAME VALUE", "a sampling setting (temperature, top_k, ...); /set system TEXT", self._set
+                "/set [NAME VALUE]",
+                "the settings, or one (temperature, top_p, top_k, min_p, seed, num_predict...); /set system TEXT",
+                self._set,
             ),
+            "/model": Command("/model [NAME]", "the model; go on with another (the conversation carries)", self._model),
+            "/show": Command(
+                "/show [info|parameters|system|template]", "the model, its shape and the settings", self._show
+            ),
+            "/tools": Command("/tools", "the tools the model may call, and which run without asking", self._tools),
             "/exit": Command("/exit", "end the session (also /bye, exit, quit or Ctrl-D)", lambda _: False),
         }
         self.aliases = {"/bye": "/exit", "/?": "/help"}  # ollama's spellings
@@ -208,6 +226,8 @@ class Repl:
             return True
 
     def _turn(self, text: str, *, retry: bool = False) -> None:
+        if self.tools is not None:
+            self.tools.bind(self.session)  # the session /model started, where it did
         try:
             plan = self.session.retry() if retry else self.session.plan(text)
         except LocalrunError as exc:
@@ -220,6 +240,13 @@ class Repl:
             )
         if self.recorder is not None and self.report is not None:
             self.recorder.context.settings = {**(self.recorder.context.settings or {}), **self.report()}
+        if self.tools is not None:  # the model may call tools: localrun/cli/tools.py
+            from localrun.cli.tools import terminal_turn
+
+            terminal_turn(
+                self.tools, plan, self.console, title=self.title, markdown=self.markdown, recorder=self.recorder
+            )
+            return
         renderer = LiveRenderer(self.console, title=self.title, markdown=self.markdown)
         with (
             ctrl_c_stops(self.session.engine),
@@ -238,6 +265,12 @@ class Repl:
             self.console.print("reply interrupted; it stays in the conversation (/retry to redo it)", style="yellow")
 
     # -- commands --
+
+    def _tools(self, _: str) -> bool:
+        from localrun.cli.tools import show_tools
+
+        show_tools(self.tools, self.console)
+        return True
 
     def _help(self, _: str) -> bool:
         rows = [(command.usage, command.help) for command in self.commands.values()]
@@ -267,34 +300,135 @@ class Repl:
         self.console.print("system prompt set; new conversation", style="dim")
         return True
 
+    def settings(self) -> dict[str, str]:
+        """The settings `/set` changes, by ollama's names, as they stand."""
+        sampling = self.session.sampling
+        shown: dict[str, str] = {}
+        for name, (field_name, _) in PARAMETERS.items():
+            value = self.session.max_tokens if field_name == "max_tokens" else getattr(sampling, field_name)
+            shown[name] = "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        shown["num_predict"] += "" if self.session.max_tokens else " (until the context is full)"
+        shown["seed"] += "" if sampling.seed is not None else " (random)"
+        shown["system"] = self.session.system or "(none)"
+        return shown
+
+    def _print_rows(self, rows: dict[str, str]) -> None:
+        wide = max(len(name) for name in rows)
+        for name, value in rows.items():
+            self.console.print(f"  {name:<{wide}}  {value}", markup=False, highlight=False, soft_wrap=True)
+
     def _set(self, arg: str) -> bool:
-        """ollama's `/set`: `parameter NAME VALUE` and `system TEXT`; what only a
-        start can change names the option that does."""
+        """`/set NAME VALUE` (``temperature 0.5``), ollama's `/set parameter
+        NAME VALUE` and `/set system TEXT`; a bare `/set` lists the settings.
+        What only a start can change names the option that does."""
         what, _, rest = arg.partition(" ")
+        if not what or (what == "parameter" and not rest.strip()):
+            self._print_rows(self.settings())
+            self.console.print("/set NAME VALUE changes one; /set system TEXT the system prompt", style="dim")
+            return True
         if what == "system":
             return self._system(rest.strip())
-        if what != "parameter":
-            raise UsageError(
-                f"/set {what or '...'} is not a setting here", hint="/set parameter NAME VALUE or /set system TEXT"
-            )
-        name, _, value = rest.strip().partition(" ")
+        if what == "parameter":
+            what, _, rest = rest.strip().partition(" ")
+        name = what.lower().replace("-", "_")
+        name = SPELLINGS.get(name, name)
         if name in AT_START:
             raise UsageError(f"{name} is fixed once the model is loaded", hint=f"start chat with {AT_START[name]}")
         if name not in PARAMETERS:
-            raise UsageError(f"unknown parameter {name!r}", hint=f"one of {', '.join(PARAMETERS)}")
-        field_name, kind = PARAMETERS[name]
-        try:
-            number = kind(value.strip())
-        except ValueError:
-            raise UsageError(f"/set parameter {name} takes a number, not {value.strip()!r}") from None
+            raise UsageError(
+                f"unknown setting {what!r}", hint=f"one of {', '.join(PARAMETERS)}, system; /set lists them"
+            )
+        field_name = PARAMETERS[name][0]
+        number = self._value(name, rest.strip())
         if field_name == "max_tokens":
-            if number < 1:
+            if number is not None and number < 1:
                 raise UsageError("num_predict must be at least 1")
-            self.session.max_tokens = int(number)
+            self.session.max_tokens = None if number is None else int(number)
         else:
             changed: dict[str, Any] = {field_name: number}
             self.session.sampling = checked_sampling(replace(self.session.sampling, **changed))
-        self.console.print(f"{name} set to {number}", style="dim")
+        self.console.print(f"{name} set to {self.settings()[name]}", style="dim")
+        return True
+
+    def _value(self, name: str, value: str) -> int | float | None:
+        """``value`` as the setting ``name`` takes it (None: the seed or the length left to chance or the context)."""
+        field_name, kind = PARAMETERS[name]
+        if not value:
+            raise UsageError(f"/set {name} needs a value", hint=f"it is {self.settings()[name]}")
+        if value.lower() in UNSET and field_name in ("seed", "max_tokens"):
+            return None
+        try:
+            return kind(value)
+        except ValueError:
+            raise UsageError(f"/set {name} takes a number, not {value!r}") from None
+
+    def model_info(self) -> dict[str, str]:
+        """The model as `/show info` gives it: its name, file and shape."""
+        from localrun.gguf.info import describe as shape_of
+        from localrun.units import human_bytes
+
+        engine = self.session.engine
+        shape = shape_of(engine.info)
+        rows = {
+            "model": self.session.model or self.title,
+            "file": str(engine.info.path),
+            "architecture": shape.architecture,
+            "parameters": f"{shape.parameters / 1e9:.2f}B" if shape.parameters >= 1e8 else f"{shape.parameters:,}",
+            "quantization": shape.quantization,
+            "size": human_bytes(shape.weights_bytes),
+            "layers": str(shape.layers),
+            "context": f"{engine.n_ctx} tokens (trained on {engine.n_ctx_train})",
+            "chat template": "the model's own" if shape.has_chat_template else "a built-in one",
+        }
+        if self.session.speculation is not None:
+            rows["speculation"] = f"{self.session.speculation.label} ({'on' if self.session.use_draft else 'off'})"
+        return rows
+
+    def _show(self, arg: str) -> bool:
+        """ollama's `/show`: info, parameters, system, template; bare, the model's info and the settings."""
+        what = arg.strip().lower()
+        if what in ("", "info"):
+            self._print_rows(self.model_info())
+        if what in ("", "parameters"):
+            if not what:
+                self.console.print("settings (/set NAME VALUE):", style="dim")
+            settings = self.settings()
+            settings.pop("system")
+            self._print_rows(settings)
+        if what == "system":
+            self.console.print(self.session.system or "(no system prompt)", markup=False, highlight=False)
+        elif what == "template":
+            self.console.print(self.session.template, markup=False, highlight=False, soft_wrap=True)
+        elif what not in ("", "info", "parameters"):
+            raise UsageError(f"/show {what} is not known here", hint="/show info, parameters, system or template")
+        return True
+
+    def _model(self, arg: str) -> bool:
+        """`/model NAME`: the session goes on with the model named; bare, the model in use."""
+        name = arg.strip()
+        if not name:
+            self.console.print(f"model: {self.session.model or self.title}", markup=False, highlight=False)
+            if self.switch is not None:
+                self.console.print("/model NAME goes on with another; localrun list shows them", style="dim")
+            return True
+        if self.switch is None:
+            raise UsageError("this session cannot change its model", hint="start another: localrun chat -m NAME")
+        with self.console.status(f"loading {name}...", spinner="dots"):
+            switched = self.switch(name, self.session)
+        self.session, self.title = switched.session, switched.title
+        if self.report is not None:
+            switch = self.switch
+            self.report = lambda: switch.report(self.session)
+        if switched.failed is not None:
+            self.console.print(f"error: {describe(switched.failed)}", style="red")
+            self.console.print(f"going on with {self.title}", style="dim")
+            return True
+        carried = (
+            f"; the conversation of {count(len(self.session.turns), 'turn')} goes on" if self.session.turns else ""
+        )
+        self.console.print(
+            f"[bold]{self.title}[/bold] · context {self.session.engine.n_ctx} tokens{carried}", style="dim"
+        )
         return True
 
     def _retry(self, _: str) -> bool:

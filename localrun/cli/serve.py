@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -15,7 +16,6 @@ from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
 from localrun.errors import UsageError
-from localrun.runtime.templates import BUILTIN_TEMPLATES
 from localrun.settings import Options
 
 if TYPE_CHECKING:
@@ -55,7 +55,6 @@ def _plans(
     offline: bool,
     verbose: bool,
     queue: int,
-    template: str | None,
     spec: str = "lookup",
     prompt_cache: bool = True,
     pooling: str = "auto",
@@ -75,6 +74,7 @@ def _plans(
             name, options, offline=offline, verbose=verbose, with_draft=False, workload=Slots(), devices=found
         )
         assert resolved.run is not None  # planned just now
+        opt.say_template(resolved, refused=True)  # one without any: the server says so once loaded
         ident = model_id(resolved.target)
         if any(p.id == ident for p in plans):
             raise UsageError(f"two models would both be called {ident!r}", hint="serve each once")
@@ -89,7 +89,6 @@ def _plans(
                 names=frozenset(given - {ident}),
                 run=resolved.run,
                 max_queue=queue,
-                template=template,
                 system=resolved.settings.system,
                 speculate=spec == "lookup",
                 prompt_cache=prompt_cache,
@@ -111,8 +110,10 @@ def _check(*, port: int, queue: int, grace: float, spec: str, ctx: str | None, t
         raise UsageError(f"--spec {spec!r}: use lookup or none", hint="a server drafts by prompt lookup only")
     if ctx == "auto":
         raise UsageError("--ctx auto gives one context all the memory; a server has slots", hint="use --ctx N")
-    if template is not None and template not in BUILTIN_TEMPLATES:
-        raise UsageError(f"unknown chat template {template!r}", hint=f"use one of {', '.join(BUILTIN_TEMPLATES)}")
+    if template is not None:
+        from localrun.runtime.model_template import given_template
+
+        given_template(template)  # a file that cannot be read or compiled is refused before any model loads
 
 
 def _idle_unload(text: str, parse: Callable[[object, str], float]) -> float | None:
@@ -138,8 +139,42 @@ def _pulled(plan: Callable[[str], ModelPlan]) -> list[Servable]:
     return pulled
 
 
+def _in_dir(folder: Path, plan: Callable[[str], ModelPlan]) -> list[Servable]:
+    """`--models-dir`: each GGUF in ``folder`` and its subfolders one level
+    down (a split model by its first shard; no projector file), servable on
+    demand under its file's name without .gguf."""
+    from localrun.serve.router import Servable
+    from localrun.store.ggufs import is_split
+
+    files = sorted(folder.glob("*.gguf")) + sorted(folder.glob("*/*.gguf"))
+    servable = []
+    for file in files:
+        if file.name.startswith("mmproj") or (is_split(file.name) and "-00001-of-" not in file.name):
+            continue
+        servable.append(Servable(file.stem, frozenset({file.name}), functools.partial(plan, str(file))))
+    return servable
+
+
+def _servable(plan: Callable[[str], ModelPlan], folder: Path | None) -> Callable[[], list[Servable]]:
+    """What the server may load on demand, looked up again when a request names a model it does not know:
+    every model pulled (or named by a `path` in models.toml), and the GGUFs of --models-dir."""
+
+    def servable() -> list[Servable]:
+        return _pulled(plan) + (_in_dir(folder, plan) if folder is not None else [])
+
+    return servable
+
+
 def serve_command(
     model: Models = None,
+    models_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--models-dir",
+            help="Serve the GGUF files of this folder (and its subfolders) on demand, each by its file's name.",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on; other than loopback needs --api-key or --no-auth.")
     ] = "127.0.0.1",
@@ -153,7 +188,12 @@ def serve_command(
         ),
     ] = None,
     queue: Annotated[
-        int, typer.Option("--queue", help="Requests that may wait for a slot; more get 503 with Retry-After.")
+        int,
+        typer.Option(
+            "--queue",
+            help="Requests that may wait for a slot (each model), or for a model to load (all together); "
+            "more get 503 with Retry-After.",
+        ),
     ] = 16,
     api_key: Annotated[
         str | None,
@@ -172,19 +212,15 @@ def serve_command(
         list[str] | None,
         typer.Option("--cors", help="Let web pages from this origin call the API (repeatable).", show_default=False),
     ] = None,
+    no_metrics: Annotated[
+        bool, typer.Option("--no-metrics", help="Do not serve GET /metrics (Prometheus' format, behind the key).")
+    ] = False,
     grace: Annotated[
         float, typer.Option("--grace", help="Seconds in-flight requests may finish after Ctrl-C or SIGTERM.")
     ] = 10.0,
     offline: opt.Offline = False,
     system: opt.System = None,
-    template: Annotated[
-        str | None,
-        typer.Option(
-            "--template",
-            help=f"Chat template when the model has none: {', '.join(BUILTIN_TEMPLATES)}.",
-            show_default=False,
-        ),
-    ] = None,
+    template: opt.Template = None,
     ctx: Annotated[
         str | None,
         typer.Option("--ctx", help="Each slot's context in tokens (default: 4096, at most the trained context)."),
@@ -227,6 +263,14 @@ def serve_command(
             "Models given with -m stay.",
         ),
     ] = "5m",
+    queue_timeout: Annotated[
+        str,
+        typer.Option(
+            "--queue-timeout",
+            help="How long a request for a model that cannot load yet (--models-max reached, or no memory) "
+            "waits for a loaded one to go idle and make room (5m, 30s, seconds); then 503 with Retry-After.",
+        ),
+    ] = "5m",
     pooling: opt.Pooling = "auto",
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
@@ -247,6 +291,7 @@ def serve_command(
     if models_max < 0:
         raise UsageError("--models-max must be 0 or more")
     idle_s = _idle_unload(idle_unload, parse_duration)
+    queue_timeout_s = parse_duration(queue_timeout, "--queue-timeout")
     check_exposure(host, api_key, no_auth)
     opt.use_rpc(rpc)
     env = current()
@@ -262,6 +307,7 @@ def serve_command(
         system=system,
         draft="none",
         parallel=parallel,
+        template=template,
     )
     contexts: dict[str, RunContext] = {}
     one_arena()  # before any model's thread: what an unload frees can go back to the system
@@ -274,7 +320,6 @@ def serve_command(
             offline=offline,
             verbose=verbose,
             queue=queue,
-            template=template,
             spec=spec,
             prompt_cache=not no_prompt_cache,
             pooling=pooling,
@@ -282,17 +327,30 @@ def serve_command(
             found=found,
         )
 
+    if models_dir is not None and not models_dir.is_dir():
+        raise UsageError(f"--models-dir {models_dir}: not a folder")
     pinned = plans(list(model), offline) if model else []
-    servable = _pulled(lambda alias: plans([alias], True)[0])  # beside the -m ones (the table skips those)
+    discover = _servable(lambda name: plans([name], True)[0], models_dir)  # beside the -m ones (the table skips those)
+    servable = discover()
     if not pinned and not servable:
-        raise UsageError("no model is pulled to serve", hint="localrun pull MODEL, or serve -m MODEL")
+        out().note(
+            "no model is pulled yet: the server starts, and serves a model once it is pulled "
+            f"(localrun pull MODEL, e.g. localrun pull {env.registry.default}; localrun list --all names them)"
+        )
     table = ModelTable(
-        load_models(pinned), env.registry, servable=servable, models_max=models_max, idle_unload_s=idle_s
+        load_models(pinned),
+        env.registry,
+        servable=servable,
+        discover=discover,
+        models_max=models_max,
+        idle_unload_s=idle_s,
+        queue_timeout_s=queue_timeout_s,
+        max_waiting=queue,
     )
     for served in table.models:
         for notice in served.notices:
             out().warn(f"{served.id}: {notice}")
-    settings = AppSettings(api_key=api_key, cors=tuple(cors or ()))
+    settings = AppSettings(api_key=api_key, cors=tuple(cors or ()), metrics=not no_metrics)
     with (
         ServeView(env.stderr, terminal=bool(env.stderr_isatty)) as view,
         _history.ServeLog(contexts, no_log=no_log) as log,

@@ -319,6 +319,20 @@ for _command in ("generate", "chat"):
             CASES.add(_command, f"{_flag[2:]}-{_kind}", _spec_case(_command, _flag, _kind))
 
 
+def _template_file_case(command: str, kind: str) -> Case:
+    def case(w: World) -> Expect:
+        path = w.bad(w.tmp / "chat.jinja", kind)
+        tail = {"generate": [*GEN, "hi"], "template": ["hi"], "serve": ["--port", "0"]}.get(command, [])
+        return Expect([*model_args(w), "--template", str(path), *tail], ExitCode.USAGE, path, input="hi\n")
+
+    return case
+
+
+for _command in ("template", "generate", "chat", "serve"):
+    for _kind in ("missing", "folder", "empty", "not_utf8", "unreadable"):
+        CASES.add(_command, f"template-file-{_kind}", _template_file_case(_command, _kind))
+
+
 def _resume_case(kind: str) -> Case:
     def case(w: World) -> Expect:
         path = w.bad_place(w.tmp / "results.jsonl", kind)

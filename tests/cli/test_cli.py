@@ -57,7 +57,7 @@ def test_json_event_contract(tiny_model: Path) -> None:
     }
     assert set(done["draft"]) == {"drafter", "proposed", "accepted"}
     names = {"ctx", "type_k", "type_v", "flash_attn", "threads", "draft", "parallel", "n_ubatch", "sample_on"}
-    assert set(done["settings"]) == names | {"placement", "memory_budget", "wait"}
+    assert set(done["settings"]) == names | {"placement", "memory_budget", "wait", "chat_template"}
     wait = done["settings"]["wait"]  # how llama.cpp's idle threads wait: this process's policy, and why
     assert wait["value"].split()[0] in ("spin", "sleep-soon", "user") and wait["why"]
     assert done["settings"]["placement"]["value"] == "CPU" and done["settings"]["placement"]["why"]

@@ -16,6 +16,7 @@ import pytest
 from localrun import config, paths
 from localrun.errors import ConfigError, UsageError
 from localrun.runtime.chat import read_conversation
+from localrun.tune.wisdom import VERSION as WISDOM_VERSION
 from localrun.tune.wisdom import WisdomFile, wisdom_file
 from tests.helpers import cli
 
@@ -110,7 +111,7 @@ def test_move_aside_never_overwrites_an_earlier_one(tmp_path: Path) -> None:
     [
         (b'{"version": 1, "entries": [', "not valid JSON"),
         (b"\xff\xfe garbage", "not UTF-8 text"),
-        (b'{"version": 99, "entries": []}', "not a wisdom file of version 1"),
+        (b'{"version": 99, "entries": []}', f"not a wisdom file of version {WISDOM_VERSION}"),
         (b'{"version": 1, "entries": [{"model": 3}]}', "entry 1 is ignored"),
     ],
 )
@@ -123,7 +124,7 @@ def test_damaged_wisdom_is_moved_aside_before_a_new_one_is_written(content: byte
     assert path.read_bytes() == content  # loading changes nothing
     found.save()
     assert found.moved_to is not None and found.moved_to.read_bytes() == content
-    assert json.loads(path.read_text())["version"] == 1
+    assert json.loads(path.read_text())["version"] == WISDOM_VERSION
 
 
 def test_tune_keeps_damaged_wisdom_aside(tiny_model: Path) -> None:

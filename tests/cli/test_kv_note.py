@@ -72,19 +72,12 @@ def test_a_type_measured_faster_is_not_said_on_every_run(wide_model: Path) -> No
     """The wisdom found q8_0 faster here: every run takes it, as it takes the tuned
     thread count, without a note each time; --json says why."""
     from localrun.tune.machine import this_machine
-    from localrun.tune.wisdom import Decision, ModelKey, Wisdom, WisdomFile
+    from localrun.tune.wisdom import ModelKey, Rates, Wisdom, WisdomFile
 
     wisdom = WisdomFile.load()
-    costs = {"f16/f16": 20.0, "q8_0/q8_0": 10.0}
-    wisdom.put(
-        Wisdom(
-            this_machine(),
-            ModelKey.of(wide_model),
-            "f16/f16",
-            "2026-12-05T00:00:00+00:00",
-            kv_cost=Decision("q8_0/q8_0", costs, "ms/token"),
-        )
-    )
+    halves = {"f16/f16 fa on": (20.0, 20.0), "f16/f16 fa off": (20.0, 20.0), "q8_0/q8_0 fa on": (10.0, 10.0)}
+    rates = Rates((100, 300), {k: (1e3 / ms[0], 1e3 / ms[1]) for k, ms in halves.items()}, (32, 400), halves)
+    wisdom.put(Wisdom(this_machine(), ModelKey.of(wide_model), "f16/f16", "2026-12-05T00:00:00+00:00", rates=rates))
     wisdom.save()
     for command in (["generate", "-m", str(wide_model), "-n", "2", "hi"], ["chat", "-m", str(wide_model), "-n", "2"]):
         code, _, err = at_terminal(*command)
@@ -92,7 +85,7 @@ def test_a_type_measured_faster_is_not_said_on_every_run(wide_model: Path) -> No
     code, out, _ = at_terminal("generate", "--json", "-m", str(wide_model), "-n", "2", "hi")
     settings = json.loads(out.splitlines()[-1])["settings"]
     assert settings["type_k"]["value"] == "q8_0" and settings["type_k"]["source"] == "wisdom"
-    assert "decoded 2.00x as fast here" in settings["type_k"]["why"]
+    assert "predicted 2.00x as fast as f16/f16 fa on" in settings["type_k"]["why"]
 
 
 def test_chats_kv_note_speaks_of_the_context_it_has(long_wide_model: Path) -> None:

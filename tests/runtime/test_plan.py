@@ -188,9 +188,7 @@ def test_served_models_share_the_gpu(pair: tuple[Path, Path], monkeypatch: pytes
     shape = describe(read_gguf(target))
     room = whole(shape, 4 * 512) * 3 // 2  # one model with four slots of 512 tokens, not two
     gpu = FakeGpu(monkeypatch, room)
-    plans = _plans(
-        [str(target), str(other)], Options(draft="none"), offline=True, verbose=False, queue=1, template=None
-    )
+    plans = _plans([str(target), str(other)], Options(draft="none"), offline=True, verbose=False, queue=1)
     models = load_models(plans)
     try:
         assert len(models) == 2 and sum(held.total for held in gpu.contexts) <= room  # both at once
