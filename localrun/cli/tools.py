@@ -100,9 +100,8 @@ def server_list(options: ToolOptions) -> ServerList | None:
 
 
 # With tools, the temperature when neither --temperature nor config.toml gives
-# one: sampled at the usual 0.8, Qwen2.5-Coder 1.5B answered from its tools'
-# results 4 of 10 times (it declined to call, or wrote a call as its answer);
-# greedy, 9 of 10.
+# one: at llama.cpp's 0.8 small models often decline to call, or write a call
+# as their answer (docs/benchmarks.md, "Tools in the terminal").
 TOOL_TEMPERATURE = 0.2
 
 
@@ -520,11 +519,15 @@ def generate(
             engine.abort_requested = True
 
         ask = terminal_ask(console, abort) if interactive and console is not None else None
-        loop = ToolLoop(session, host, approval(options, host, ask), max_steps=options.max_steps,
-                        timeout=options.timeout)  # fmt: skip
+        loop = (
+            ToolLoop(session, host, approval(options, host, ask), max_steps=options.max_steps, timeout=options.timeout)
+            if host.tools
+            else None  # no server gave a tool (each said why): a plain reply
+        )
         recorder = _history.recorder(_history.context("generate", resolved, engine=engine), no_log=no_log)
-        plan = loop.plan(compose(instruction, material))
-        with ctrl_c_stops(engine), no_echo(terminal()), finished(cast("Iterator[Event]", loop.turn(plan))) as turn:
+        user = compose(instruction, material)
+        plan = loop.plan(user) if loop is not None else session.plan(user)
+        with ctrl_c_stops(engine), no_echo(terminal()), finished(reply(session, plan, loop)) as turn:
             events = watched(recorder, session, cast("Iterator[Event | ToolEvent]", turn))
             if as_json_out:
                 final = JsonRenderer(env.stdout, settings=resolved.report()).render(as_json(events, env.stdout))
@@ -535,7 +538,8 @@ def generate(
                 renderer = PlainRenderer(env.stdout, env.stderr, show_stats=stats, show_thinking=thinking.show)
                 final = renderer.render(plain(events))
         recorder.flush(exit_status(final))
-        finish_turn(loop)
+        if loop is not None:
+            finish_turn(loop)
     if final.stop_reason == "interrupted":
         if as_json_out:
             out().note("interrupted")
@@ -557,6 +561,11 @@ def tools_command(
         raise UsageError(
             "no MCP server is configured", hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml"
         )
+    if not servers.servers and servers.problems:  # nothing to list: what stopped it is the error
+        *others, last = servers.problems
+        for problem in others:
+            out().warn(problem)
+        raise UsageError(last)
     with opened(servers) as host:
         tools = host.tools
         if as_json_out:

@@ -333,6 +333,24 @@ for _command in ("template", "generate", "chat", "serve"):
         CASES.add(_command, f"template-file-{_kind}", _template_file_case(_command, _kind))
 
 
+def _mcp_case(command: str, kind: str) -> Case:
+    """A bad --mcp file: `tools`, with nothing else to list, fails naming it; a run
+    goes on without its tools, a warning naming it."""
+
+    def case(w: World) -> Expect:
+        path = w.bad(w.tmp / "mcp.json", kind)
+        if command == "tools":
+            return Expect(["--mcp", str(path)], ExitCode.USAGE, path)
+        return Expect([*model_args(w), *GEN, "--mcp", str(path), "hi"], ExitCode.OK, path, warns=True)
+
+    return case
+
+
+for _command in ("tools", "generate"):
+    for _kind in READ_KINDS:
+        CASES.add(_command, f"mcp-{_kind}", _mcp_case(_command, _kind))
+
+
 def _resume_case(kind: str) -> Case:
     def case(w: World) -> Expect:
         path = w.bad_place(w.tmp / "results.jsonl", kind)
