@@ -156,7 +156,8 @@ def chat(
     own = resolved.info.chat_template  # --template's, where it was given (the plan carries it)
     thinking = opt.thinking(think, reasoning_budget, own, opt.title(resolved))
     env = current()
-    with contextlib.ExitStack() as loaded:  # the model and its drafter; /model NAME puts another in their place
+    # the MCP servers, for the whole command; the model and its drafter, which /model NAME puts another in place of
+    with contextlib.ExitStack() as servers, contextlib.ExitStack() as loaded:
         engine = loaded.enter_context(opt.load(resolved))
         speculation = loaded.enter_context(open_draft(resolved, engine))
         session = ChatSession(
@@ -200,11 +201,11 @@ def chat(
                     reasoning_budget=reasoning_budget,
                     recorder=recorder,
                 ),
-                tools=tools_cli.attach(loaded, tooling, session, console),
+                tools=tools_cli.attach(servers, tooling, session, console),
             )
             return repl.run()
         report = turn_report(resolved.settings, resolved.config.placement, session)  # a pipe keeps its loop
-        return run_piped(session, as_json, stats, report, recorder, tools_cli.attach(loaded, tooling, session, None))
+        return run_piped(session, as_json, stats, report, recorder, tools_cli.attach(servers, tooling, session, None))
 
 
 def turn_report(settings: RunSettings, placement: Placement, session: ChatSession) -> dict[str, Any]:

@@ -297,7 +297,7 @@ def generate(
     opt.refuse_thinking(think, reasoning_budget, remote is not None or batch is not None)
     if (
         tooling := tools_cli.generate_options(
-            mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, remote, batch, raw, output, prompt_cache
+            mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, remote, batch, raw, output, prompt_cache, stops
         )
     ) is not None:  # the model may call tools: localrun/cli/tools.py
         return _with_tools(prompt, model, options, rpc, tooling, (parallel, unordered, resume), offline=offline,

@@ -191,7 +191,8 @@ def serve_command(
         int,
         typer.Option(
             "--queue",
-            help="Requests that may wait for a slot (each model), or for a model to load (all together); "
+            help="Requests that may wait for a slot (each model), or for a loaded model to make room "
+            "for theirs (all together); "
             "more get 503 with Retry-After.",
         ),
     ] = 16,

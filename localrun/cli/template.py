@@ -196,8 +196,9 @@ def template_command(
 
     if parse and source:
         raise UsageError("--parse and --source ask for two things", hint="give one of them")
-    if parse and messages == "-":
-        raise UsageError("--parse reads the reply from stdin; --messages - would too", hint="give --messages FILE")
+    for flag, given in (("--messages", messages), ("--tools", tools)):
+        if parse and given == "-":
+            raise UsageError(f"--parse reads the reply from stdin; {flag} - would too", hint=f"give {flag} FILE")
     found = _template(model, template, offline)
     text = found.source
     assert text is not None

@@ -130,6 +130,7 @@ def generate_options(
     raw: bool,
     output: object,
     prompt_cache: bool | None,
+    stops: object = None,
 ) -> ToolOptions | None:
     """`generate`'s tool options where it uses tools: --mcp's servers (an option
     they cannot go with is an error), or config.toml's where nothing rules them out."""
@@ -137,7 +138,8 @@ def generate_options(
     clash = [
         name
         for name, given in (("a remote model", remote is not None), ("--batch", batch is not None), ("--raw", raw),
-                            ("--schema or --grammar", output is not None), ("--prompt-cache", bool(prompt_cache)))
+                            ("--schema or --grammar", output is not None), ("--prompt-cache", bool(prompt_cache)),
+                            ("--stop", bool(stops)))
         if given
     ]  # fmt: skip
     if clash and options.files:
@@ -210,16 +212,20 @@ def attach(
     if options is None or options.servers is None:
         return None
     host = stack.enter_context(opened(options.servers))
-    if not host.tools:
+    if not host.tools:  # none to offer: their servers need not run
+        stack.close()
         return None
+    bound: list[ToolLoop] = []
 
-    def abort() -> None:
-        session.engine.abort_requested = True
+    def abort() -> None:  # the session the loop is bound to now (/model binds another)
+        bound[0].session.engine.abort_requested = True
 
     ask = terminal_ask(console, abort) if console is not None else None
     if options.temperature is not None:
         session.sampling = replace(session.sampling, temperature=options.temperature)
-    return ToolLoop(session, host, approval(options, host, ask), max_steps=options.max_steps, timeout=options.timeout)
+    loop = ToolLoop(session, host, approval(options, host, ask), max_steps=options.max_steps, timeout=options.timeout)
+    bound.append(loop)
+    return loop
 
 
 def reply(session: ChatSession, plan: TurnPlan, tools: ToolLoop | None) -> Iterator[Event]:
@@ -314,11 +320,13 @@ def terminal_ask(console: Console, abort: Callable[[], None]) -> Callable[[Tool,
     """The approval prompt, under the call just shown: yes, no, or always for this tool.
     Ctrl-C is no, and stops the reply."""
 
+    from rich.markup import escape
+
     def ask(tool: Tool, arguments: dict[str, Any]) -> Answer:
         while True:
             try:
                 with _echoing(current().stdin):
-                    answer = console.input(f"[dim]run {tool.name}?[/dim] [bold]y[/bold]es / [bold]n[/bold]o / "
+                    answer = console.input(f"[dim]run {escape(tool.name)}?[/dim] [bold]y[/bold]es / [bold]n[/bold]o / "
                                            "[bold]a[/bold]lways for this tool: ").strip().lower()  # fmt: skip
             except (KeyboardInterrupt, EOFError):
                 console.print()

@@ -31,7 +31,7 @@ from localrun.mcp.servers import ServerSpec
 T = TypeVar("T")
 
 START_TIMEOUT = 30.0  # seconds for a server to start and list its tools
-CLOSE_TIMEOUT = 10.0  # the SDK ends a stdio server within about 6 s (stdin closed, SIGTERM, SIGKILL)
+CLOSE_TIMEOUT = 10.0  # beyond the SDK's own steps to end a stdio server (stdin closed, SIGTERM, SIGKILL)
 RESULT_LIMIT = 64_000  # characters of one result given back to the model (the rest is cut, and said)
 
 

@@ -42,6 +42,7 @@ _T = TypeVar("_T")
 DEFAULT_IDLE_UNLOAD_S = 300.0
 SWEEP_EVERY_S = 1.0  # how often idle models are looked for (`tick`)
 DEFAULT_QUEUE_TIMEOUT_S = 300.0  # how long a request waits for a model to make room for its own
+REDISCOVER_EVERY_S = 5.0  # a listing looks for newly pulled models at most this often
 ROOM_POLL_S = 0.25  # a wait for room looks again this often (a request's end also wakes it)
 
 State = Literal["loaded", "loading", "unloading", "unloaded"]
@@ -184,6 +185,7 @@ class ModelTable:
         self.max_waiting = max_waiting  # requests that may wait for a model to load; None: no bound
         self.waiting = 0  # requests waiting now for their model to load (or unload and load again)
         self._freed: asyncio.Event | None = None  # set when a request ends: a model may have gone idle
+        self._discovered = -math.inf  # when `discover` last looked
         self.entries: list[_Entry] = [_Entry(m.id, m.names, None, pinned=True, model=m, state="loaded") for m in models]
         self._add(servable)
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
@@ -202,9 +204,15 @@ class ModelTable:
                 added = True
         return added
 
-    def _rediscover(self) -> bool:
-        """Models pulled (or put in --models-dir) since the server started, added; whether any was."""
-        return self.discover is not None and self._add(self.discover())
+    def _rediscover(self, unless_within: float = 0.0) -> bool:
+        """Models pulled (or put in --models-dir) since the server started, added; whether any was.
+        ``unless_within``: seconds since the last look within which it does not look again
+        (a listing asked for often need not walk the store each time)."""
+        now = time.monotonic()
+        if self.discover is None or now - self._discovered < unless_within:
+            return False
+        self._discovered = now
+        return self._add(self.discover())
 
     @property
     def models(self) -> list[ServedModel]:
@@ -293,7 +301,8 @@ class ModelTable:
             entry.keep_alive = keep_alive
         entry.last_used = time.monotonic()
         if entry.model is None or entry.change is not None:
-            if self.max_waiting is not None and self.waiting >= self.max_waiting:
+            full = bool(self.models_max) and len(self.models) >= self.models_max  # it waits for room, not a load
+            if full and self.max_waiting is not None and self.waiting >= self.max_waiting:
                 raise ServerBusyError(
                     f"{self.waiting} requests are waiting for a model to load (--queue {self.max_waiting})",
                     hint="retry later",
@@ -337,10 +346,10 @@ class ModelTable:
         return self._lock
 
     async def _load(self, entry: _Entry) -> None:
+        deadline = time.monotonic() + self.queue_timeout_s  # from the request's arrival, the lock's queue included
         try:
             async with self._locked():
                 entry.state = "loading"
-                deadline = time.monotonic() + self.queue_timeout_s
                 await self._make_room(entry, deadline)
                 while True:
                     try:
@@ -352,11 +361,10 @@ class ModelTable:
                         self._said += [Notice(f"{entry.id}: {text}") for text in entry.model.notices]
                         break
                     except _NoRoom as no_room:
-                        victim = self._victim(entry)
-                        if victim is not None:
-                            await self._drop(victim)
-                        elif not await self._room(entry, deadline):
-                            raise ServerBusyError(f"{no_room}; {self._holders()}", hint="retry later") from None
+                        while (victim := self._victim(entry)) is None:  # planned again only once one can go
+                            if not await self._room(entry, deadline):
+                                raise ServerBusyError(f"{no_room}; {self._holders()}", hint="retry later") from None
+                        await self._drop(victim)
             entry.state = "loaded"
             entry.last_used = time.monotonic()
         except BaseException:
@@ -483,7 +491,7 @@ class ModelTable:
     def describe(self) -> list[dict[str, Any]]:
         """Every servable model's /v1/models entry: its ``status`` (loaded,
         loading, unloading, unloaded) and, loaded, what it holds and does."""
-        self._rediscover()
+        self._rediscover(unless_within=REDISCOVER_EVERY_S)
         now = time.monotonic()
         listed = []
         for entry in self.entries:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from rich.console import RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
@@ -23,7 +24,7 @@ def arguments_text(arguments: dict[str, Any]) -> str:
 def tool_block(event: Event | ToolEvent) -> RenderableType | None:
     """A call or a result as a dimmed block; None for any other event."""
     if isinstance(event, ToolCallEvent):
-        return Panel(Text(arguments_text(event.arguments), style="dim"), title=f"tool call · {event.name}",
+        return Panel(Text(arguments_text(event.arguments), style="dim"), title=Text(f"tool call · {event.name}"),
                      title_align="left", border_style="dim", style="dim")  # fmt: skip
     if isinstance(event, ToolResultEvent):
         lines = event.text.splitlines() or [""]
@@ -31,7 +32,7 @@ def tool_block(event: Event | ToolEvent) -> RenderableType | None:
         if len(lines) > RESULT_LINES:
             shown += f"\n… {len(lines) - RESULT_LINES} more lines"
         status = "" if event.status == "ok" else f" · {event.status}"
-        title = f"tool result · {event.name}{status} · {event.seconds:.2f}s"
+        title = Text(f"tool result · {event.name}{status} · {event.seconds:.2f}s")  # a server's names: never markup
         style = "dim" if event.status == "ok" else "dim yellow"
         return Panel(Text(shown, style=style), title=title, title_align="left", border_style=style, style="dim")
     return None
@@ -60,5 +61,5 @@ def tools_table(tools: list[Any], allowed: set[str] | None = None) -> FitTable:
     for tool in tools:
         summary = tool.description.strip().splitlines()[0] if tool.description.strip() else ""
         runs = ["allowed" if "all" in allowed or tool.name in allowed else "asks"] if allowed is not None else []
-        table.add_row(tool.name, tool.server, "yes" if tool.read_only else "", *runs, summary)
+        table.add_row(escape(tool.name), escape(tool.server), "yes" if tool.read_only else "", *runs, escape(summary))
     return table

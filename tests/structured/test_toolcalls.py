@@ -360,6 +360,8 @@ def test_xml_parameters_take_their_schema_types() -> None:
     assert typed('\n["a", "b"]\n', {"type": "array"}) == ["a", "b"]
     assert typed("\nnot json\n", {"type": "object"}) == "not json"
     assert typed("\nline one\nline two\n", None) == "line one\nline two"
+    assert typed("['a', 'b']", {"type": "array"}) == ["a", "b"]  # Python's spelling
+    assert typed("{'a': {1, 2}}", {"type": "object"}) == "{'a': {1, 2}}"  # a set JSON cannot carry stays text
 
 
 def test_gemma_notation_and_python_calls() -> None:

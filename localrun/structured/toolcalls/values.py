@@ -158,9 +158,11 @@ def typed(text: str, schema: Any) -> Any:
     if text.strip() in _PYTHON_WORDS:
         return _PYTHON_WORDS[text.strip()]
     try:
-        return ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = ast.literal_eval(text.strip())
+        json.dumps(value)  # a value JSON can carry (not a set, bytes, a complex number)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return text
+    return value
 
 
 # -- Gemma 4's notation: {key:<|"|>text<|"|>,n:1,list:[...]} --
