@@ -33,6 +33,10 @@ Report = Callable[["RunSettings", "Placement", "ChatSession"], dict[str, Any]]
 KEPT_DRAFTS = (None, "auto", "lookup", "none")  # a draft model named for one model is not another's
 
 
+class NoModelLeft(LocalrunError):
+    """/model NAME failed, and the model before it did not load again: nothing is loaded."""
+
+
 @dataclass(frozen=True)
 class Switched:
     """The session on the model now loaded, what the panel calls it, and the settings its turns record."""
@@ -83,7 +87,13 @@ class ModelSwitch:
         except (LocalrunError, OSError) as exc:
             self.stack.close()
             error = exc if isinstance(exc, LocalrunError) else LocalrunError(f"{name} did not load: {exc}")
-            return replace(self._open(previous, session), failed=error)
+            try:
+                reopened = self._open(previous, session)
+            except (LocalrunError, OSError) as again:
+                raise NoModelLeft(
+                    f"{name} did not load ({error.message}), nor did the model before it: {again}"
+                ) from again
+            return replace(reopened, failed=error)
 
     def _open(self, resolved: opt.PlannedRun, session: ChatSession) -> Switched:
         from localrun.cli import _history

@@ -413,8 +413,14 @@ class Repl:
             return True
         if self.switch is None:
             raise UsageError("this session cannot change its model", hint="start another: localrun chat -m NAME")
+        from localrun.cli._switch import NoModelLeft
+
         with self.console.status(f"loading {name}...", spinner="dots"):
-            switched = self.switch(name, self.session)
+            try:
+                switched = self.switch(name, self.session)
+            except NoModelLeft as exc:  # no model to go on with
+                self.console.print(f"error: {describe(exc)}; no model is loaded, the session ends", style="red")
+                return False
         self.session, self.title = switched.session, switched.title
         if self.report is not None:
             switch = self.switch
