@@ -159,21 +159,27 @@ def test_a_model_that_cannot_be_evicted_in_time_is_a_503(tiny_model: Path) -> No
         models.close()
 
 
+async def streaming_on(models: ModelTable, name: str, ended: asyncio.Event) -> asyncio.Task[None]:
+    """A request on the model ``name`` (loaded once this returns), held until ``ended`` is set."""
+    ready = asyncio.Event()
+
+    async def request() -> None:
+        with models.holding():
+            await models.ready(name)
+            ready.set()
+            await ended.wait()
+
+    task = asyncio.create_task(request())
+    await ready.wait()
+    return task
+
+
 def test_a_request_waits_for_the_busy_model_to_make_room(tiny_model: Path) -> None:
     models, _ = table(tiny_model, "a", "b", models_max=1, queue_timeout_s=600)
 
     async def run() -> None:
         ended = asyncio.Event()
-        a_ready = asyncio.Event()
-
-        async def streaming_on_a() -> None:
-            with models.holding():
-                await models.ready("a")
-                a_ready.set()
-                await ended.wait()
-
-        on_a = asyncio.create_task(streaming_on_a())
-        await a_ready.wait()
+        on_a = await streaming_on(models, "a", ended)
         for_b = asyncio.create_task(models.ready("b"))
         for _ in range(20):  # a few turns of the loop, with the poll's wake-ups among them
             await asyncio.sleep(0.05)
@@ -195,16 +201,7 @@ def test_past_the_queue_a_request_for_a_model_is_a_503(tiny_model: Path) -> None
 
     async def run() -> None:
         ended = asyncio.Event()
-        a_ready = asyncio.Event()
-
-        async def streaming_on_a() -> None:
-            with models.holding():
-                await models.ready("a")
-                a_ready.set()
-                await ended.wait()
-
-        on_a = asyncio.create_task(streaming_on_a())
-        await a_ready.wait()
+        on_a = await streaming_on(models, "a", ended)
         first = asyncio.create_task(models.ready("b"))
         await asyncio.sleep(0.05)
         with pytest.raises(ServerBusyError, match=r"1 requests are waiting for a model to load \(--queue 1\)"):
