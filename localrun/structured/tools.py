@@ -152,22 +152,45 @@ def _xml_args(f: Function, rule: str) -> list[str]:
     _compile_args(f.name, f.parameters)
     properties = f.parameters.get("properties") or {}
     required = set(f.parameters.get("required") or [])
-    rules, parts = [], []
+    close = "\n</parameter>\n"
+    rules: list[str] = []
+    parts: list[str] = []
     for k, (key, schema) in enumerate(properties.items()):
         opening = json.dumps(f"<parameter={key}>\n")
-        if string_valued(schema) and "enum" in schema:
-            choices = " | ".join(json.dumps(f"{v}\n</parameter>\n") for v in schema["enum"])
-            part = f"{opening} ({choices})"
-        elif string_valued(schema):
-            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
-            rules.append(f"{rule}_p{k}[lazy]: /(.|\\n){{{least},{most}}}\\n<\\/parameter>\\n/")
-            part = f"{opening} {rule}_p{k}"
-        else:
-            rules.append(f"{rule}_p{k}: %json {_compile_args(f.name, schema, check=False)}")
-            part = f'{opening} {rule}_p{k} "\\n</parameter>\\n"'
-        parts.append(f"({part})" + ("" if key in required else "?"))
+        value = _parameter_value(f, f"{rule}_p{k}", schema, string_valued(schema), close, rules)
+        parts.append(f"({opening} {value})" + ("" if key in required else "?"))
     rules.append(f"{rule}: {' '.join(parts) or EMPTY}")
     return rules
+
+
+def _parameter_value(
+    f: Function,
+    name: str,
+    schema: Any,
+    text: bool,
+    close: str,
+    rules: list[str],
+    *,
+    close_lark: str | None = None,
+    token: bool = False,
+) -> str:
+    """A tagged parameter's value and its closing tag ``close``, as a lark
+    expression (any rule it needs, named ``name``, added to ``rules``): one of a
+    text's ``enum``, any text up to the tag (``token``: the tag is a special
+    token, which text never holds), or JSON of ``schema``. ``close_lark``: the
+    tag as lark writes it (default: its literal text)."""
+    closing = close_lark if close_lark is not None else json.dumps(close)
+    if text and "enum" in schema:
+        return "(" + " | ".join(json.dumps(v) for v in schema["enum"]) + f") {closing}"
+    if text:
+        least, most = schema.get("minLength", 0), schema.get("maxLength", "")
+        if token:
+            rules.append(f"{name}: /(.|\\n){{{least},{most}}}/ {closing}")
+        else:
+            rules.append(f"{name}[lazy]: /(.|\\n){{{least},{most}}}{_regex(close)}/")
+        return name
+    rules.append(f"{name}: %json {_compile_args(f.name, schema, check=False)}")
+    return f"{name} {closing}"
 
 
 def _pair_args(f: Function, rule: str, specials: dict[str, int]) -> list[str]:
@@ -181,21 +204,14 @@ def _pair_args(f: Function, rule: str, specials: dict[str, int]) -> list[str]:
     nl = '"\\n"?'
     key_open, key_close = _lark_text("<arg_key>", specials), _lark_text("</arg_key>", specials)
     value_open, value_close = _lark_text("<arg_value>", specials), _lark_text("</arg_value>", specials)
-    rules, parts = [], []
+    rules: list[str] = []
+    parts: list[str] = []
     for k, (key, schema) in enumerate(properties.items()):
         opening = f"{nl} {key_open} {json.dumps(key)} {key_close} {nl} {value_open}"
-        if string_valued(schema) and "enum" in schema:
-            value = "(" + " | ".join(json.dumps(v) for v in schema["enum"]) + f") {value_close}"
-        elif string_valued(schema):
-            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
-            if "</arg_value>" in specials:  # text never holds the token: the text runs up to it
-                rules.append(f"{rule}_p{k}: /(.|\\n){{{least},{most}}}/ {value_close}")
-            else:
-                rules.append(f"{rule}_p{k}[lazy]: /(.|\\n){{{least},{most}}}<\\/arg_value>/")
-            value = f"{rule}_p{k}"
-        else:
-            rules.append(f"{rule}_p{k}: %json {_compile_args(f.name, schema, check=False)}")
-            value = f"{rule}_p{k} {value_close}"
+        token = "</arg_value>" in specials  # text never holds the token: the text runs up to it
+        value = _parameter_value(
+            f, f"{rule}_p{k}", schema, string_valued(schema), "</arg_value>", rules, close_lark=value_close, token=token
+        )
         parts.append(f"({opening} {value})" + ("" if key in required else "?"))
     rules.append(f"{rule}: {' '.join(parts)} {nl}")
     return rules
@@ -212,21 +228,14 @@ def _invoke_args(f: Function, rule: str, fmt: CallFormat) -> list[str]:
     required = set(f.parameters.get("required") or [])
     close = f"</{fmt.tag}parameter>"
     nl = '"\\n"?'
-    rules, parts = [], []
+    rules: list[str] = []
+    parts: list[str] = []
     for k, (key, schema) in enumerate(properties.items()):
         text = string_valued(schema)
         attr = (' string="true"' if text else ' string="false"') if fmt.typed_attr else ""
         head = f'<{fmt.tag}parameter name="{key}"{attr}>'
         opening = f"{nl} {json.dumps(head)}"
-        if text and "enum" in schema:
-            value = "(" + " | ".join(json.dumps(v) for v in schema["enum"]) + f") {json.dumps(close)}"
-        elif text:
-            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
-            rules.append(f"{rule}_p{k}[lazy]: /(.|\\n){{{least},{most}}}{_regex(close)}/")
-            value = f"{rule}_p{k}"
-        else:
-            rules.append(f"{rule}_p{k}: %json {_compile_args(f.name, schema, check=False)}")
-            value = f"{rule}_p{k} {json.dumps(close)}"
+        value = _parameter_value(f, f"{rule}_p{k}", schema, text, close, rules)
         parts.append(f"({opening} {value})" + ("" if key in required else "?"))
     rules.append(f"{rule}: {' '.join(parts)} {nl}")
     return rules
