@@ -24,8 +24,10 @@ if TYPE_CHECKING:
     from localrun.assemble import Assembled, Workload
     from localrun.gguf.reader import GGUFInfo
     from localrun.runtime import devices as found_devices
+    from localrun.runtime.chat import ChatSession
     from localrun.runtime.devices import Device as Place  # `Device` here is the --device option
     from localrun.runtime.engine import Engine, EngineConfig
+    from localrun.runtime.generate import Decoding
     from localrun.runtime.model_template import ChatTemplate
     from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
@@ -573,3 +575,34 @@ def warn_past_training(resolved: PlannedRun) -> None:
             f"--ctx {asked} is beyond the {trained} tokens {title(resolved)} was trained on: "
             "text past them may lose its way"
         )
+
+
+def chat_session(
+    resolved: PlannedRun,
+    engine: Engine,
+    speculation: Decoding | None,
+    sampling: SamplingParams,
+    thinking: Thinking,
+    *,
+    system: str | None,
+    max_tokens: int | None,
+    output: OutputSpec | None = None,
+) -> ChatSession:
+    """A conversation on ``engine``, the model ``resolved`` planned: its own
+    chat template, the run's thinking options, and its reference for records."""
+    from localrun.runtime.chat import ChatSession
+    from localrun.runtime.prompt import chat_template
+
+    return ChatSession(
+        engine,
+        chat_template(engine),
+        sampling,
+        system=system,
+        max_tokens=max_tokens,
+        speculation=speculation,
+        output=output,
+        model=reference(resolved),
+        switches=thinking.switches,
+        think=thinking.mode,
+        reasoning_budget=thinking.budget,
+    )

@@ -98,8 +98,6 @@ class ModelSwitch:
     def _open(self, resolved: opt.PlannedRun, session: ChatSession) -> Switched:
         from localrun.cli import _history
         from localrun.cli._draft import open_draft
-        from localrun.runtime.chat import ChatSession
-        from localrun.runtime.prompt import chat_template
 
         opt.warn_past_training(resolved)
         opt.say_template(resolved, refused=True)
@@ -111,18 +109,15 @@ class ModelSwitch:
             thinking = opt.thinking("auto", None, resolved.info.chat_template, title)
         engine = self.stack.enter_context(opt.load(resolved))
         speculation = self.stack.enter_context(open_draft(resolved, engine))
-        fresh = ChatSession(
+        fresh = opt.chat_session(
+            resolved,
             engine,
-            chat_template(engine),
+            speculation,
             session.sampling,
+            thinking,
             system=session.system,
             max_tokens=session.max_tokens,
-            speculation=speculation,
             output=session.output,
-            model=opt.reference(resolved),
-            switches=thinking.switches,
-            think=thinking.mode,
-            reasoning_budget=thinking.budget,
         )
         fresh.turns, fresh.totals = session.turns, session.totals
         fresh.use_draft, fresh.prompt_tools = session.use_draft, session.prompt_tools

@@ -99,8 +99,7 @@ def chat(
 
     from localrun.cli._switch import ModelSwitch
     from localrun.cli.repl import Repl
-    from localrun.runtime.chat import ChatSession, read_conversation
-    from localrun.runtime.prompt import chat_template
+    from localrun.runtime.chat import read_conversation
 
     opt.check_positive(max_tokens=max_tokens)
     refuse_stats_with_json(stats, as_json)
@@ -160,18 +159,15 @@ def chat(
     with contextlib.ExitStack() as servers, contextlib.ExitStack() as loaded:
         engine = loaded.enter_context(opt.load(resolved))
         speculation = loaded.enter_context(open_draft(resolved, engine))
-        session = ChatSession(
+        session = opt.chat_session(
+            resolved,
             engine,
-            chat_template(engine),
+            speculation,
             sampling,
+            thinking,
             system=resolved.settings.system,
             max_tokens=max_tokens,
-            speculation=speculation,
             output=output,
-            model=opt.reference(resolved),
-            switches=thinking.switches,
-            think=thinking.mode,
-            reasoning_budget=thinking.budget,
         )
         if saved is not None:
             session.system = system if system is not None else saved.system

@@ -500,25 +500,21 @@ def generate(
     from localrun.cli._history import exit_status
     from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
     from localrun.mcp.loop import ToolLoop
-    from localrun.runtime.chat import ChatSession
     from localrun.runtime.generate import finished
-    from localrun.runtime.prompt import chat_template, compose
+    from localrun.runtime.prompt import compose
     from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
 
     env = current()
     thinking = opt.thinking(think, reasoning_budget, resolved.info.chat_template, opt.title(resolved))
     with opt.load(resolved) as engine, open_draft(resolved, engine) as speculation, opened(servers) as host:
-        session = ChatSession(
+        session = opt.chat_session(
+            resolved,
             engine,
-            chat_template(engine),
+            speculation,
             sampling,
+            thinking,
             system=resolved.settings.system,
             max_tokens=max_tokens,
-            speculation=speculation,
-            model=opt.reference(resolved),
-            switches=thinking.switches,
-            think=thinking.mode,
-            reasoning_budget=thinking.budget,
         )
         interactive = env.stdin_isatty and env.stdout_isatty and not as_json_out
         console = Console(file=env.stdout) if env.stdout_isatty and not as_json_out else None
