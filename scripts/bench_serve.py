@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_serve.py [MODEL] [--clients 4,8] [--tokens 128]
         [--rounds 1] [--turns 20] [--load 64] [--load-clients 16] [--threads N]
-        [--llama-server PATH/TO/llama-server] [--busy N] [--fixed-threads T] [--quick]
+        [--llama-server PATH/TO/llama-server] [--busy N] [--fixed-threads T] [--in-process] [--quick]
 
 1. throughput: for each N of --clients, N concurrent streaming clients (the
    official `openai` client, greedy, one prompt each, a coding task whose
@@ -19,7 +19,9 @@
    llama-server are taken within each round, whose order turns by one each
    round (serve first, then --batch first, ...) so that a drift in the
    machine's speed favours none. --fixed-threads T adds `serve --threads T`
-   to the rotation, and the ratio serve / serve -tT.
+   to the rotation, and the ratio serve / serve -tT; --in-process adds
+   `serve --in-process` (every model in the server's own process, no
+   runner), and the ratio serve / in-process.
 2. single client: one streaming client, decode tokens/sec seen by the client
    (tokens after the first / time from the first chunk to the last), against
    `localrun generate --spec none --json` on the same prompt (its done event)
@@ -348,7 +350,8 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
     """Part 1 for ``n`` clients: its rounds, and its lines of figures."""
     prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
     fixed = f"serve -t{args.fixed_threads}"
-    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": [], fixed: []}
+    inproc = "serve --in-process"
+    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": [], fixed: [], inproc: []}
     made: dict[str, list[int]] = {name: [] for name in rates}  # tokens generated, each round
     full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
     attention = "auto"
@@ -382,10 +385,15 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
         with localrun_server(model, n, args, "--threads", str(args.fixed_threads)) as server:
             clients(fixed, server)
 
+    def on_inproc() -> None:
+        with localrun_server(model, n, args, "--in-process") as server:
+            clients(inproc, server)
+
     # serve first (it tells the others its flash attention), then each round
     # starts one further on, so a drift in the machine's speed favours none
     systems = [on_serve, on_batch, *([on_native] if args.llama_server else [])]
     systems += [on_fixed] if args.fixed_threads else []
+    systems += [on_inproc] if args.in_process else []
     for r in range(args.rounds):
         for run in systems[r % len(systems) :] + systems[: r % len(systems)]:
             run()
@@ -396,6 +404,8 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
         line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
     if rates[fixed]:
         line += f", {fixed} {statistics.median(rates[fixed]):.1f}, serve/{fixed} {ratio_summary(serve, rates[fixed])}"
+    if rates[inproc]:
+        line += f", in-process {statistics.median(rates[inproc]):.1f}, serve/in-process {ratio_summary(serve, rates[inproc])}"
     print(line, flush=True)
     counts = "; ".join(f"{name} {'/'.join(map(str, got))}" for name, got in made.items() if got)
     print(f"      flash attention {attention} in all; tokens generated per round: {counts}; "
@@ -599,6 +609,9 @@ def main() -> None:
     parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run")
     parser.add_argument("--busy", type=int, default=0, help="competing CPU-bound processes through every part")
     parser.add_argument("--fixed-threads", type=int, help="part 1: serve --threads T beside serve's default")
+    parser.add_argument(
+        "--in-process", action="store_true", help="part 1: serve --in-process (no runner processes) beside serve"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small everything")
     args = parser.parse_args()
     if args.quick:

@@ -4,7 +4,9 @@ serve the OpenAI-compatible API (localrun/serve) until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -151,8 +153,20 @@ def _in_dir(folder: Path, plan: Callable[[str], ModelPlan]) -> list[Servable]:
     for file in files:
         if file.name.startswith("mmproj") or (is_split(file.name) and "-00001-of-" not in file.name):
             continue
-        servable.append(Servable(file.stem, frozenset({file.name}), functools.partial(plan, str(file))))
+        servable.append(Servable(file.stem, frozenset({file.name}), FilePlan(plan, file)))
     return servable
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """A --models-dir model's plan (called when it loads), and its file: what
+    a listing reads before it loads (ollama's /api/tags gives its size)."""
+
+    plan: Callable[[str], ModelPlan]
+    path: Path
+
+    def __call__(self) -> ModelPlan:
+        return self.plan(str(self.path))
 
 
 def _servable(plan: Callable[[str], ModelPlan], folder: Path | None) -> Callable[[], list[Servable]]:
@@ -272,6 +286,22 @@ def serve_command(
             "waits for a loaded one to go idle and make room (5m, 30s, seconds); then 503 with Retry-After.",
         ),
     ] = "5m",
+    runner_timeout: Annotated[
+        str,
+        typer.Option(
+            "--runner-timeout",
+            help="A model's runner process silent, or stuck with requests running, this long is replaced "
+            "(2m, 30s, seconds).",
+        ),
+    ] = "2m",
+    in_process: Annotated[
+        bool,
+        typer.Option(
+            "--in-process",
+            help="Run every model in the server's own process, not each in a runner process of its own "
+            "(a crash then ends every model's requests, and an unload gives back less memory).",
+        ),
+    ] = False,
     pooling: opt.Pooling = "auto",
     verbose: opt.Verbose = False,
     no_log: _history.NoLog = False,
@@ -282,7 +312,8 @@ def serve_command(
     from localrun.serve.app import AppSettings
     from localrun.serve.heap import one_arena
     from localrun.serve.router import ModelTable, parse_duration
-    from localrun.serve.served import load_models
+    from localrun.serve.runner import start_runner
+    from localrun.serve.served import Loader, load_model, load_models
     from localrun.serve.server import check_exposure, serve
     from localrun.ui.serve import ServeView
 
@@ -293,6 +324,10 @@ def serve_command(
         raise UsageError("--models-max must be 0 or more")
     idle_s = _idle_unload(idle_unload, parse_duration)
     queue_timeout_s = parse_duration(queue_timeout, "--queue-timeout")
+    hang_s = parse_duration(runner_timeout, "--runner-timeout")
+    if not hang_s > 0 or math.isinf(hang_s):
+        raise UsageError("--runner-timeout must be a time above 0 (2m, 30s, seconds)")
+    loader: Loader = load_model if in_process else functools.partial(start_runner, hang_s=hang_s)
     check_exposure(host, api_key, no_auth)
     opt.use_rpc(rpc)
     env = current()
@@ -339,7 +374,7 @@ def serve_command(
             f"(localrun pull MODEL, e.g. localrun pull {env.registry.default}; localrun list --all names them)"
         )
     table = ModelTable(
-        load_models(pinned),
+        load_models(pinned, loader),
         env.registry,
         servable=servable,
         discover=discover,
@@ -347,6 +382,7 @@ def serve_command(
         idle_unload_s=idle_s,
         queue_timeout_s=queue_timeout_s,
         max_waiting=queue,
+        loader=loader,
     )
     for served in table.models:
         for notice in served.notices:

@@ -155,6 +155,7 @@ class Tokens:
 
     info: GGUFInfo
     vocab: Any
+    n_vocab: int
     add_bos: bool
     _pieces: dict[int, bytes]
     _eog: dict[int, bool]  # whether a token ends a generation, as asked: a loop asks of every token
@@ -226,6 +227,7 @@ class Vocabulary(Tokens, Native):
         if not self.handle:
             raise BadModelError(f"llama.cpp could not read the vocabulary of {path}: {llama_log.last_error()}")
         self.vocab = llama_cpp.llama_model_get_vocab(self.handle)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.handle))
         self._pieces, self._eog = {}, {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,11 +23,10 @@ from fastapi import FastAPI, Request
 from localrun.errors import InvalidRequestError
 from localrun.runtime.embed import Embedder, truncated
 from localrun.serve.events import OnEvent, RequestDone
-from localrun.serve.router import ModelTable, in_own_thread, take_keep_alive
+from localrun.serve.router import ModelTable, take_keep_alive
 from localrun.serve.schemas import json_object
-from localrun.serve.served import ServedModel
+from localrun.serve.served import Handler, ServedModel
 
-Handler = Callable[[ServedModel, dict[str, Any]], dict[str, Any]]
 EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
 
@@ -111,7 +109,7 @@ def embeddings(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
         tokens = embedder.tokenize([str(text) for text in inputs])
     else:
         tokens = [embedder.check([int(t) for t in item], i, len(inputs)) for i, item in enumerate(inputs)]
-    result = embedder.embed_tokens(tokens, run=model.worker.embed_now)
+    result = embedder.embed_tokens(tokens, run=model.local_worker().embed_now)
     vectors = result.vectors if dimensions is None else [truncated(v, dimensions) for v in result.vectors]
     data = [
         {"object": "embedding", "index": i, "embedding": _encode(vector, encoding)} for i, vector in enumerate(vectors)
@@ -143,7 +141,7 @@ def rerank(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
     top_n = body.get("top_n", len(documents))
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
         raise InvalidRequestError("'top_n' must be a positive integer", "top_n")
-    scores, tokens = embedder.rerank(query, documents, run=model.worker.embed_now)
+    scores, tokens = embedder.rerank(query, documents, run=model.local_worker().embed_now)
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
     results: list[dict[str, Any]] = []
     for i in order:
@@ -162,8 +160,8 @@ def register(app: FastAPI, table: ModelTable, on_event: OnEvent | None) -> None:
         t0 = time.perf_counter()
         body = json_object(await request.body())
         model = await served_model(table, body)
-        # tokenized on a thread that ends with the request, decoded on the model's engine thread
-        response = await in_own_thread(handler, model, body)
+        # tokenized where the model is (on a thread that ends with the request), decoded on its engine thread
+        response = await model.call(handler, body)
         if on_event is not None:
             prompt_tokens = int(response["usage"]["prompt_tokens"])
             elapsed = time.perf_counter() - t0

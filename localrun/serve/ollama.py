@@ -40,7 +40,7 @@ from localrun.serve import embeddings
 from localrun.serve.errors import api_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.responses import chat_logprobs, finish_reason, timings
-from localrun.serve.router import ModelTable, in_own_thread, parse_duration
+from localrun.serve.router import ModelTable, parse_duration
 from localrun.serve.schemas import ChatRequest, CompletionRequest, json_object, media_refused, parse_data
 from localrun.serve.served import ServedModel
 from localrun.serve.tools import CallDelta, ToolStream, ToolUse, new_id, split_reply
@@ -562,7 +562,7 @@ def facts(table: ModelTable, model_id: str) -> Facts:
 
 def _capabilities(model: ServedModel | None, fact: Facts) -> list[str]:
     template = model.template if model is not None else (fact.info.chat_template if fact.info else None)
-    embeds = model.embedder is not None if model is not None else False
+    embeds = model.loaded.embeds if model is not None else False
     chat = model.chat if model is not None else True
     if fact.info is not None and model is None:
         from localrun.runtime.embed import makes_embeddings
@@ -741,7 +741,7 @@ class Routes(Generic[J]):
         if data.get("dimensions") is not None:
             openai["dimensions"] = data["dimensions"]
         # as /v1/embeddings runs it: tokenized on a thread that ends with it, decoded on the engine thread
-        result = await in_own_thread(embeddings.embeddings, model, openai)
+        result = await model.call(embeddings.embeddings, openai)
         vectors = [item["embedding"] for item in result["data"]]
         tokens = int(result["usage"]["prompt_tokens"])
         self._done(request, model.id, t0, tokens)

@@ -83,7 +83,7 @@ def chat_prompt(model: ServedModel, request: ChatRequest, use: ToolUse | None = 
     tokens = tokenize_rendered(model.engine, full)
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
     mark = None
-    if model.engine.cuts.recurrent:  # the conversation's next request restores a checkpoint there
+    if model.loaded.recurrent:  # the conversation's next request restores a checkpoint there
         mark = reply_start(model.engine, model.template, messages, full, tokens, asked, offered)
     shared = stable_prefix(model.engine, full, tokens, system, templated=True)
     return Prompt(tokens, shared, full, (mark,) if mark else ())

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, ServerBusyError, UsageError
 from localrun.serve.events import Notice, ServerStatus
 from localrun.serve.heap import trim_heap
-from localrun.serve.served import ModelPlan, ServedModel, held_by, load_model, looks_like_path, placed
+from localrun.serve.served import Loader, ModelPlan, ServedModel, held_by, load_model, looks_like_path, placed
 from localrun.store.registry import Registry
 
 _T = TypeVar("_T")
@@ -174,6 +174,7 @@ class ModelTable:
         queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
         max_waiting: int | None = None,
         discover: Callable[[], Sequence[Servable]] | None = None,
+        loader: Loader = load_model,
     ) -> None:
         if not models and not servable and discover is None:
             raise ValueError("a server needs a model")
@@ -186,7 +187,10 @@ class ModelTable:
         self.waiting = 0  # requests waiting now for their model to load (or unload and load again)
         self._freed: asyncio.Event | None = None  # set when a request ends: a model may have gone idle
         self._discovered = -math.inf  # when `discover` last looked
-        self.entries: list[_Entry] = [_Entry(m.id, m.names, None, pinned=True, model=m, state="loaded") for m in models]
+        self.loader = loader  # in this process, or each model in a runner process of its own
+        self.entries: list[_Entry] = [
+            _Entry(m.id, m.names, _again(m), pinned=True, model=m, state="loaded") for m in models
+        ]
         self._add(servable)
         self._lock: asyncio.Lock | None = None  # made on the event loop that first needs it
         self._last_sweep = 0.0
@@ -300,6 +304,7 @@ class ModelTable:
         if keep_alive is not None and not entry.pinned:
             entry.keep_alive = keep_alive
         entry.last_used = time.monotonic()
+        self._reap(entry)
         if entry.model is None or entry.change is not None:
             full = bool(self.models_max) and len(self.models) >= self.models_max  # it waits for room, not a load
             if full and self.max_waiting is not None and self.waiting >= self.max_waiting:
@@ -375,14 +380,14 @@ class ModelTable:
 
     def _load_now(self, entry: _Entry) -> ServedModel:
         """On a worker thread, the lock held: plan the model and load it."""
-        assert entry.plan is not None  # a pinned model never unloads
+        assert entry.plan is not None  # a model given at start loads again only with its plan
         plan = entry.plan()
         try:
             run = placed(plan, held_by(self.models))
         except UsageError as exc:
             raise _NoRoom(f"model {entry.id!r} does not fit: {exc.message}") from exc
         try:
-            return load_model(replace_id(plan, entry), run)
+            return self.loader(replace_id(plan, entry), run)
         except LocalrunError:
             raise
         except (OSError, ValueError, RuntimeError) as exc:
@@ -444,6 +449,17 @@ class ModelTable:
             entry.change = None
             entry.state = "unloaded"
 
+    def _reap(self, entry: _Entry) -> None:
+        """Forget ``entry``'s model if its runner ended (died, or was killed
+        hanging): its requests have failed already; it loads again on the next."""
+        model = entry.model
+        if model is None or model.ended is None or entry.change is not None:
+            return
+        entry.model = None
+        entry.state = "unloaded"
+        self._said.append(Notice(f"{model.ended}; it loads again on its next request"))
+        model.close()
+
     def _holders(self) -> str:
         """What holds the memory: each loaded model and its size on each device."""
         each = [
@@ -481,6 +497,8 @@ class ModelTable:
     def tick(self) -> None:
         """Called often on the event loop (the server's ticks): a sweep every
         `SWEEP_EVERY_S`, on a task of its own (a load under way holds the lock)."""
+        for entry in self.entries:
+            self._reap(entry)
         now = time.monotonic()
         if now - self._last_sweep >= SWEEP_EVERY_S and (self._sweeping is None or self._sweeping.done()):
             self._last_sweep = now
@@ -511,6 +529,7 @@ class ModelTable:
                     "slots_busy": worker.busy,
                     "queued": worker.queued,
                     "requests": entry.holds,  # being answered (streams included)
+                    "pid": model.worker.pid,  # its runner's (the server's own: loaded in process)
                     "idle_s": round(now - entry.last_used, 1) if idle else 0.0,
                 }
             body["status"] = status
@@ -605,6 +624,12 @@ def _free(model: ServedModel) -> None:
 
 class _NoRoom(Exception):
     """The model's plan does not fit beside the models loaded."""
+
+
+def _again(model: ServedModel) -> Callable[[], ModelPlan] | None:
+    """How a model given at start loads again once its runner ended."""
+    plan = model.plan
+    return None if plan is None else lambda: plan
 
 
 def replace_id(plan: ModelPlan, entry: _Entry) -> ModelPlan:

@@ -1,23 +1,30 @@
 """A served model: loaded as its plan says (`localrun.assemble`: slots of
 a context, placed where the models loaded before it left room), with its
-engine thread. Which are loaded, and when, is `localrun.serve.router`'s."""
+engine thread, in this process (`load_model`) or in a runner process of its
+own (`localrun.serve.runner`). Which are loaded, and when, is
+`localrun.serve.router`'s.
+
+Either way the server's side holds the model's vocabulary (prompts are
+rendered and tokenized where the request arrives), what its load measured
+(`Loaded`) and a `Backend` that takes its requests."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from localrun.assemble import Assembled, replan
-from localrun.errors import LocalrunError
+from localrun.errors import EngineError, LocalrunError
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
+from localrun.runtime.batch.scheduler import BatchRequest
 from localrun.runtime.embed import Embedder, embedder_beside, makes_embeddings
-from localrun.runtime.engine import Engine, EngineConfig
+from localrun.runtime.engine import Engine, EngineConfig, Vocabulary
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
-from localrun.serve.worker import Worker
+from localrun.serve.worker import Deliver, Worker, WorkerStatus
 from localrun.speculative import Speculation, lookup_drafters, speculation_refused
 
 DEFAULT_QUEUE = 16  # requests that may wait for a slot, per model, beyond the busy slots
@@ -48,24 +55,68 @@ class ModelPlan:
         return self.run.info
 
 
+class Backend(Protocol):
+    """What takes a served model's requests: its engine thread here
+    (`Worker`), or the runner process that holds it (`Runner`)."""
+
+    parallel: int
+    capacity: int
+    max_queue: int
+    ended: str | None  # why it can serve no more (its runner died); None while it can
+
+    @property
+    def pid(self) -> int: ...  # the process that holds the model
+
+    def next_index(self) -> int: ...
+    def submit(self, request: BatchRequest, deliver: Deliver) -> None: ...
+    def cancel(self, index: int) -> None: ...
+    def status(self) -> WorkerStatus: ...
+    def notices(self) -> list[str]: ...
+    def stop(self, timeout: float | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a model's load measured and settled, wherever it loaded (a
+    runner sends it as is)."""
+
+    held: dict[str, int]  # what it holds on each device, by name, as llama.cpp logged its buffers
+    notices: tuple[str, ...]  # the engine's (a retry with fewer layers)
+    flash_attn: str
+    n_ctx_train: int
+    recurrent: bool  # a memory whose cuts can be refused: served conversations are checkpointed
+    embeds: bool  # it has an embedding context (/v1/embeddings, /v1/rerank)
+    template: str | None  # None: the model has no chat template (chat requests are refused)
+    parallel: int  # its slots
+    capacity: int  # each slot's context
+
+
+Handler = Callable[["ServedModel", dict[str, Any]], dict[str, Any]]
+
+
 @dataclass
 class ServedModel:
     id: str
     names: frozenset[str]
-    engine: Engine
-    worker: Worker
+    engine: Engine | Vocabulary  # its vocabulary: the loaded engine here, its vocabulary alone beside a runner
+    worker: Backend
     shape: ModelInfo
-    template: str | None  # None: the model has no chat template (chat requests are refused)
+    loaded: Loaded
     system: str | None
+    plan: ModelPlan | None = None  # how to load it again (a runner that ended)
     created: int = field(default_factory=lambda: int(time.time()))
     embedder: Embedder | None = None  # a second context for /v1/embeddings and /v1/rerank, run on the worker's thread
     chat: bool = True  # whether chat requests are what it is for (not an embedding model)
 
     @property
+    def template(self) -> str | None:
+        return self.loaded.template
+
+    @property
     def notices(self) -> list[str]:
         """What the server says of it once loaded: the engine's notices, and
         that a chat model without a chat template refuses every chat request."""
-        said = list(self.engine.notices)
+        said = list(self.loaded.notices)
         if self.template is None and self.chat:
             said.append(
                 "no chat template: chat requests are refused (400); "
@@ -82,10 +133,28 @@ class ServedModel:
         """What it holds on each device, by name, as llama.cpp logged its
         buffers: weights, every slot's KV cache, the compute and output
         buffers, and its embedding context's."""
-        held: dict[str, int] = {}
-        for b in (*self.engine.buffers, *(self.embedder.buffers if self.embedder is not None else ())):
-            held[b.device] = held.get(b.device, 0) + b.total
-        return held
+        return self.loaded.held
+
+    @property
+    def ended(self) -> str | None:
+        """Why it can serve no more (its runner died), or None while it can."""
+        return self.worker.ended
+
+    def local_worker(self) -> Worker:
+        """The engine thread in this process (a handler run where the model is loaded)."""
+        if not isinstance(self.worker, Worker):
+            raise EngineError(f"{self.id} is loaded in a runner process, not here")
+        return self.worker
+
+    async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
+        """``handler(model, body)`` where the model is loaded: on a thread of
+        its own here (it ends with it), or in the model's runner process."""
+        from localrun.serve.router import in_own_thread
+        from localrun.serve.runner import Runner
+
+        if isinstance(self.worker, Runner):
+            return await self.worker.call(handler, body)
+        return await in_own_thread(handler, self, body)
 
     def describe(self) -> dict[str, Any]:
         """Its /v1/models entry (with llama-server's `meta`)."""
@@ -96,7 +165,7 @@ class ServedModel:
             "owned_by": "localrun",
             "meta": {
                 "n_ctx": self.capacity,
-                "n_ctx_train": self.engine.n_ctx_train,
+                "n_ctx_train": self.loaded.n_ctx_train,
                 "n_params": self.shape.parameters,
                 "size": self.shape.weights_bytes,
                 "parallel": self.worker.parallel,
@@ -138,10 +207,32 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
         engine.close()
         raise
     worker.start()
-    served = ServedModel(plan.id, plan.names, engine, worker, describe(plan.info), template, plan.system)
-    served.embedder = embedder
-    served.chat = not makes_embeddings(plan.info)
-    return served
+    held: dict[str, int] = {}
+    for b in (*engine.buffers, *(embedder.buffers if embedder is not None else ())):
+        held[b.device] = held.get(b.device, 0) + b.total
+    loaded = Loaded(
+        held=held,
+        notices=tuple(engine.notices),
+        flash_attn=engine.flash_attn,
+        n_ctx_train=int(engine.n_ctx_train),
+        recurrent=engine.cuts.recurrent,
+        embeds=embedder is not None,
+        template=template,
+        parallel=worker.parallel,
+        capacity=capacity,
+    )
+    return ServedModel(
+        plan.id,
+        plan.names,
+        engine,
+        worker,
+        describe(plan.info),
+        loaded,
+        plan.system,
+        plan=plan,
+        embedder=embedder,
+        chat=not makes_embeddings(plan.info),
+    )
 
 
 def held_by(models: Sequence[ServedModel]) -> dict[str, int]:
@@ -160,13 +251,16 @@ def placed(plan: ModelPlan, held: dict[str, int]) -> Assembled:
     return replan(plan.run, plan.run.placement.devices, held) if held else plan.run
 
 
-def load_models(plans: Sequence[ModelPlan]) -> list[ServedModel]:
+Loader = Callable[[ModelPlan, Assembled], ServedModel]  # `load_model`, or `localrun.serve.runner.start_runner`
+
+
+def load_models(plans: Sequence[ModelPlan], loader: Loader = load_model) -> list[ServedModel]:
     """Every model in turn, each `placed` beside the ones loaded before it;
     none stays loaded when one fails."""
     loaded: list[ServedModel] = []
     try:
         for plan in plans:
-            loaded.append(load_model(plan, placed(plan, held_by(loaded))))
+            loaded.append(loader(plan, placed(plan, held_by(loaded))))
     except BaseException:
         for model in loaded:
             model.close()

@@ -167,7 +167,7 @@ def serve(
             models=tuple(m.id for m in table.models) or tuple(e["id"] for e in table.describe()),
             parallel=sum(m.worker.parallel for m in table.models),
             slot_ctx=first.capacity if first else 0,
-            flash_attn=first.engine.flash_attn if first else "auto",
+            flash_attn=first.loaded.flash_attn if first else "auto",
             auth=settings.api_key is not None,
         )
         config = uvicorn.Config(

@@ -16,6 +16,7 @@ on a thread of the server's pool.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -48,6 +49,17 @@ JobEvent = SequenceText | SequenceReasoning | SequenceDone | Failed
 Deliver = Callable[[JobEvent], None]
 
 
+def admit(admitted: int, parallel: int, max_queue: int, stopping: bool) -> None:
+    """Refuse one more request beside ``admitted`` ones: a server shutting
+    down, or every slot busy and ``max_queue`` waiting already."""
+    if stopping:
+        raise ServerBusyError("the server is shutting down")
+    if admitted >= parallel + max_queue:
+        raise ServerBusyError(
+            f"all {parallel} slots are busy and {max_queue} requests wait already", hint="retry later"
+        )
+
+
 @dataclass(eq=False)
 class _EmbedJob:
     """One request's inputs for the embedding context, and where their pooled outputs go."""
@@ -72,6 +84,12 @@ class Worker:
     """``parallel`` slots of ``capacity`` tokens on ``engine``; at most
     ``max_queue`` requests wait beyond the busy slots, more are refused
     (`ServerBusyError`)."""
+
+    ended: str | None = None  # a thread in the server's own process ends only with it
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
 
     def __init__(
         self,
@@ -106,6 +124,7 @@ class Worker:
         self._deliver: dict[int, Deliver] = {}  # every admitted request not yet ended
         self._stopping = False
         self._failed = 0
+        self._embed_runs = 0
         self._indexes = itertools.count()
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
         self._thread = threading.Thread(target=self._loop, name=f"localrun-{name}", daemon=True)
@@ -123,13 +142,7 @@ class Worker:
         prompt the slot cannot hold, a full queue, a server shutting down."""
         self.run.check(request)
         with self._cond:
-            if self._stopping:
-                raise ServerBusyError("the server is shutting down")
-            if len(self._deliver) >= self.parallel + self.max_queue:
-                raise ServerBusyError(
-                    f"all {self.parallel} slots are busy and {self.max_queue} requests wait already",
-                    hint="retry later",
-                )
+            admit(len(self._deliver), self.parallel, self.max_queue, self._stopping)
             self._deliver[request.index] = deliver
             self._incoming.append(request)
             self._cond.notify()
@@ -189,6 +202,11 @@ class Worker:
             tokens_per_s=self._rate(),
         )
 
+    @property
+    def progress(self) -> int:
+        """Steps taken and embedding runs made so far: it moves while the engine works."""
+        return self.run.steps + self._embed_runs
+
     def _rate(self) -> float:
         now = time.perf_counter()
         recent = [(t, n) for t, n in list(self._samples) if now - t <= RATE_WINDOW_S]
@@ -247,6 +265,7 @@ class Worker:
             return
         assert self.embedder is not None  # `embed` takes no job without it
         inputs = [tokens for job in jobs for tokens in job.inputs]
+        self._embed_runs += 1
         try:
             outputs = self.embedder.run(inputs)
         except Exception as exc:  # a failed decode fails these requests, not the server

@@ -92,6 +92,18 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+def check_request(request: BatchRequest, capacity: int) -> None:
+    """Refuse a request that cannot run: no tokens, or a prompt a slot of ``capacity`` tokens cannot hold."""
+    if not request.tokens:
+        raise ValueError(f"request {request.index} has no prompt tokens")
+    if len(request.tokens) >= capacity:
+        raise ContextOverflowError(
+            f"prompt {request.index} is {len(request.tokens)} tokens; each sequence's context holds {capacity}",
+            n_prompt=len(request.tokens),
+            n_ctx=capacity,
+        )
+
+
 # the fewest tokens worth copying another slot's cells for (a copy across
 # per-sequence caches copies the whole sequence), or waiting for them: a
 # choice, not a measurement (a chat template's system turn is about this long)
@@ -228,16 +240,8 @@ class ContinuousBatch:
     # -- requests --
 
     def check(self, request: BatchRequest) -> None:
-        """Refuse a request that cannot run: no tokens, or a prompt the slot's context cannot hold."""
-        if not request.tokens:
-            raise ValueError(f"request {request.index} has no prompt tokens")
-        if len(request.tokens) >= self.capacity:
-            raise ContextOverflowError(
-                f"prompt {request.index} is {len(request.tokens)} tokens; "
-                f"each sequence's context holds {self.capacity}",
-                n_prompt=len(request.tokens),
-                n_ctx=self.capacity,
-            )
+        """Refuse a request that cannot run (`check_request`)."""
+        check_request(request, self.capacity)
 
     def submit(self, request: BatchRequest) -> None:
         """Queue ``request``: it takes a slot at the next step that has one free."""
