@@ -24,6 +24,7 @@ from localrun.events import Stats
 from localrun.history.record import Recorder
 from localrun.runtime.chat import ChatSession
 from localrun.runtime.generate import finished
+from localrun.runtime.sampling import PARAMETERS  # `/set NAME VALUE` and `/set parameter NAME VALUE`
 from localrun.ui.stream import LiveRenderer
 from localrun.ui.text import oldest_turns, session_line, stats_line
 from localrun.units import count
@@ -35,17 +36,6 @@ if TYPE_CHECKING:
 MULTILINE = '"""'
 QUIT_WORDS = frozenset({"exit", "quit"})  # a line of only one of these ends the session, as in a shell
 
-# `/set NAME VALUE` and `/set parameter NAME VALUE` (ollama's names): the sampling field each sets, and its type
-PARAMETERS: dict[str, tuple[str, type[int] | type[float]]] = {
-    "temperature": ("temperature", float),
-    "top_k": ("top_k", int),
-    "top_p": ("top_p", float),
-    "min_p": ("min_p", float),
-    "repeat_penalty": ("repeat_penalty", float),
-    "repeat_last_n": ("repeat_last_n", int),
-    "seed": ("seed", int),
-    "num_predict": ("max_tokens", int),
-}
 # the command line's spellings of the same settings (`--max-tokens`, `--top-p`...)
 SPELLINGS = {"max_tokens": "num_predict", "temp": "temperature", "n_predict": "num_predict"}
 AT_START = {"num_ctx": "--ctx", "num_gpu": "--gpu-layers", "num_thread": "--threads"}  # fixed once loaded

@@ -174,11 +174,30 @@ class Embedder:
 
     # -- input --
 
-    def tokenize(self, texts: Sequence[str], param: str = "input", line: int | None = None) -> list[list[int]]:
+    def tokenize(
+        self, texts: Sequence[str], param: str = "input", line: int | None = None, *, fit: bool = False
+    ) -> list[list[int]]:
         """Each text's tokens (with the model's BOS/EOS or CLS/SEP); an empty
         input or one over the context is refused, naming which (``line``: the
-        first text's line number, for inputs read as lines)."""
-        return [self.check(self.engine.tokenize(text), i, len(texts), param, line) for i, text in enumerate(texts)]
+        first text's line number, for inputs read as lines); ``fit``: one over
+        the context is cut to fit it instead (`fitted`)."""
+        tokenize = self.fitted if fit else self.engine.tokenize
+        return [self.check(tokenize(text), i, len(texts), param, line) for i, text in enumerate(texts)]
+
+    def fitted(self, text: str) -> list[int]:
+        """``text``'s tokens, cut to the context where they are more: the
+        text's first tokens, between the marks the model puts around a text
+        (BOS/CLS before, EOS/SEP after), as ollama's ``truncate`` cuts."""
+        tokens = self.engine.tokenize(text)
+        if len(tokens) <= self.n_ctx:
+            return tokens
+        body = self.engine.tokenize(text, add_special=False)
+        added = len(tokens) - len(body)
+        start = next((k for k in range(max(added, 0) + 1) if tokens[k : k + len(body)] == body), None)
+        if start is None:  # the marks are not simply around the text: its first tokens
+            return tokens[: self.n_ctx]
+        head, tail = tokens[:start], tokens[start + len(body) :]
+        return head + body[: max(self.n_ctx - len(head) - len(tail), 0)] + tail
 
     def check(
         self, tokens: list[int], index: int, count: int, param: str = "input", line: int | None = None

@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
 
 
+# ollama's names for the settings a run may change (a request's ``options``,
+# chat's `/set parameter NAME VALUE`): the field each sets, and its type
+# (``max_tokens`` is the reply's limit; the others are SamplingParams' own)
+PARAMETERS: dict[str, tuple[str, type[int] | type[float]]] = {
+    "temperature": ("temperature", float),
+    "top_k": ("top_k", int),
+    "top_p": ("top_p", float),
+    "min_p": ("min_p", float),
+    "repeat_penalty": ("repeat_penalty", float),
+    "repeat_last_n": ("repeat_last_n", int),
+    "seed": ("seed", int),
+    "num_predict": ("max_tokens", int),
+}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.8

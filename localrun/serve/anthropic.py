@@ -14,7 +14,7 @@ from typing import Any
 from localrun.errors import InvalidRequestError
 from localrun.events import Stats
 from localrun.serve.errors import ApiError
-from localrun.serve.schemas import ChatRequest, json_object, media_refused, parse_data
+from localrun.serve.schemas import ChatRequest, json_object, media_refused, parse_data, refuse_unknown
 from localrun.serve.tools import CallDelta, ToolStream, ToolUse, new_id, split_reply
 from localrun.structured.tools import Call
 
@@ -138,9 +138,7 @@ def chat_request(body: bytes, *, counting: bool = False) -> ChatRequest:
     """A Messages API request as the chat request the server runs; a field
     it cannot honour is refused by name."""
     data = json_object(body)
-    unknown = [k for k in data if k not in KNOWN and k not in IGNORED]
-    if unknown:
-        raise InvalidRequestError(f"not supported by this server: {', '.join(unknown)}", unknown[0])
+    refuse_unknown(data, KNOWN | IGNORED)
     if not counting and not isinstance(data.get("max_tokens"), int):
         raise InvalidRequestError("max_tokens: required", "max_tokens")
     chat: dict[str, Any] = {"messages": _messages(data), **_tools(data)}

@@ -74,10 +74,16 @@ async def _send_error(error: ApiError, scope: Scope, receive: Receive, send: Sen
 class Guard:
     """Before any route: the API key (when the server has one) and the body size limit."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int, on_event: OnEvent | None = None) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
         self.max_body = max_body
+        self.on_event = on_event  # hears of what it answers itself, as of every other request
+
+    async def _refuse(self, error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_error(error, scope, receive, send)
+        if self.on_event is not None:
+            self.on_event(RequestDone(scope["method"], scope["path"], error.status, outcome=error.message))
 
     def _authorized(self, scope: Scope) -> bool:
         """`Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`."""
@@ -102,12 +108,12 @@ class Guard:
             error = api_error(
                 AuthenticationError("a valid API key is needed: Authorization: Bearer KEY (or x-api-key)")
             )
-            await _send_error(error, scope, receive, send)
+            await self._refuse(error, scope, receive, send)
             return
         too_large = http_error(413, f"the request body is over {self.max_body} bytes")
         length = dict(scope.get("headers") or []).get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.max_body:
-            await _send_error(too_large, scope, receive, send)
+            await self._refuse(too_large, scope, receive, send)
             return
         seen = 0
 
@@ -679,7 +685,7 @@ def create_app(table: ModelTable, settings: AppSettings | None = None, on_event:
     if counted is not None:
         metrics.register(app, counted)  # the last route: the others are what it counts by
     app.add_middleware(HoldRequests, table=table)
-    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body, on_event=on_event)
     if settings.cors:  # outermost: a preflight is answered, and errors carry the headers too
         app.add_middleware(
             CORSMiddleware,

@@ -24,7 +24,7 @@ from localrun.errors import InvalidRequestError
 from localrun.runtime.embed import Embedder, truncated
 from localrun.serve.events import OnEvent, RequestDone
 from localrun.serve.router import ModelTable, take_keep_alive
-from localrun.serve.schemas import json_object
+from localrun.serve.schemas import json_object, refuse_unknown
 from localrun.serve.served import Handler, ServedModel
 
 EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
@@ -47,12 +47,6 @@ def embedder_of(model: ServedModel) -> Embedder:
             "or start serve with --pooling mean to pool any model",
         )
     return model.embedder
-
-
-def _refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise InvalidRequestError(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
 
 
 def _is_tokens(value: Any) -> bool:
@@ -95,10 +89,12 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
     return [float(x) for x in vector]
 
 
-def embeddings(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
+def embeddings(model: ServedModel, body: dict[str, Any], *, truncate: bool = False) -> dict[str, Any]:
     """The OpenAI embeddings response for ``body`` (called off the event loop:
-    it tokenizes there, and waits while the model's engine thread decodes)."""
-    _refuse_unknown(body, EMBEDDING_FIELDS)
+    it tokenizes there, and waits while the model's engine thread decodes).
+    An input over the context is an error, or with ``truncate`` (ollama's)
+    cut to fit it."""
+    refuse_unknown(body, EMBEDDING_FIELDS)
     embedder = embedder_of(model)
     encoding = body.get("encoding_format", "float") or "float"
     if encoding not in ("float", "base64"):
@@ -106,9 +102,10 @@ def embeddings(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
     dimensions = _dimensions(body.get("dimensions"), embedder, model.id)
     inputs = _inputs(body.get("input"))
     if isinstance(inputs[0], str):
-        tokens = embedder.tokenize([str(text) for text in inputs])
+        tokens = embedder.tokenize([str(text) for text in inputs], fit=truncate)
     else:
-        tokens = [embedder.check([int(t) for t in item], i, len(inputs)) for i, item in enumerate(inputs)]
+        cut = embedder.n_ctx if truncate else None
+        tokens = [embedder.check([int(t) for t in item][:cut], i, len(inputs)) for i, item in enumerate(inputs)]
     result = embedder.embed_tokens(tokens, run=model.local_worker().embed_now)
     vectors = result.vectors if dimensions is None else [truncated(v, dimensions) for v in result.vectors]
     data = [
@@ -132,7 +129,7 @@ def _documents(value: Any) -> list[str]:
 
 def rerank(model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
     """The rerank response for ``body``: documents by relevance to the query, best first."""
-    _refuse_unknown(body, RERANK_FIELDS)
+    refuse_unknown(body, RERANK_FIELDS)
     embedder = embedder_of(model)
     query = body.get("query")
     if not isinstance(query, str):

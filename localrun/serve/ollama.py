@@ -17,6 +17,7 @@ the request gave."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
@@ -36,12 +37,21 @@ from localrun.events import SequenceDone, SequenceReasoning, SequenceText, Stats
 from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo, read_gguf
 from localrun.runtime.reasoning import reasoning_for
+from localrun.runtime.sampling import PARAMETERS
 from localrun.serve import embeddings
 from localrun.serve.errors import api_error
 from localrun.serve.events import Notice, OnEvent, RequestDone
 from localrun.serve.responses import chat_logprobs, finish_reason, timings
 from localrun.serve.router import ModelTable, parse_duration
-from localrun.serve.schemas import ChatRequest, CompletionRequest, json_object, media_refused, parse_data
+from localrun.serve.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    json_object,
+    media_refused,
+    parse_data,
+    refuse_unknown,
+    renamed,
+)
 from localrun.serve.served import ServedModel
 from localrun.serve.tools import CallDelta, ToolStream, ToolUse, new_id, split_reply
 from localrun.serve.worker import JobEvent
@@ -63,26 +73,22 @@ EMBED_FIELDS = frozenset({"model", "input", "truncate", "options", "keep_alive",
 EMBEDDINGS_FIELDS = frozenset({"model", "prompt", "options", "keep_alive"})
 MESSAGE_FIELDS = frozenset({"role", "content", "images", "thinking", "tool_calls", "tool_name", "tool_call_id"})
 
-# ollama's options and the chat request's fields they set
-OPTIONS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "seed": "seed",
-    "repeat_penalty": "repeat_penalty",
+# ollama's options and the chat request's fields they set: chat's `/set` parameters, and three more
+OPTIONS = {name: field for name, (field, _) in PARAMETERS.items()} | {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
     "stop": "stop",
-    "num_predict": "max_tokens",
 }
 # set when a model loads (here: by `serve`'s flags) or at a value that changes nothing: taken, said once
 TAKEN_OPTIONS = frozenset(
     {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap"}
-    | {"use_mlock", "embedding_only", "numa", "num_thread", "num_keep", "repeat_last_n", "penalize_newline"}
+    | {"use_mlock", "embedding_only", "numa", "num_thread", "penalize_newline"}
     | {"mirostat_tau", "mirostat_eta"}
 )
 NEUTRAL = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}  # samplers llama.cpp's server path here leaves out
+# num_keep: the prompt's first tokens kept when ollama shifts (or cuts) a context that is full. This
+# server never shifts nor cuts (a prompt over the context is an error): all of it is kept, as -1 asks
+KEEP_ALL = -1
 THINK = {True: "medium", False: "none", "low": "low", "medium": "medium", "high": "high"}
 # a chat field's complaint, named as ollama's body has it
 RENAMED = {
@@ -122,13 +128,6 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _refuse_unknown(data: dict[str, Any], known: frozenset[str], where: str = "") -> None:
-    unknown = [k for k in data if k not in known]
-    if unknown:
-        names = ", ".join(where + k for k in unknown)
-        raise InvalidRequestError(f"not supported by this server: {names}", where + unknown[0])
-
-
 def resolve(table: ModelTable, name: Any) -> str:
     """The id of the model ``name`` names: as the router resolves names, or
     with a ``:latest`` tag (ollama's default) that the served name lacks."""
@@ -165,12 +164,33 @@ def _options(options: Any, said: Callable[[str], None]) -> dict[str, Any]:
             continue
         if name in OPTIONS:
             out[OPTIONS[name]] = value
+        elif name == "num_keep":
+            _num_keep(value)
         elif name in TAKEN_OPTIONS or (name in NEUTRAL and value == NEUTRAL[name]):
             said(name)
         else:
             raise InvalidRequestError(f"options.{name}: not supported by this server", f"options.{name}")
     # num_predict -1 (no limit) and -2 (fill the context), llama.cpp's seed -1 (a random one), no stops: none given
     return {k: v for k, v in out.items() if not (_negative(v) and k in ("max_tokens", "seed")) and v != []}
+
+
+def _num_keep(value: Any) -> None:
+    """``num_keep``: -1 (the whole prompt kept) is what this server does; any other count is refused."""
+    if value != KEEP_ALL or isinstance(value, bool):
+        raise InvalidRequestError(
+            f"options.num_keep: this server never shifts the context nor cuts the prompt (one over the context "
+            f"is an error), so it keeps no count of tokens; leave num_keep out, or give {KEEP_ALL} (all of it)",
+            "options.num_keep",
+        )
+
+
+def _truncate(value: Any) -> bool:
+    """``/api/embed``'s ``truncate``: an input over the context cut to fit it (true, ollama's default), or an error."""
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise InvalidRequestError("truncate: true or false", "truncate")
+    return value
 
 
 def _negative(value: Any) -> bool:
@@ -228,7 +248,7 @@ def messages(given: Any) -> list[dict[str, Any]]:
         where = f"messages.{i}"
         if not isinstance(m, dict):
             raise InvalidRequestError(f"{where}: a message is an object", where)
-        _refuse_unknown(m, MESSAGE_FIELDS, where + ".")
+        refuse_unknown(m, MESSAGE_FIELDS, where + ".")
         _no_images(m.get("images"), where)
         role, content = m.get("role"), m.get("content")
         if role not in ("system", "user", "assistant", "tool"):
@@ -274,24 +294,13 @@ def _answered(open_calls: list[tuple[str, str]], call_id: Any, name: Any) -> str
     return str(call_id) if isinstance(call_id, str) else None
 
 
-def _renamed(exc: InvalidRequestError) -> InvalidRequestError:
-    """A chat field's complaint with the field named as ollama's body has it."""
-    param = exc.param or ""
-    head, dot, rest = param.partition(".")
-    theirs = RENAMED.get(head)
-    if theirs is None or head == theirs:
-        return exc
-    message = exc.message.replace(param, theirs + dot + rest, 1) if exc.message.startswith(param) else exc.message
-    return InvalidRequestError(message, theirs + dot + rest)
-
-
 def _checked(
     kind: type[ChatRequest] | type[CompletionRequest], request: dict[str, Any]
 ) -> ChatRequest | CompletionRequest:
     try:
         return parse_data(kind, request)
     except InvalidRequestError as exc:
-        raise _renamed(exc) from None
+        raise renamed(exc, RENAMED) from None
 
 
 @dataclass(frozen=True)
@@ -314,7 +323,7 @@ def _common(data: dict[str, Any], said: Callable[[str], None]) -> dict[str, Any]
 def chat_request(table: ModelTable, body: bytes, said: Callable[[str], None]) -> Asked:
     """An ``/api/chat`` body as the chat request the server runs."""
     data = json_object(body)
-    _refuse_unknown(data, CHAT_FIELDS)
+    refuse_unknown(data, CHAT_FIELDS)
     model_id = resolve(table, data.get("model"))
     keep_alive = parse_duration(data["keep_alive"]) if data.get("keep_alive") is not None else None
     stream = data.get("stream") is not False
@@ -336,7 +345,7 @@ def generate_request(table: ModelTable, body: bytes, said: Callable[[str], None]
     """An ``/api/generate`` body: the prompt in the model's chat template (a
     ``system`` message before it), or, ``raw``, as it is."""
     data = json_object(body)
-    _refuse_unknown(data, GENERATE_FIELDS)
+    refuse_unknown(data, GENERATE_FIELDS)
     model_id = resolve(table, data.get("model"))
     keep_alive = parse_duration(data["keep_alive"]) if data.get("keep_alive") is not None else None
     stream = data.get("stream") is not False
@@ -538,12 +547,16 @@ _READ: dict[tuple[Path, int, float], tuple[GGUFInfo, ModelInfo]] = {}  # headers
 
 
 def _path(table: ModelTable, model_id: str) -> Path | None:
-    """The model's file: a loaded model's own, else a pulled model's in the store."""
+    """The model's file: a loaded model's own, else a pulled model's in the
+    store, else the one its plan names (`serve --models-dir`'s plans have a ``path``)."""
     loaded = next((m for m in table.models if m.id == model_id), None)
     if loaded is not None:
         return loaded.shape.path
     entry = table.registry.entries.get(model_id) if table.registry is not None else None
-    return store.locate(store.Target.from_entry(entry)) if entry is not None else None
+    if entry is not None:
+        return store.locate(store.Target.from_entry(entry))
+    planned = next((getattr(e.plan, "path", None) for e in table.entries if e.id == model_id), None)
+    return planned if isinstance(planned, Path) else None
 
 
 def facts(table: ModelTable, model_id: str) -> Facts:
@@ -731,7 +744,7 @@ class Routes(Generic[J]):
         """``/api/embed`` (or, ``legacy``, ``/api/embeddings``) through the embeddings endpoint's own handler."""
         t0 = time.perf_counter()
         data = json_object(await request.body())
-        _refuse_unknown(data, EMBEDDINGS_FIELDS if legacy else EMBED_FIELDS)
+        refuse_unknown(data, EMBEDDINGS_FIELDS if legacy else EMBED_FIELDS)
         _options(data.get("options"), self.said)
         model_id = resolve(self.table, data.get("model"))
         keep_alive = parse_duration(data["keep_alive"]) if data.get("keep_alive") is not None else None
@@ -740,8 +753,10 @@ class Routes(Generic[J]):
         openai: dict[str, Any] = {"model": model_id, "input": data.get("prompt") if legacy else data.get("input")}
         if data.get("dimensions") is not None:
             openai["dimensions"] = data["dimensions"]
-        # as /v1/embeddings runs it: tokenized on a thread that ends with it, decoded on the engine thread
-        result = await model.call(embeddings.embeddings, openai)
+        truncate = not legacy and _truncate(data.get("truncate"))  # the older endpoint has no truncate: never cut
+        embed = functools.partial(embeddings.embeddings, truncate=truncate)
+        # as /v1/embeddings runs it: where the model is loaded, decoded on its engine thread
+        result = await model.call(embed, openai)
         vectors = [item["embedding"] for item in result["data"]]
         tokens = int(result["usage"]["prompt_tokens"])
         self._done(request, model.id, t0, tokens)
@@ -788,7 +803,7 @@ def register(app: FastAPI, routes: Routes[Any]) -> None:
     @app.post("/api/show")
     async def show_route(request: Request) -> dict[str, Any]:
         data = json_object(await request.body())
-        _refuse_unknown(data, frozenset({"model", "name", "verbose", "system", "template", "options"}))
+        refuse_unknown(data, frozenset({"model", "name", "verbose", "system", "template", "options"}))
         return await run_in_threadpool(show, table, resolve(table, data.get("model") or data.get("name")))
 
     @app.get("/api/version")

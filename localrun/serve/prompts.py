@@ -27,16 +27,20 @@ SAMPLING_FIELDS = (
     "top_k",
     "min_p",
     "repeat_penalty",
+    "repeat_last_n",
     "seed",
     "frequency_penalty",
     "presence_penalty",
 )
 
 
-def sampling(request: ChatRequest | CompletionRequest, n_vocab: int) -> SamplingParams:
-    """The request's sampling settings; what it leaves out is `localrun generate`'s default."""
+def sampling(request: ChatRequest | CompletionRequest, n_vocab: int, n_ctx: int) -> SamplingParams:
+    """The request's sampling settings; what it leaves out is `localrun generate`'s default
+    (``repeat_last_n`` -1: the penalties look back over the whole context, ``n_ctx``)."""
     fields = SAMPLING_FIELDS
     given = {name: getattr(request, name) for name in fields if getattr(request, name) is not None}
+    if given.get("repeat_last_n") == -1:
+        given["repeat_last_n"] = n_ctx
     return replace(SamplingParams(), **given, logit_bias=request.biases(n_vocab))
 
 
@@ -117,8 +121,8 @@ def output_spec(
         spec = response_format(request.response_format)
     except UsageError as exc:
         raise InvalidRequestError(exc.message, "response_format") from None
-    if spec is not None:
-        tokenizer_for(model.engine)  # built once per engine, here rather than on the engine thread
+    if spec is not None and model.here:
+        tokenizer_for(model.engine)  # built once per engine, here rather than on the engine thread (a runner: its own)
     return spec
 
 
@@ -150,7 +154,7 @@ def prepare(
     return BatchRequest(
         index=index,
         tokens=tokens,
-        sampling=sampling(request, model.engine.n_vocab),
+        sampling=sampling(request, model.engine.n_vocab, model.capacity),
         max_tokens=request.limit(),
         stop=request.stops(),
         output=output_spec(model, request, use),

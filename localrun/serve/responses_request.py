@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import InvalidRequestError
-from localrun.serve.schemas import IGNORED, ChatRequest, json_object, media_refused, parse_data
+from localrun.serve.schemas import IGNORED, ChatRequest, json_object, media_refused, parse_data, refuse_unknown, renamed
 
 # the request's fields read here; the ones beside them that change nothing are `HARMLESS`
 KNOWN = frozenset(
@@ -181,9 +181,7 @@ def turn_request(body: bytes, earlier: Callable[[str], list[Item]]) -> TurnReque
     """The request in ``body``, the turns ``earlier`` finds for its
     `previous_response_id` put before its input."""
     data = json_object(body)
-    unknown = [k for k in data if k not in KNOWN and k not in EXTENSIONS and k not in HARMLESS]
-    if unknown:
-        raise InvalidRequestError(f"not supported by this server: {', '.join(unknown)}", unknown[0])
+    refuse_unknown(data, KNOWN | EXTENSIONS | HARMLESS)
     if data.get("truncation") not in (None, "disabled"):
         raise InvalidRequestError("truncation: only disabled (a prompt over the context is an error)", "truncation")
     store = data.get("store", True)
@@ -209,19 +207,8 @@ def turn_request(body: bytes, earlier: Callable[[str], list[Item]]) -> TurnReque
     try:
         parsed = parse_data(ChatRequest, chat)
     except InvalidRequestError as exc:  # named as this request has it
-        raise _renamed(exc) from None
+        raise renamed(exc, OURS) from None
     return TurnRequest(parsed, items, _echo(data, store), store)
-
-
-def _renamed(exc: InvalidRequestError) -> InvalidRequestError:
-    """A chat field's complaint with the field named as the Responses API has it."""
-    param = exc.param or ""
-    head, dot, rest = param.partition(".")
-    ours = OURS.get(head)
-    if ours is None:
-        return exc
-    message = exc.message.replace(param, ours + dot + rest, 1) if exc.message.startswith(param) else exc.message
-    return InvalidRequestError(message, ours + dot + rest)
 
 
 def _echo(data: dict[str, Any], store: bool) -> dict[str, Any]:

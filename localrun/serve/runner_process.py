@@ -96,12 +96,35 @@ def _call(outbox: Outbox, model: Any, ident: int, handler: Callable[..., Any], b
         outbox.send("called", ident, result, None)
 
 
+def _take(message: tuple[Any, ...], model: Any, outbox: Outbox) -> bool:
+    """Do what the server asks; False when it asks the runner to stop."""
+    from localrun.errors import LocalrunError
+    from localrun.serve.worker import Failed
+    from localrun.structured.constraint import tokenizer_for
+
+    kind: str = message[0]
+    if kind == "submit":
+        request = message[1]
+        if request.output is not None:  # built once, here rather than on the engine thread
+            tokenizer_for(model.engine)
+        try:
+            model.local_worker().submit(request, outbox.event)
+        except LocalrunError as exc:
+            outbox.event(Failed(request.index, exc))
+    elif kind == "cancel":
+        model.local_worker().cancel(message[1])
+    elif kind == "call":
+        _, ident, handler, body = message
+        threading.Thread(
+            target=_call, args=(outbox, model, ident, handler, body), name="localrun-runner-call", daemon=True
+        ).start()
+    return kind != "stop"
+
+
 def serve(conn: Connection) -> None:
     """Load the model the server sends, then take its requests until told to stop or it is gone."""
-    from localrun.errors import LocalrunError
     from localrun.serve.heap import one_arena
     from localrun.serve.served import load_model
-    from localrun.serve.worker import Failed
 
     one_arena()
     try:
@@ -116,32 +139,17 @@ def serve(conn: Connection) -> None:
     outbox.send("loaded", model.loaded)
     stopped = threading.Event()
     threading.Thread(target=_beat, args=(outbox, model, stopped), name="localrun-runner-beat", daemon=True).start()
-    worker = model.local_worker()
     try:
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):  # the server is gone: end now, whatever runs
                 os._exit(0)
-            kind = message[0]
-            if kind == "submit":
-                request = message[1]
-                try:
-                    worker.submit(request, outbox.event)
-                except LocalrunError as exc:
-                    outbox.event(Failed(request.index, exc))
-            elif kind == "cancel":
-                worker.cancel(message[1])
-            elif kind == "call":
-                _, ident, handler, body = message
-                threading.Thread(
-                    target=_call, args=(outbox, model, ident, handler, body), name="localrun-runner-call", daemon=True
-                ).start()
-            elif kind == "stop":
+            if not _take(message, model, outbox):
                 break
     finally:
         stopped.set()
-        worker.stop()  # every request still admitted ends, with its error, before the socket closes
+        model.local_worker().stop()  # every request still admitted ends, with its error, before the socket closes
         outbox.close()
         model.close()
 

@@ -7,6 +7,7 @@ ignored), as is content it cannot read (an image)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -108,6 +109,7 @@ class _Generation(BaseModel):
     top_k: int | None = Field(None, ge=0)  # llama.cpp's extensions
     min_p: float | None = Field(None, ge=0, le=1)
     repeat_penalty: float | None = Field(None, gt=0)
+    repeat_last_n: int | None = Field(None, ge=-1)  # the tokens the penalties look back over (-1: the context)
     seed: int | None = Field(None, ge=0, lt=2**32)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -235,6 +237,27 @@ def json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidRequestError("the body must be a JSON object")
     return data
+
+
+def refuse_unknown(data: dict[str, Any], known: frozenset[str], where: str = "") -> None:
+    """A field of ``data`` not in ``known`` refused by name (``where``: the
+    path to ``data`` inside the body, as ``messages.0.``)."""
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        names = ", ".join(where + k for k in unknown)
+        raise InvalidRequestError(f"not supported by this server: {names}", where + unknown[0])
+
+
+def renamed(exc: InvalidRequestError, names: Mapping[str, str]) -> InvalidRequestError:
+    """A chat request field's complaint with the field named as another API's
+    body has it (``names``: the chat request's name of a field -> that API's)."""
+    param = exc.param or ""
+    head, dot, rest = param.partition(".")
+    theirs = names.get(head)
+    if theirs is None or head == theirs:
+        return exc
+    message = exc.message.replace(param, theirs + dot + rest, 1) if exc.message.startswith(param) else exc.message
+    return InvalidRequestError(message, theirs + dot + rest)
 
 
 def parse(kind: type[R], body: bytes) -> R:

@@ -123,3 +123,41 @@ def test_model_switches_and_the_conversation_goes_on(tiny_model: Path, wide_mode
     conversation = json.loads(saved.read_text())
     assert conversation["model"] == str(wide_model)
     assert [m["content"] for m in conversation["messages"] if m["role"] == "user"] == ["hello model", "and again"]
+
+
+def _unloadable(model: Path, to: Path) -> Path:
+    """``model`` with a tensor renamed in its header (the name's length kept):
+    it reads and plans as the model does, and llama.cpp does not load it (a tensor is missing)."""
+    data = model.read_bytes()
+    name = b"blk.0.attn_q.weight"
+    assert data.count(name) == 1
+    to.write_bytes(data.replace(name, b"blk.0.attn_x.weight"))
+    return to
+
+
+@pytest.mark.pty
+def test_model_that_leaves_no_model_loaded_ends_the_session(tiny_model: Path, wide_model: Path, tmp_path: Path) -> None:
+    """`/model NAME` where NAME fails to load and the model before it fails to
+    load again: the session ends, saying so (no turn on a closed model)."""
+    first = tmp_path / "first.gguf"
+    first.write_bytes(tiny_model.read_bytes())
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", "chat", "-m", str(first), "-n", "4", "-t", "0"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "200", "LINES": "30"},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(30, 200),
+    )
+    try:
+        child.expect(">>> ")
+        # the loaded model's file replaced (its mapping keeps the old one): it cannot load again
+        _unloadable(tiny_model, tmp_path / "cut.gguf").replace(first)
+        broken = _unloadable(wide_model, tmp_path / "broken.gguf")
+        child.sendline(f"/model {broken}")
+        child.expect("no model is loaded, the session ends")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    screen = child.before or ""
+    assert ">>> " not in screen and "Traceback" not in screen  # no prompt after it, no crash

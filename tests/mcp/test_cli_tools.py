@@ -6,6 +6,7 @@ tiny model is steered to call (a bias on `<tool_call>`)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -177,3 +178,65 @@ def test_with_tools_a_temperature_nobody_chose_is_low() -> None:
     default = SamplingParams(temperature=0.8)
     assert tool_sampling(default, None).temperature == TOOL_TEMPERATURE
     assert tool_sampling(default, 0.8).temperature == 0.8  # --temperature 0.8 given: kept
+
+
+# `localrun` with its sampling biased toward `marker` (argv[1]): the model calls wherever it may
+BIASED = """
+import sys
+from dataclasses import replace
+
+from localrun.cli import _options
+
+made, marker = _options.sampling_params, int(sys.argv[1])
+_options.sampling_params = lambda *a, **k: replace(made(*a, **k), logit_bias=((marker, 30.0),))
+sys.argv = ["localrun", *sys.argv[2:]]
+from localrun.entry import main
+
+raise SystemExit(main())
+"""
+ASKED = r"run facts_add\?"
+PROMPT = ">>> "
+
+
+@pytest.mark.pty
+def test_chat_on_a_terminal_asks_before_each_call(model: tuple[Path, int], tmp_path: Path, pidfile: Path) -> None:
+    """Issue 53: on a terminal each call is asked about. No: the tool does not
+    run; always: it runs, then and for the rest of the session without asking."""
+    import pexpect
+
+    path, marker = model
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    args = ["chat", "-m", str(path), "--mcp", str(file), "-n", "160", "--max-tool-steps", "1", "-t", "1"]
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", BIASED, str(marker), *args, "--seed", "3", "--ctx", "4096"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"},
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 120),
+    )
+
+    def turn(message: str, answer: str | None) -> int:
+        """Send ``message``; answer each approval prompt with ``answer`` until the reply ends; the prompts seen."""
+        child.sendline(message)
+        asked = 0
+        while child.expect([ASKED, PROMPT]) == 0:
+            assert answer is not None, "asked about a tool already allowed"
+            asked += 1
+            child.sendline(answer)
+        return asked
+
+    try:
+        child.expect(PROMPT)
+        assert turn("Add 2 and 40.", "n") >= 1
+        assert ran(tmp_path) == []  # refused: nothing ran
+        assert turn("Now add 1 and 1.", "a") == 1  # always: the rest of the turn's calls run unasked
+        allowed = ran(tmp_path)
+        assert allowed and all(line.startswith("add {") for line in allowed)
+        assert turn("And 3 and 4?", None) == 0  # no prompt: still allowed
+        assert len(ran(tmp_path)) > len(allowed)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

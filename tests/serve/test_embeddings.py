@@ -97,7 +97,7 @@ def test_dimensions_cut_a_matryoshka_model_only(embedding_server: Server) -> Non
         ({"input": ["fine", ""]}, "input 1 is empty"),
         ({"input": [1.5]}, "must be a string"),
         ({"input": "x", "encoding_format": "int8"}, "float or base64"),
-        ({"input": "x", "pooling": "max"}, "unsupported field"),
+        ({"input": "x", "pooling": "max"}, "not supported by this server: pooling"),
     ],
 )
 def test_bad_input_is_a_400_naming_it(embedding_server: Server, body: dict[str, Any], says: str) -> None:

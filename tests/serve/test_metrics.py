@@ -127,3 +127,27 @@ def test_requests_are_counted_by_route_not_by_path() -> None:
     assert counted.endpoint("/v1/responses/resp_1") == "/v1/responses/{response_id}"
     assert counted.endpoint("/api/chat") == "/api/chat"
     assert counted.endpoint("/wp-admin/x.php") == "other"
+
+
+def test_the_guards_own_answers_are_counted() -> None:
+    """A wrong API key (401) and a body over the limit (413) are answered
+    before any route: they are counted all the same, by the route asked for."""
+    settings = AppSettings(api_key="metrics-key-9", max_body=1000)
+    with TestClient(create_app(_idle_table(), settings)) as client:
+        key = {"Authorization": "Bearer metrics-key-9"}
+        assert (
+            client.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        )
+        assert client.get("/api/tags").status_code == 401
+        big = {"model": "lazy", "messages": [{"role": "user", "content": "x" * 2000}]}
+        assert client.post("/v1/chat/completions", json=big, headers=key).status_code == 413
+        response = client.get("/metrics", headers=key)
+    assert response.status_code == 200
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+    assert value(samples, "localrun_requests_total", endpoint="/v1/chat/completions", status="401") == 1
+    assert value(samples, "localrun_requests_total", endpoint="/api/tags", status="401") == 1
+    assert value(samples, "localrun_requests_total", endpoint="/v1/chat/completions", status="413") == 1

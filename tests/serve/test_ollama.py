@@ -5,6 +5,7 @@ tools, think, embed, the model listings, and errors in ollama's shape."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,6 +108,33 @@ def test_options_reach_the_sampler(client: ollama.Client) -> None:
     short = client.generate(model=MODEL, prompt="hi", options={"num_predict": 40, "stop": [cut], **GREEDY})
     assert len(cut) == 2 and short.done_reason == "stop" and short.response is not None
     assert cut not in short.response and stopped.startswith(short.response)
+
+
+def test_repeat_last_n_is_the_penalty_window(client: ollama.Client) -> None:
+    """A strong repeat penalty changes the greedy reply; a window of 0 turns it
+    off, and a window of the whole context (-1) holds the reply as 64 does."""
+    base = {"num_predict": 48, **GREEDY}
+
+    def reply(**options: Any) -> str:
+        return client.generate(model=MODEL, prompt="hi", raw=True, options=base | options).response or ""
+
+    plain = reply()
+    penalized = reply(repeat_penalty=3.0)
+    assert penalized != plain
+    assert reply(repeat_penalty=3.0, repeat_last_n=0) == plain
+    assert reply(repeat_penalty=3.0, repeat_last_n=-1) == penalized  # the 48 tokens fit either window
+    assert reply(repeat_penalty=3.0, repeat_last_n=1) != penalized
+
+
+def test_num_keep_is_refused_unless_it_keeps_all(client: ollama.Client) -> None:
+    """The server never shifts the context nor cuts a prompt: nothing counts
+    the tokens num_keep would keep, so a count is refused, not ignored."""
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.generate(model=MODEL, prompt="hi", options={"num_keep": 4, "num_predict": 2})
+    assert caught.value.status_code == 400 and caught.value.error.startswith("options.num_keep")
+    assert "never shifts the context" in caught.value.error
+    kept = client.generate(model=MODEL, prompt="hi", options={"num_keep": -1, "num_predict": 2, **GREEDY})
+    assert kept.done and kept.eval_count == 2
 
 
 def test_generate_templated_raw_and_streamed(client: ollama.Client) -> None:
@@ -231,6 +259,21 @@ def test_embed_is_the_embeddings_endpoints_vector(server: Server, client: ollama
     assert caught.value.status_code == 400 and "not an embedding model" in caught.value.error
 
 
+def test_embed_truncate_cuts_an_input_over_the_context_or_refuses_it(client: ollama.Client) -> None:
+    """ollama's default cuts an input to the context (its first tokens kept);
+    truncate false makes one over it an error."""
+    head = "the cat sat on the mat " * 800  # more tokens than the context holds
+    cut = client.embed(model="mean-embed", input=[head + "and then it rained", head + "a different ending"])
+    assert np.allclose(cut.embeddings[0], cut.embeddings[1], atol=1e-6)  # only what is past the context differs
+    other = client.embed(model="mean-embed", input="a dog " + head)
+    assert not np.allclose(other.embeddings[0], cut.embeddings[0])
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.embed(model="mean-embed", input=head, truncate=False)
+    assert caught.value.status_code == 400 and "the context holds" in caught.value.error
+    fits = client.embed(model="mean-embed", input="hello there", truncate=False)
+    assert np.allclose(fits.embeddings[0], client.embed(model="mean-embed", input="hello there").embeddings[0])
+
+
 # --------------------------------------------------------------- errors --
 
 
@@ -293,6 +336,24 @@ def test_keep_alive_loads_holds_and_unloads_a_model_on_demand(on_demand: Server,
         assert client.ps().models == []
 
 
+@pytest.fixture(scope="module")
+def from_folder(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A model in --models-dir, served on demand."""
+    folder = tmp_path_factory.mktemp("ggufs")
+    shutil.copy(tiny_model, folder / "first.gguf")
+    yield from start(tmp_path_factory.mktemp("home"), "--models-dir", str(folder), "--parallel", "1", "--ctx", "512")
+
+
+def test_a_models_dir_model_is_listed_with_its_file_before_it_loads(from_folder: Server, tiny_model: Path) -> None:
+    with ollama.Client(host=from_folder.url, timeout=120) as client:
+        listed = {m.model: m for m in client.list().models}
+        assert client.ps().models == []  # nothing loaded: the listing read the file
+        first = listed["first:latest"]
+        assert first.size == tiny_model.stat().st_size
+        assert first.details is not None and first.details.family == "llama"
+        assert first.details.quantization_level == "F32"
+
+
 # ------------------------------------------------------- the translation --
 
 
@@ -327,7 +388,8 @@ def test_options_map_and_refuse_by_name() -> None:
     )
     assert mapped == {"temperature": 0.2, "stop": ["\n"]} and said == ["num_ctx", "typical_p"]
     assert api._options({"num_predict": 5, "top_k": 3}, said.append) == {"max_tokens": 5, "top_k": 3}
-    for refused in ({"typical_p": 0.5}, {"tfs_z": 0.9}, {"bogus": 1}):
+    assert api._options({"repeat_last_n": 16, "num_keep": -1}, said.append) == {"repeat_last_n": 16}
+    for refused in ({"typical_p": 0.5}, {"tfs_z": 0.9}, {"bogus": 1}, {"num_keep": 4}, {"num_keep": True}):
         with pytest.raises(InvalidRequestError) as caught:
             api._options(refused, said.append)
         assert caught.value.param == f"options.{next(iter(refused))}"

@@ -114,7 +114,7 @@ def test_a_runner_that_hangs_is_replaced(two: Server) -> None:
         assert started.wait(60)
         os.kill(beta, signal.SIGSTOP)  # alive, but it neither answers nor moves
         t0 = time.monotonic()
-        chunks, error = cut.result(120)
+        _, error = cut.result(120)
     waited = time.monotonic() - t0
     assert BETA in error and "was replaced" in error, error
     assert waited >= 2.5  # not before its 3 s were up
