@@ -97,23 +97,33 @@ class _Rules:
                 self.new(), f'"{{" ({KEY} ":" {self.any_value()} ("," {KEY} ":" {self.any_value()})*)? "}}"'
             )
         required = set(schema.get("required") or [])
-        keys = sorted(properties)
-        items = [f"{json.dumps(k + ':')} {self.value(properties[k])}" for k in keys]
+        items = [(f"{json.dumps(k + ':')} {self.value(properties[k])}", k in required) for k in sorted(properties)]
         name = self.new()
-        # tail_i: the items from i on, each after a comma; the first written item takes none
-        tails = [f"{name}_t{i}" for i in range(len(keys) + 1)]
-        self.add(tails[-1], '""')
-        for i in range(len(keys) - 1, -1, -1):
-            after = f'"," {items[i]} {tails[i + 1]}'
-            self.add(tails[i], after if keys[i] in required else f"{after} | {tails[i + 1]}")
-        heads = []
-        for i in range(len(keys)):
-            heads.append(f"{items[i]} {tails[i + 1]}")
-            if keys[i] in required:
-                break
-        else:
-            heads.append('""')
-        return self.add(name, f'"{{" ({" | ".join(heads)}) "}}"')
+        rules, listed = separated(name, items, '","')
+        self.rules += rules
+        return self.add(name, f'"{{" {listed} "}}"')
+
+
+def separated(name: str, items: list[tuple[str, bool]], sep: str) -> tuple[list[str], str]:
+    """``items`` (each a lark expression, and whether it is required) in
+    their order, each optional one written or left out, ``sep`` (a lark
+    item) between those written: the rules it takes (named ``NAME_tI``) and
+    the lark expression."""
+    # tail_i: the items from i on, each after a separator; the first written item takes none
+    tails = [f"{name}_t{i}" for i in range(len(items) + 1)]
+    rules = [f'{tails[-1]}: ""']
+    for i in range(len(items) - 1, -1, -1):
+        item, needed = items[i]
+        after = f"{sep} {item} {tails[i + 1]}"
+        rules.append(f"{tails[i]}: {after if needed else f'{after} | {tails[i + 1]}'}")
+    heads = []
+    for i, (item, needed) in enumerate(items):
+        heads.append(f"{item} {tails[i + 1]}")
+        if needed:
+            break
+    else:
+        heads.append('""')
+    return rules, f"({' | '.join(heads)})"
 
 
 def gemma_rules(schema: dict[str, Any], rule: str, quote: str, *, quote_is_token: bool) -> list[str]:

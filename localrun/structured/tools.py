@@ -10,9 +10,12 @@ a named one as the family's marker, NAME, its separator and ARGS (Mistral's
 The grammar constrains NAME to the declared functions and ARGS to that
 function's JSON Schema. With ``required`` (or one named function) the reply is
 calls from its first token; with ``auto`` it is free text, and once a call's
-marker begins, the rest of the call is constrained. A marker that is a special
-token of the model's vocabulary is referred to as that token (free text can
-never contain it); otherwise it is matched as text.
+marker begins, the rest of the call is constrained; where a family's text has
+a place of its own (Functionary v3.2's and Muse's message to the user, Kimi
+K3's response section), it is free there, the calls after it or instead of
+it. A marker that is a special token of the model's vocabulary is referred
+to as that token (free text can never contain it); otherwise it is matched
+as text.
 
 gpt-oss's harmony calls are messages on a channel of their own, after any
 thinking in another: its grammar covers the whole reply, channels, thinking
@@ -23,13 +26,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from localrun.errors import InvalidRequestError
-from localrun.structured.gemma_args import gemma_rules
+from localrun.structured.gemma_args import gemma_rules, separated
 from localrun.structured.spec import OutputSpec
 from localrun.structured.toolcalls.calls import Call, Function
-from localrun.structured.toolcalls.families import GRAMMARS, HARMONY_HEADER, CallFormat
+from localrun.structured.toolcalls.families import GRAMMARS, HARMONY_HEADER, KIMI3_ARGUMENT, MINIMAX_SEP, CallFormat
 from localrun.structured.toolcalls.values import GEMMA_QUOTE, string_valued
 
 if TYPE_CHECKING:
@@ -78,7 +82,7 @@ def _declared(f: Function) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- grammar --
 
-_MARKER = re.compile(r"(</?\|?[A-Za-z_][\w|.-]*\|?>|\[[A-Z_]+\]|<｜[^｜<>]+｜>|<\|\"\|>)")
+_MARKER = re.compile(rf"(</?\|?[A-Za-z_][\w|.:-]*\|?>|\[[A-Z_]+\]|<｜[^｜<>]+｜>|<\|\"\|>|{re.escape(MINIMAX_SEP)})")
 
 
 # harmony: what ends a message and opens the next of the reply
@@ -87,16 +91,14 @@ NEXT_MESSAGE = "<|end|><|start|>assistant"
 
 def _specials(engine: Tokenizer) -> dict[str, int]:
     """The markers this vocabulary holds as one special token each, and their ids."""
-    from localrun.structured.constraint import tokenizer_for
+    from localrun.structured.constraint import is_special
 
-    tok = tokenizer_for(engine)
     found = {}
     for fmt in (*GRAMMARS, FENCED):
-        texts = (fmt.begin, fmt.each, fmt.name_end, fmt.after_each, fmt.end, *(t for t, _ in fmt.triggers))
-        for text in (NEXT_MESSAGE, GEMMA_QUOTE, *texts):
+        for text in (NEXT_MESSAGE, GEMMA_QUOTE, *fmt.texts):
             for mark in _MARKER.findall(text):
                 ids = engine.tokenize(mark, add_special=False, parse_special=True)
-                if len(ids) == 1 and tok.is_special_token(ids[0]):
+                if len(ids) == 1 and is_special(engine.vocab, ids[0], mark.encode()):
                     found[mark] = ids[0]
     return found
 
@@ -145,22 +147,190 @@ def _compile_args(name: str, schema: dict[str, Any], *, check: bool = True) -> s
     return json.dumps(grammar_schema, ensure_ascii=False)
 
 
-def _xml_args(f: Function, rule: str) -> list[str]:
-    """Qwen3-Coder's parameters for ``f``: each ``<parameter=P>\nVALUE\n</parameter>\n``
-    in the schema's order, the required ones always; a string's VALUE is any
-    text up to the closing tag, any other VALUE is JSON of its schema."""
-    _compile_args(f.name, f.parameters)
-    properties = f.parameters.get("properties") or {}
-    required = set(f.parameters.get("required") or [])
-    close = "\n</parameter>\n"
+def _tagged_args(
+    f: Function,
+    rule: str,
+    schema: dict[str, Any],
+    head: Callable[[str, Any], str],
+    close: Callable[[str], str],
+    specials: dict[str, int],
+    *,
+    lines: bool = True,
+    nested: bool = False,
+) -> list[str]:
+    """The parameters of ``schema`` (``f``'s, or an object's inside them) each
+    a tagged value: ``head(KEY, its schema)`` (a lark expression), VALUE and
+    ``close(KEY)`` (text), in the schema's order, the required ones always, a
+    new line before each and after the last or not (``lines``). A string's
+    VALUE is any text up to its closing tag, any other VALUE is JSON of its
+    schema; ``nested``: an object's VALUE is its own fields so tagged, an
+    array's its ``item`` elements (MiniMax M3)."""
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    nl = '"\\n"?' if lines else ""
     rules: list[str] = []
     parts: list[str] = []
-    for k, (key, schema) in enumerate(properties.items()):
-        opening = json.dumps(f"<parameter={key}>\n")
-        value = _parameter_value(f, f"{rule}_p{k}", schema, string_valued(schema), close, rules)
-        parts.append(f"({opening} {value})" + ("" if key in required else "?"))
-    rules.append(f"{rule}: {' '.join(parts) or EMPTY}")
+    for k, (key, sub) in enumerate(properties.items()):
+        value = _tagged_value(
+            f, f"{rule}_p{k}", sub, close(key), specials, rules, nested=nested, head=head, close=close
+        )
+        parts.append(f"({nl} {head(key, sub)} {value})" + ("" if key in required else "?"))
+    rules.append(f"{rule}: {' '.join(parts) or EMPTY} {nl}".rstrip())
     return rules
+
+
+def _tagged_value(
+    f: Function,
+    name: str,
+    schema: Any,
+    closing: str,
+    specials: dict[str, int],
+    rules: list[str],
+    *,
+    nested: bool,
+    head: Callable[[str, Any], str],
+    close: Callable[[str], str],
+) -> str:
+    """One tagged parameter's value and its closing tag ``closing``, as a lark
+    expression (its rules, named ``name``, added to ``rules``)."""
+    close_lark = _lark_text(closing, specials)
+    if nested and isinstance(schema, dict) and schema.get("properties"):
+        rules += _tagged_args(f, name, schema, head, close, specials, lines=False, nested=True)
+        return f"{name} {close_lark}"
+    if nested and isinstance(schema, dict) and schema.get("type") == "array" and "items" in schema:
+        item = _tagged_value(
+            f, f"{name}_i", schema["items"], close("item"), specials, rules, nested=True, head=head, close=close
+        )
+        rules.append(f"{name}: ({head('item', schema['items'])} {item})*")
+        return f"{name} {close_lark}"
+    token = (parts := [p for p in _MARKER.split(closing) if p]) != [] and parts[0] in specials
+    return _parameter_value(f, name, schema, string_valued(schema), closing, rules, close_lark=close_lark, token=token)
+
+
+def _xml_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    """Qwen3-Coder's ``<parameter=KEY>\\nVALUE\\n</parameter>\\n``, Seed-OSS's without the value's lines."""
+    pad = "\n" if fmt.value_lines else ""
+    return _tagged_args(
+        f,
+        rule,
+        f.parameters,
+        lambda key, _: json.dumps(f"<parameter={key}>{pad}"),
+        lambda _: f"{pad}</parameter>\n",
+        specials,
+        lines=False,
+    )
+
+
+def _invoke_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    """``<parameter name="KEY">VALUE</parameter>`` (MiniMax M2; DeepSeek V3.2's
+    and Muse's tags prefixed, DeepSeek's with ``string="true"`` on a text
+    value; MiniCPM's ``param``)."""
+
+    def head(key: str, schema: Any) -> str:
+        attr = (' string="true"' if string_valued(schema) else ' string="false"') if fmt.typed_attr else ""
+        return json.dumps(f'<{fmt.tag}{fmt.param} name="{key}"{attr}>')
+
+    return _tagged_args(f, rule, f.parameters, head, lambda _: f"</{fmt.tag}{fmt.param}>", specials)
+
+
+def _pair_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    """GLM's ``<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>``, a new line
+    before each tag or not (GLM's templates differ); Hunyuan's tags suffixed."""
+    key_open, key_close = (_lark_text(f"<{t}{fmt.tag}>", specials) for t in ("arg_key", "/arg_key"))
+    value_open = _lark_text(f"<arg_value{fmt.tag}>", specials)
+
+    def head(key: str, _: Any) -> str:
+        return f'{key_open} {json.dumps(key)} {key_close} "\\n"? {value_open}'
+
+    return _tagged_args(f, rule, f.parameters, head, lambda _: f"</arg_value{fmt.tag}>", specials)
+
+
+def _kimi3_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    """Kimi K3's ``<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>``."""
+
+    def head(key: str, schema: Any) -> str:
+        before, after = KIMI3_ARGUMENT[0].replace("{key}", key).split("{type}")
+        return f"{_lark_text(before, specials)} {_kimi3_type(schema)} {_lark_text(after, specials)}"
+
+    return _tagged_args(f, rule, f.parameters, head, lambda _: KIMI3_ARGUMENT[1], specials, lines=False)
+
+
+def _element_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    """MiniMax M3's ``<KEY>VALUE</KEY>``, each tag after its separator, an object's fields elements too."""
+    return _tagged_args(
+        f,
+        rule,
+        f.parameters,
+        lambda key, _: _lark_text(f"{MINIMAX_SEP}<{key}>", specials),
+        lambda key: f"{MINIMAX_SEP}</{key}>",
+        specials,
+        lines=False,
+        nested=True,
+    )
+
+
+def _gemma_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    quote = _lark_text(GEMMA_QUOTE, specials)
+    return gemma_rules(f.parameters, rule, quote, quote_is_token=GEMMA_QUOTE in specials)
+
+
+def _json_args(f: Function, rule: str, fmt: CallFormat, specials: dict[str, int]) -> list[str]:
+    return [f"{rule}: %json {_compile_args(f.name, f.parameters)}"]
+
+
+ARGS: dict[str, Callable[[Function, str, CallFormat, dict[str, int]], list[str]]] = {
+    "json": _json_args,
+    "xml": _xml_args,
+    "invoke": _invoke_args,
+    "pairs": _pair_args,
+    "kimi3": _kimi3_args,
+    "elements": _element_args,
+    "gemma": _gemma_args,
+    "python": lambda f, rule, fmt, specials: _python_args(f, rule),
+}
+
+
+# the type Kimi K3 names in an argument's opening, by the value's JSON type
+_KIMI3_TYPES = {"integer": "number", "number": "number", "boolean": "boolean", "null": "null"}
+_KIMI3_TYPES |= {"object": "object", "array": "array"}
+
+
+def _kimi3_type(schema: Any) -> str:
+    """The ``type`` of a Kimi K3 argument of ``schema``: ``string`` for text, else its JSON type's."""
+    if string_valued(schema):
+        return '"string"'
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(kind, str) and kind in _KIMI3_TYPES:
+        return json.dumps(_KIMI3_TYPES[kind])
+    return "(" + " | ".join(json.dumps(t) for t in sorted(set(_KIMI3_TYPES.values()))) + ")"
+
+
+# a character of a Python string in single quotes, as a lark regex: any but the quote, a backslash,
+# a line's end and NUL, or a simple escape
+PYTHON_TEXT = r"([^'\\\n\r\x00]|\\['\\nrt])"
+
+
+def _python_args(f: Function, rule: str) -> list[str]:
+    """LFM2's ``KEY=VALUE, ...`` for ``f``: in the schema's order, the required
+    ones always; a string's VALUE is a Python string in single quotes, any
+    other VALUE is JSON of its schema (which LFM2's reader takes)."""
+    properties = f.parameters.get("properties") or {}
+    required = set(f.parameters.get("required") or [])
+    rules: list[str] = []
+    items = []
+    for k, (key, schema) in enumerate(properties.items()):
+        name = f"{rule}_p{k}"
+        if string_valued(schema) and "enum" in schema:
+            value = "(" + " | ".join(json.dumps(repr(v)) for v in schema["enum"]) + ")"
+        elif string_valued(schema):
+            least, most = schema.get("minLength", 0), schema.get("maxLength", "")
+            value = f'"\'" /{PYTHON_TEXT}{{{least},{most}}}/ "\'"'
+        else:
+            rules.append(f"{name}: %json {_compile_args(f.name, schema, check=False)}")
+            value = name
+        items.append((f"{json.dumps(key + '=')} {value}", key in required))
+    listed_rules, listed = separated(rule + "_k", items, '", "')
+    return [*rules, *listed_rules, f"{rule}: {listed}"]
 
 
 def _parameter_value(
@@ -193,79 +363,24 @@ def _parameter_value(
     return f"{name} {closing}"
 
 
-def _pair_args(f: Function, rule: str, specials: dict[str, int]) -> list[str]:
-    """GLM's parameters for ``f``: each ``<arg_key>P</arg_key><arg_value>VALUE</arg_value>``
-    (a new line before each tag or not, as GLM's templates differ) in the
-    schema's order, the required ones always; a string's VALUE is any text up
-    to the closing tag, any other VALUE is JSON of its schema."""
-    _compile_args(f.name, f.parameters)
-    properties = f.parameters.get("properties") or {}
-    required = set(f.parameters.get("required") or [])
-    nl = '"\\n"?'
-    key_open, key_close = _lark_text("<arg_key>", specials), _lark_text("</arg_key>", specials)
-    value_open, value_close = _lark_text("<arg_value>", specials), _lark_text("</arg_value>", specials)
-    rules: list[str] = []
-    parts: list[str] = []
-    for k, (key, schema) in enumerate(properties.items()):
-        opening = f"{nl} {key_open} {json.dumps(key)} {key_close} {nl} {value_open}"
-        token = "</arg_value>" in specials  # text never holds the token: the text runs up to it
-        value = _parameter_value(
-            f, f"{rule}_p{k}", schema, string_valued(schema), "</arg_value>", rules, close_lark=value_close, token=token
-        )
-        parts.append(f"({opening} {value})" + ("" if key in required else "?"))
-    rules.append(f"{rule}: {' '.join(parts)} {nl}")
-    return rules
-
-
-def _invoke_args(f: Function, rule: str, fmt: CallFormat) -> list[str]:
-    """``<parameter name="P">VALUE</parameter>`` for each of ``f``'s parameters
-    (MiniMax M2; DeepSeek V3.2's tags prefixed, with ``string="true"`` on a
-    text value), a new line before each or not, in the schema's order, the
-    required ones always; a string's VALUE is any text up to the closing
-    tag, any other VALUE is JSON of its schema."""
-    _compile_args(f.name, f.parameters)
-    properties = f.parameters.get("properties") or {}
-    required = set(f.parameters.get("required") or [])
-    close = f"</{fmt.tag}parameter>"
-    nl = '"\\n"?'
-    rules: list[str] = []
-    parts: list[str] = []
-    for k, (key, schema) in enumerate(properties.items()):
-        text = string_valued(schema)
-        attr = (' string="true"' if text else ' string="false"') if fmt.typed_attr else ""
-        head = f'<{fmt.tag}parameter name="{key}"{attr}>'
-        opening = f"{nl} {json.dumps(head)}"
-        value = _parameter_value(f, f"{rule}_p{k}", schema, text, close, rules)
-        parts.append(f"({opening} {value})" + ("" if key in required else "?"))
-    rules.append(f"{rule}: {' '.join(parts)} {nl}")
-    return rules
-
-
 def _call_rules(fmt: CallFormat, functions: list[Function], specials: dict[str, int], tag: str) -> list[str]:
-    """Rules for one call of ``fmt`` from its name on (rule ``{tag}_rest``)."""
+    """Rules for one call of ``fmt`` from its name (or its id) on (rule ``{tag}_rest``)."""
     choices = []
     rules = []
     for i, f in enumerate(functions):
-        if fmt.args == "xml":
-            rules += _xml_args(f, f"{tag}_a{i}")
-        elif fmt.args == "invoke":
-            rules += _invoke_args(f, f"{tag}_a{i}", fmt)
-        elif fmt.args == "pairs":
-            rules += _pair_args(f, f"{tag}_a{i}", specials)
-        elif fmt.args == "gemma":
-            _compile_args(f.name, f.parameters)
-            quote = _lark_text(GEMMA_QUOTE, specials)
-            rules += gemma_rules(f.parameters, f"{tag}_a{i}", quote, quote_is_token=GEMMA_QUOTE in specials)
-        else:
-            rules.append(f"{tag}_a{i}: %json {_compile_args(f.name, f.parameters)}")
+        if fmt.args != "json":
+            _compile_args(f.name, f.parameters)  # a schema that cannot be used is refused by its function's name
+        rules += ARGS[fmt.args](f, f"{tag}_a{i}", fmt, specials)
         if fmt.shape == "json":
             name = f"{json.dumps(json.dumps(f.name) + ',')} {WS} {json.dumps(json.dumps(fmt.key) + ': ')}"
         else:
-            number = ' ":" /[0-9]{1,3}/' if fmt.numbered else ""
-            name = f"{json.dumps(f.name)}{number} {_lark_text(fmt.name_end, specials)}"
+            number = f" {_lark_text(fmt.index, specials)} /[0-9]{{1,3}}/" if fmt.index else ""
+            written = json.dumps(json.dumps(f.name) if fmt.quoted else f.name)
+            name = f"{written}{number} {_lark_text(fmt.name_end.replace('{name}', f.name), specials)}"
         choices.append(f"{name} {tag}_a{i}")
     close = f'{WS} "}}" ' if fmt.shape == "json" else ""
-    rules.append(f"{tag}_rest: ({' | '.join(choices)}) {close}{_lark_text(fmt.after_each, specials)}")
+    call_id = f"/{fmt.call_id}/ {_lark_text(fmt.id_end, specials)} " if fmt.call_id else ""
+    rules.append(f"{tag}_rest: {call_id}({' | '.join(choices)}) {close}{_lark_text(fmt.after_each, specials)}")
     rules.append(f"{tag}_call: {_lark_text(fmt.opening, specials)} {tag}_rest")
     return rules
 
@@ -297,13 +412,24 @@ def tool_grammar(
         return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools", whole=True)
     more = f"({_lark_text(fmt.between, specials)} c_call)*" if parallel else ""
     calls = f"{_lark_text(fmt.begin, specials)} c_call {more} {_lark_text(fmt.end, specials)}"
-    if choice == "required":
+    # messages before the reply's text or calls (with required, the call comes first)
+    notes = "n_note* " if fmt.notes[0] and choice != "required" else ""
+    if notes:
+        rules += [
+            f"n_note: {_lark_text(fmt.notes[0], specials)} n_text",
+            _trigger_rule("n_text", fmt.notes[1], specials, "(.|\\n)*"),
+        ]
+    if fmt.text_close:
+        rules[1:1] = _text_then_calls(fmt, choice, calls, specials)
+    elif choice == "required":
         rules.insert(1, f"start: {calls}")
     else:
         # plain text may not start the way a call does: with the family's
         # leading marker, or with a bare call object (what small models write)
         text = "([^{\\[<](.|\\n)*)?" if fmt.leading else _not_starting((BARE, DOUBLED))
+        text = "(.|\\n)*" if fmt.text_open else text  # its opening tells text from a call
         rules[1] = f"TEXT: /{text}/"
+        opened = _lark_text(fmt.text_open, specials) + " " if fmt.text_open else ""
         alternatives = [calls] if fmt.leading else []
         # a fenced block or bare object naming an undeclared function is text
         rules.append(f'OTHER: /"{_not_named([f.name for f in functions])}"(.|\\n)*/')
@@ -314,14 +440,32 @@ def tool_grammar(
             alternatives.append(f'{json.dumps(DOUBLED + " ")} (b_rest "}}" | OTHER)')
         for k, (trigger, rest) in enumerate(fmt.triggers):
             rules.append(_trigger_rule(f"t{k}", trigger, specials, text))
-            alternatives.append(f"t{k} {_lark_text(rest, specials)} c_rest {more} {_lark_text(fmt.end, specials)}")
+            alternatives.append(
+                f"{opened}t{k} {_lark_text(rest, specials)} c_rest {more} {_lark_text(fmt.end, specials)}"
+            )
         rules += _call_rules(FENCED, functions, specials, "f")
         for k, (trigger, rest) in enumerate(FENCED.triggers):
             rules.append(_trigger_rule(f"ft{k}", trigger, specials, text))
-            alternatives.append(f"ft{k} {_lark_text(rest, specials)} (f_rest | OTHER)")
-        rules.insert(1, f"start: TEXT | {' | '.join(alternatives)}")
+            alternatives.append(f"{opened}ft{k} {_lark_text(rest, specials)} (f_rest | OTHER)")
+        rules.insert(1, f"start: {notes}({opened}TEXT | {' | '.join(alternatives)})")
     grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
     return OutputSpec("grammar", _compiled(grammar, "tools"), None, "tools")
+
+
+def _text_then_calls(fmt: CallFormat, choice: Choice, calls: str, specials: dict[str, int]) -> list[str]:
+    """A reply whose text ``text_open``...``text_close`` comes before its calls
+    (Kimi K3's response, GigaChat 3's message), ``reply_end`` after: with
+    ``required``, no text and the calls; with ``auto``, any text, and once it
+    is closed the calls, or none."""
+    opened = _lark_text(fmt.text_open, specials) if fmt.text_open else ""
+    close = _lark_text(fmt.text_close, specials)
+    end = f"{_lark_text(fmt.reply_end, specials)}?" if fmt.reply_end else ""
+    if choice == "required":
+        return [f"start: {opened} {close} {calls} {end}"]
+    return [
+        f"start: {opened} (TEXT | x_text ({calls})? {end})",
+        _trigger_rule("x_text", fmt.text_close, specials, "(.|\\n)*"),
+    ]
 
 
 def _channel_rules(choice: Choice, specials: dict[str, int], budget: int | None) -> list[str]:
@@ -393,6 +537,16 @@ def _not_named(names: list[str]) -> str:
 
 
 def _trigger_rule(name: str, trigger: str, specials: dict[str, int], text: str) -> str:
-    if trigger in specials:
-        return f"{name}: TEXT <[{specials[trigger]}]>"
+    """Rule ``name``: free text (``text``, a regex) up to and including ``trigger``.
+    Free text never holds a special token: where the trigger starts with one,
+    the rule is the text, then the token, then the trigger's rest."""
+    parts = [part for part in _MARKER.split(trigger) if part]
+    first = next((k for k, part in enumerate(parts) if part in specials), len(parts))
+    rest = _lark_text("".join(parts[first + 1 :]), specials) if first + 1 < len(parts) else ""
+    if first == 0:
+        return f"{name}: TEXT <[{specials[parts[0]]}]> {rest}".rstrip()
+    if first < len(parts):  # text, then a special token: the text is matched lazily up to the token
+        return f"{name}: {name}_t <[{specials[parts[first]]}]> {rest}".rstrip() + (
+            f"\n{name}_t[lazy]: /{text}{_regex(''.join(parts[:first]))}/"
+        )
     return f"{name}[lazy]: /{text}{_regex(trigger)}/"

@@ -396,6 +396,15 @@ def test_the_calls_before_one_cut_short_stand() -> None:
         "gemma4": '<|tool_call>call:get_time{tz:<|"|>Europe/Oslo<|"|>}<tool_call|><|tool_call>call:get_weather{ci',
         "hermes": '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {"ci',
+        # the calls inside one pair of markers, the closing one never written
+        "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>"
+        '{"tz": "Europe/Oslo"}<|tool_call_end|>'
+        '<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"ci',
+        "minimax-m2": '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="tz">Europe/Oslo</parameter>\n'
+        '</invoke>\n<invoke name="get_weather">\n<parameter name="ci',
+        "lfm2": "<|tool_call_start|>[get_time(tz='Europe/Oslo'), get_weather(ci",
+        "command-r": '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_time", "parameters": '
+        '{"tz": "Europe/Oslo"}},\n    {"tool_call_id": "1", "tool_name": "get_weather", "parameters": {"ci',
     }
     for name, text in texts.items():
         found = split(text, FAMILY[name], FUNCTIONS)

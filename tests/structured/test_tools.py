@@ -19,17 +19,32 @@ from localrun.runtime.reasoning import split_reply
 from localrun.runtime.sampling import SamplingParams
 from localrun.structured.constraint import Constraint
 from localrun.structured.toolcalls.families import (
+    APERTUS,
+    COMMAND_R,
+    COMMAND_R_PLUS,
     DSML_V32,
     FAMILIES,
+    FIREFUNCTION,
     FUNCTIONARY_V31,
+    FUNCTIONARY_V32,
     GEMMA4,
+    GIGACHAT_V3,
     GLM,
     GRAMMARS,
     HERMES,
+    HUNYUAN,
     KIMI_K2,
+    KIMI_K3,
+    LFM2,
     LLAMA3,
+    MINICPM,
     MINIMAX_M2,
+    MINIMAX_M3,
+    MINIMAX_SEP,
     MISTRAL_JSON,
+    MUSE,
+    SEED,
+    SOLAR,
     CallFormat,
     Family,
 )
@@ -156,7 +171,7 @@ def test_every_seed_at_temperature_one_calls_validly(request: pytest.FixtureRequ
     for seed in range(8):
         constraint = Constraint(engine, spec)
         text, stats = collect(
-            generate(engine, prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=300, constraint=constraint)
+            generate(engine, prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=600, constraint=constraint)
         )
         assert stats.stop_reason == "eos", (seed, text)
         thinking, answer = split_reply(text, HARMONY_THINKING if fmt.channels else None)
@@ -212,6 +227,37 @@ def test_a_doubled_brace_call_is_a_call_and_is_constrained(engine: Engine) -> No
             '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="tz" string="false">4'
             "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
         ),
+        (LFM2, "<|tool_call_start|>[get_time(tz=4)]<|tool_call_end|>"),
+        (
+            COMMAND_R,
+            '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_time", "parameters": {"tz": 4}}\n]'
+            "<|END_ACTION|>",
+        ),
+        (
+            COMMAND_R_PLUS,
+            'Action:\n```json\n[\n    {\n        "tool_name": "get_time",\n'
+            '        "parameters": {"tz": 4}\n    }\n]```',
+        ),
+        (SEED, "<seed:tool_call>\n<function=get_time>\n<parameter=tz>4</parameter>\n</function>\n</seed:tool_call>"),
+        (
+            HUNYUAN,
+            "<tool_calls:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n"
+            "<arg_key:opensource>tz</arg_key:opensource>\n<arg_value:opensource>4</arg_value:opensource>\n"
+            "</tool_call:opensource>\n</tool_calls:opensource>",
+        ),
+        (MINICPM, '<function name="get_time"><param name="tz">4</param></function>'),
+        (
+            SOLAR,
+            '<|tool_calls|><|tool_call:begin|>a1b2<|tool_call:name|>get_time<|tool_call:args|>{"tz": 4}'
+            "<|tool_call:end|>",
+        ),
+        (APERTUS, '<|tools_prefix|>[{"get_time": {"tz": 4}}]<|tools_suffix|>'),
+        (FIREFUNCTION, ' functools[{"name": "get_time", "arguments": {"tz": 4}}]'),
+        (
+            MINIMAX_M3,
+            f'{MINIMAX_SEP}<tool_call>\n{MINIMAX_SEP}<invoke name="get_time">{MINIMAX_SEP}<tz>4{MINIMAX_SEP}</tz>'
+            f"{MINIMAX_SEP}</invoke>\n{MINIMAX_SEP}</tool_call>",
+        ),
     ],
     ids=lambda v: v.name if isinstance(v, CallFormat) else "",
 )
@@ -228,6 +274,84 @@ def test_text_then_a_call_in_a_named_format_is_constrained_once_its_marker_begin
     assert matcher.validate_tokens(tokens) < len(tokens)
     content, calls = parse_calls("Let me check.\n" + call, reader(fmt), FUNCTIONS)
     assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [("get_time", {"tz": 4})]
+
+
+K3_CALL = (
+    '<|open|>tools<|sep|><|open|>call tool="get_time" index="1"<|sep|><|open|>argument key="tz" type="number"<|sep|>'
+    "4<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"
+)
+MUSE_CALL = (
+    ' to=get_time<|message|><atem:function_calls>\n<atem:invoke name="get_time">\n'
+    '<atem:parameter name="tz">4</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+)
+GIGACHAT_CALL = '<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_time", "arguments": {"tz": 4}}'
+
+
+@pytest.mark.parametrize(
+    ("fmt", "replies", "wrong"),
+    [
+        (
+            FUNCTIONARY_V32,
+            # text to the user after its recipient line, then a call; a call opening the reply; text only
+            ['all\nLet me check.>>>get_time\n{"tz": 4}', 'get_time\n{"tz": 4}', "all\nHello."],
+            ['get_tim\n{"tz": 4}', 'all\nLet me check.>>>get_time\n{"tz": 99}', 'Hello.>>>get_time\n{"tz": 4}'],
+        ),
+        (
+            MUSE,
+            # a message to the user, or a call: a message to the function, named again in its invoke;
+            # either after messages to itself (its thinking)
+            [
+                " to=user<|message|>Hello.",
+                MUSE_CALL,
+                " to=self<|message|>The time, then.<|eom|><|start|>assistant" + MUSE_CALL,
+                " to=self<|message|>Just answer.<|eom|><|start|>assistant to=user<|message|>Hello.",
+            ],
+            [
+                MUSE_CALL.replace("to=get_time", "to=get_tim"),
+                MUSE_CALL.replace('name="get_time"', 'name="get_weather"'),
+            ],
+        ),
+        (
+            KIMI_K3,
+            # the response, then the calls after it, or none
+            [
+                "<|open|>response<|sep|>Let me check.<|close|>response<|sep|>" + K3_CALL,
+                "<|open|>response<|sep|>Hello.<|close|>response<|sep|><|close|>message<|sep|>",
+            ],
+            [
+                "<|open|>response<|sep|><|close|>response<|sep|>" + K3_CALL.replace(">4<", ">99<"),
+                "<|open|>response<|sep|><|close|>response<|sep|>" + K3_CALL.replace('"number"', '"string"'),
+                K3_CALL,
+            ],
+        ),
+        (
+            GIGACHAT_V3,
+            # a message, then the call in a message of its own, or none
+            ["Let me check." + GIGACHAT_CALL, "Hello.<|message_sep|>", "Hello."],
+            ["Let me check." + GIGACHAT_CALL.replace("get_time", "get_tim")],
+        ),
+    ],
+    ids=lambda v: v.name if isinstance(v, CallFormat) else "",
+)
+def test_a_reply_of_messages_or_sections_is_free_text_where_it_is_text_and_calls_are_held(
+    engine: Engine, fmt: CallFormat, replies: list[str], wrong: list[str]
+) -> None:
+    """The families whose text has a place of its own (a message to the
+    user, a response section): there it is free; a call is held to the
+    declared functions; what the grammar takes reads back."""
+    for reply in replies:
+        matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, fmt, "auto")).matcher
+        tokens = engine.tokenize(reply, add_special=False)
+        assert matcher.validate_tokens(tokens) == len(tokens) and matcher.consume_tokens(tokens), reply
+        assert matcher.is_accepting(), reply
+    for reply in wrong:
+        matcher = Constraint(engine, tool_grammar(engine, FUNCTIONS, fmt, "auto")).matcher
+        tokens = engine.tokenize(reply, add_special=False)
+        assert matcher.validate_tokens(tokens) < len(tokens), reply
+    content, calls = parse_calls(replies[0], reader(fmt), FUNCTIONS)
+    called = [(c.name, c.arguments) for c in calls]
+    assert called == ([] if "Hello." in replies[0] else [("get_time", {"tz": 4})]), replies[0]
+    assert content == ("Hello." if "Hello." in replies[0] else "Let me check."), replies[0]
 
 
 def test_gemma4_arguments_are_held_to_the_schema_in_its_own_notation(engine: Engine) -> None:

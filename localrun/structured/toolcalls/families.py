@@ -28,8 +28,9 @@ class CallFormat:
     + ``after_each``; a ``named`` one is ``each`` + NAME + ``name_end`` + ARGS
     + ``after_each``. ``triggers``: in free text (``auto``), each (text, rest)
     pair opens a call: ``text`` is what the model writes, ``rest`` is forced
-    after it up to the function's name. ``leading``: calls can only open the
-    reply (their marker renders as nothing)."""
+    after it up to the function's name (its id, where it has one).
+    ``leading``: calls can only open the reply (their marker renders as
+    nothing, or the reply is one message: Functionary v3.2's, Muse's)."""
 
     name: str
     begin: str = ""
@@ -41,19 +42,56 @@ class CallFormat:
     triggers: tuple[tuple[str, str], ...] = ()
     leading: bool = False
     shape: Literal["json", "named"] = "json"
-    name_end: str = ""
+    name_end: str = ""  # ``{name}`` in it is the function's name again (Muse names it in its header and its invoke)
+    quoted: bool = False  # a named call's NAME is a JSON string (Apertus, Command R)
+    # a regex: the call's id, written after ``each`` and then ``id_end``, before the name (Solar Open, Command R)
+    call_id: str = ""
+    id_end: str = ""
+    index: str = ""  # what follows the name before the call's number (Kimi K2 ``:``, Kimi K3 `` index="``)
     channels: bool = False  # harmony: the calls are messages on channels, after any thinking in its own
-    numbered: bool = False  # the name is followed by ``:`` and the call's number (Kimi K2)
-    # the arguments' notation: JSON, each its own ``<parameter=KEY>`` element (Qwen3-Coder),
-    # ``<arg_key>``/``<arg_value>`` pairs (GLM), ``<invoke>`` parameters (MiniMax M2, DeepSeek V3.2), or Gemma 4's
-    args: Literal["json", "xml", "pairs", "invoke", "gemma"] = "json"
-    tag: str = ""  # what an ``invoke`` format's tags begin with (DeepSeek V3.2's DSML marker)
+    # the arguments' notation: JSON, each its own ``<parameter=KEY>`` element (Qwen3-Coder, Seed-OSS),
+    # ``<arg_key>``/``<arg_value>`` pairs (GLM, Hunyuan), ``<invoke>`` parameters (MiniMax M2, DeepSeek V3.2,
+    # MiniCPM, Muse), Gemma 4's, Python keyword arguments (LFM2), Kimi K3's typed ``argument`` elements, or
+    # one element per argument, an object's fields elements too (MiniMax M3)
+    args: Literal["json", "xml", "pairs", "invoke", "gemma", "python", "kimi3", "elements"] = "json"
+    # what an ``invoke`` format's tags begin with (DeepSeek V3.2's DSML marker, Muse's ``atem:``),
+    # what a ``pairs`` format's end with (Hunyuan's ``:opensource``)
+    tag: str = ""
+    param: str = "parameter"  # an ``invoke`` format's parameter element (MiniCPM's ``param``)
     typed_attr: bool = False  # an ``invoke`` parameter says whether its value is text (``string="true"``)
+    value_lines: bool = True  # an ``xml`` value on lines of its own (Qwen3-Coder; Seed-OSS's sits in its tags)
+    # the reply's text (``auto``) opens with ``text_open`` (Functionary v3.2's ``all``, Muse's message to the
+    # user, Kimi K3's response), and where ``text_close`` closes it the calls follow it (Kimi K3, GigaChat 3),
+    # and ``reply_end`` may end the reply
+    text_open: str = ""
+    text_close: str = ""
+    reply_end: str = ""
+    # messages a reply (``auto``) may open with, before its text or its calls: each the first text, any
+    # text, the second (Muse's messages to itself, its thinking)
+    notes: tuple[str, str] = ("", "")
 
     @property
     def opening(self) -> str:
-        """What precedes a call's name: its marker, and for JSON the object's start."""
+        """What precedes a call's name (or its id): its marker, and for JSON the object's start."""
         return self.each + ('{"name": ' if self.shape == "json" else "")
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """Every text the grammar writes as it is, its markers among them."""
+        args = {
+            "pairs": tuple(f"<{t}{self.tag}>" for t in ("arg_key", "/arg_key", "arg_value", "/arg_value")),
+            "invoke": (f"</{self.tag}{self.param}>",),
+            "kimi3": (KIMI3_ARGUMENT[1],),
+            "elements": (MINIMAX_SEP,),
+        }.get(self.args, ())
+        fields = (self.begin, self.each, self.between, self.after_each, self.end, self.id_end, self.name_end)
+        texts = (self.text_open, self.text_close, self.reply_end, *self.notes)
+        return (*fields, *texts, *(t for t, _ in self.triggers), *args)
+
+
+# Kimi K3's argument element, its key and its type (``string``, ``number``, ...) in its opening
+KIMI3_ARGUMENT = ('<|open|>argument key="{key}" type="{type}"<|sep|>', "<|close|>argument<|sep|>")
+MINIMAX_SEP = elements.MINIMAX_SEP
 
 
 HERMES = CallFormat(
@@ -115,7 +153,7 @@ KIMI_K2 = CallFormat(
     end="<|tool_calls_section_end|>",
     shape="named",
     name_end="<|tool_call_argument_begin|>",
-    numbered=True,
+    index=":",
     triggers=(("<|tool_calls_section_begin|>", "<|tool_call_begin|>functions."),),
 )
 TOOL_CALLS_LINES = CallFormat(
@@ -184,8 +222,10 @@ def _dsml(block: str) -> CallFormat:
         f"dsml-{block}",
         begin=f"{mark}{block}>\n",
         each=f'{mark}invoke name="',
-        after_each=f"</{mark[1:]}invoke>",
-        end=f"\n</{mark[1:]}{block}>",
+        # each call's new line after it, not before the next: the end's would start as the next call's does
+        after_each=f"</{mark[1:]}invoke>\n",
+        between="",
+        end=f"</{mark[1:]}{block}>",
         shape="named",
         name_end='">',
         triggers=((f"{mark}{block}>", f'\n{mark}invoke name="'),),
@@ -206,6 +246,170 @@ GEMMA4 = CallFormat(
     shape="named",
     triggers=(("<|tool_call>", "call:"),),
     args="gemma",
+)
+# LFM2: ``<|tool_call_start|>[get_weather(city='Lisbon', days=3), get_time(tz='UTC')]<|tool_call_end|>``
+LFM2 = CallFormat(
+    "lfm2",
+    begin="<|tool_call_start|>[",
+    between=", ",
+    after_each=")",
+    end="]<|tool_call_end|>",
+    shape="named",
+    name_end="(",
+    triggers=(("<|tool_call_start|>", "["),),
+    args="python",
+)
+# Command R7B, Command A: ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME,
+# "parameters": ARGS}, ...]<|END_ACTION|>``
+COMMAND_R = CallFormat(
+    "command-r",
+    begin="<|START_ACTION|>[\n    ",
+    each='{"tool_call_id": "',
+    call_id="[0-9]{1,3}",
+    id_end='", "tool_name": ',
+    between=",\n    ",
+    after_each="}",
+    end="\n]<|END_ACTION|>",
+    shape="named",
+    quoted=True,
+    name_end=', "parameters": ',
+    triggers=(("<|START_ACTION|>", '[\n    {"tool_call_id": "'),),
+)
+# Command R+: ``Action:`` and a fenced JSON list of ``{"tool_name": NAME, "parameters": ARGS}``,
+# laid out as its template lays it out
+COMMAND_R_PLUS = CallFormat(
+    "command-r-plus",
+    begin="Action:\n```json\n[\n    ",
+    each='{\n        "tool_name": ',
+    between=",\n    ",
+    after_each="\n    }",
+    end="\n]```",
+    shape="named",
+    quoted=True,
+    name_end=',\n        "parameters": ',
+    triggers=(("Action:\n```json", '\n[\n    {\n        "tool_name": '),),
+)
+# Seed-OSS: Qwen3-Coder's elements in ``<seed:tool_call>``, each value inside its tags
+SEED = CallFormat(
+    "seed-oss",
+    each="<seed:tool_call>\n<function=",
+    after_each="</function>\n</seed:tool_call>",
+    shape="named",
+    name_end=">\n",
+    triggers=(("<seed:tool_call>", "\n<function="),),
+    args="xml",
+    value_lines=False,
+)
+# Hunyuan: GLM's pairs, its tags ending in ``:opensource``, the calls in ``<tool_calls:opensource>``
+HUNYUAN = CallFormat(
+    "hunyuan",
+    begin="<tool_calls:opensource>\n",
+    each="<tool_call:opensource>",
+    after_each="</tool_call:opensource>",
+    end="\n</tool_calls:opensource>",
+    shape="named",
+    name_end="<tool_sep:opensource>",
+    triggers=(("<tool_calls:opensource>", "\n<tool_call:opensource>"),),
+    args="pairs",
+    tag=":opensource",
+)
+# MiniCPM: ``<function name="NAME"><param name="KEY">VALUE</param>...</function>``
+MINICPM = CallFormat(
+    "minicpm",
+    each='<function name="',
+    after_each="</function>",
+    shape="named",
+    name_end='">',
+    triggers=(('<function name="', ""),),
+    args="invoke",
+    param="param",
+)
+# Solar Open: ``<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{...}<|tool_call:end|>``
+SOLAR = CallFormat(
+    "solar-open",
+    begin="<|tool_calls|>",
+    each="<|tool_call:begin|>",
+    call_id="[A-Za-z0-9_.\\-]{1,40}",
+    id_end="<|tool_call:name|>",
+    between="",
+    after_each="<|tool_call:end|>",
+    shape="named",
+    name_end="<|tool_call:args|>",
+    triggers=(("<|tool_calls|>", "<|tool_call:begin|>"),),
+)
+# Apertus: ``<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>``
+APERTUS = CallFormat(
+    "apertus",
+    begin="<|tools_prefix|>[",
+    each="{",
+    between=", ",
+    after_each="}",
+    end="]<|tools_suffix|>",
+    shape="named",
+    quoted=True,
+    name_end=": ",
+    triggers=(("<|tools_prefix|>", "[{"),),
+)
+# FireFunction v2: `` functools[{"name": ..., "arguments": {...}}, ...]``
+FIREFUNCTION = CallFormat(
+    "firefunction-v2", begin=" functools[", between=", ", end="]", triggers=((" functools[", '{"name": '),)
+)
+# GigaChat 3: its text's message, then a message of the role ``function call``: the call's JSON
+GIGACHAT_V3 = CallFormat("gigachat-v3", each="\n\nfunction call<|role_sep|>\n", text_close="<|message_sep|>")
+# Functionary v3.2: messages each after ``>>>`` (the generation prompt writes the first), a function's
+# name and its JSON arguments, or ``all`` and text to the user
+FUNCTIONARY_V32 = CallFormat(
+    "functionary-v3.2",
+    between=">>>",
+    shape="named",
+    name_end="\n",
+    leading=True,
+    triggers=((">>>", ""),),
+    text_open="all\n",
+)
+# Muse Glimmer: each call a message to its function, ``<atem:invoke>`` in it; text a message to the user
+MUSE = CallFormat(
+    "muse-glimmer",
+    each=" to=",
+    between="<|eom|><|start|>assistant",
+    after_each="</atem:invoke>\n</atem:function_calls>",
+    shape="named",
+    name_end='<|message|><atem:function_calls>\n<atem:invoke name="{name}">',
+    leading=True,
+    args="invoke",
+    tag="atem:",
+    text_open=" to=user<|message|>",
+    notes=(" to=self<|message|>", "<|eom|><|start|>assistant"),
+)
+# Kimi K3: the response (text), then ``<|open|>tools<|sep|>`` and each
+# ``<|open|>call tool="NAME" index="N"<|sep|>`` with its typed arguments
+KIMI_K3 = CallFormat(
+    "kimi-k3",
+    begin="<|open|>tools<|sep|>",
+    each='<|open|>call tool="',
+    between="",
+    after_each="<|close|>call<|sep|>",
+    end="<|close|>tools<|sep|>",
+    shape="named",
+    index='" index="',
+    name_end='"<|sep|>',
+    args="kimi3",
+    text_open="<|open|>response<|sep|>",
+    text_close="<|close|>response<|sep|>",
+    reply_end="<|close|>message<|sep|>",
+)
+# MiniMax M3: ``<invoke name="NAME">`` with each argument an element, every tag after its separator token
+MINIMAX_M3 = CallFormat(
+    "minimax-m3",
+    begin=f"{MINIMAX_SEP}<tool_call>\n",
+    each=f'{MINIMAX_SEP}<invoke name="',
+    between="",
+    after_each=f"{MINIMAX_SEP}</invoke>\n",
+    end=f"{MINIMAX_SEP}</tool_call>",
+    shape="named",
+    name_end='">',
+    triggers=((f"{MINIMAX_SEP}<tool_call>", f'\n{MINIMAX_SEP}<invoke name="'),),
+    args="elements",
 )
 GRAMMARS: tuple[CallFormat, ...] = (
     HERMES,
@@ -228,6 +432,20 @@ GRAMMARS: tuple[CallFormat, ...] = (
     DSML_V32,
     DSML_V4,
     GEMMA4,
+    LFM2,
+    COMMAND_R,
+    COMMAND_R_PLUS,
+    SEED,
+    HUNYUAN,
+    MINICPM,
+    SOLAR,
+    APERTUS,
+    FIREFUNCTION,
+    GIGACHAT_V3,
+    FUNCTIONARY_V32,
+    MUSE,
+    KIMI_K3,
+    MINIMAX_M3,
 )
 
 
@@ -278,7 +496,11 @@ HARMONY_FAMILY = Family(
 GEMMA4_FAMILY = Family("gemma4", (vendors.gemma4,), GEMMA4, ("<|tool_call>", "<tool_call|>", '<|"|>'))
 KIMI_K2_FAMILY = Family(
     "kimi-k2",
-    (markup.wrapped("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", markup.kimi_body),),
+    (
+        markup.wrapped(
+            "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", markup.kimi_body, "<|tool_call_end|>"
+        ),
+    ),
     KIMI_K2,
     (
         "<|tool_calls_section_begin|>",
@@ -290,20 +512,20 @@ KIMI_K2_FAMILY = Family(
 )
 LFM2_FAMILY = Family(
     "lfm2",
-    (markup.wrapped("<|tool_call_start|>", "<|tool_call_end|>", markup.python_list_body),),
-    None,
+    (markup.wrapped("<|tool_call_start|>", "<|tool_call_end|>", markup.python_list_body, ")"),),
+    LFM2,
     ("<|tool_call_start|>", "<|tool_call_end|>"),
 )
-_TOOL_CALLS = markup.wrapped("<tool_calls>", "</tool_calls>", markup.json_calls_body)
+_TOOL_CALLS = markup.wrapped("<tool_calls>", "</tool_calls>", markup.json_calls_body, "}")
 MINIMAX_M1_FAMILY = Family("minimax-m1", (_TOOL_CALLS,), TOOL_CALLS_LINES, ("<tool_calls>", "</tool_calls>"))
 APRIEL_FAMILY = Family("apriel", (_TOOL_CALLS,), TOOL_CALLS_LIST, ("<tool_calls>", "</tool_calls>"))
 MINIMAX_M2_FAMILY = Family(
     "minimax-m2",
-    (markup.wrapped("<minimax:tool_call>", "</minimax:tool_call>", elements.invoke_body("")),),
+    (markup.wrapped("<minimax:tool_call>", "</minimax:tool_call>", elements.invoke_body(""), "</invoke>"),),
     MINIMAX_M2,
     ("<minimax:tool_call>", "</minimax:tool_call>"),
 )
-FUNCTIONARY_V32_FAMILY = Family("functionary-v3.2", (recipients.functionary,), None, (">>>",))
+FUNCTIONARY_V32_FAMILY = Family("functionary-v3.2", (recipients.functionary,), FUNCTIONARY_V32, (">>>",))
 FUNCTIONARY_V31_FAMILY = Family(
     "functionary-v3.1",
     (markup.wrapped("<function=", "</function>", markup.named_json_body), syntax.marker_then_json("<|python_tag|>")),
@@ -313,7 +535,7 @@ FUNCTIONARY_V31_FAMILY = Family(
 GIGACHAT_V3_FAMILY = Family(
     "gigachat-v3",
     (syntax.marker_then_json("<|message_sep|>\n\nfunction call<|role_sep|>"),),
-    None,
+    GIGACHAT_V3,
     ("<|message_sep|>", "<|role_sep|>"),
     parallel=False,
 )
@@ -326,8 +548,8 @@ GIGACHAT_V31_FAMILY = Family(
 )
 COMMAND_R_FAMILY = Family(
     "command-r",
-    (markup.wrapped("<|START_ACTION|>", "<|END_ACTION|>", markup.keyed_json("tool_name", "parameters")),),
-    None,
+    (markup.wrapped("<|START_ACTION|>", "<|END_ACTION|>", markup.keyed_json("tool_name", "parameters"), "}"),),
+    COMMAND_R,
     ("<|START_ACTION|>", "<|END_ACTION|>"),
 )
 GLM_FAMILY = Family(
@@ -347,72 +569,92 @@ HUNYUAN_FAMILY = Family(
                 "</tool_call:opensource>",
                 elements.arg_pairs_body(":opensource", "<tool_sep:opensource>"),
             ),
+            "</tool_call:opensource>",
         ),
     ),
-    None,
+    HUNYUAN,
     tuple(f"<{tag}:opensource>" for tag in ("tool_calls", "/tool_calls", "tool_call", "/tool_call", "tool_sep")),
 )
-MINICPM_FAMILY = Family("minicpm", (markup.wrapped('<function name="', "</function>", elements.param_body),), None)
+MINICPM_FAMILY = Family("minicpm", (markup.wrapped('<function name="', "</function>", elements.param_body),), MINICPM)
 DSML_V32_FAMILY = Family(
     "deepseek-v3.2",
-    (markup.wrapped("<｜DSML｜function_calls>", "</｜DSML｜function_calls>", elements.invoke_body("｜DSML｜")),),
+    (
+        markup.wrapped(
+            "<｜DSML｜function_calls>",
+            "</｜DSML｜function_calls>",
+            elements.invoke_body("｜DSML｜"),
+            "</｜DSML｜invoke>",
+        ),
+    ),
     DSML_V32,
 )
 DSML_V4_FAMILY = Family(
     "deepseek-v4",
-    (markup.wrapped("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", elements.invoke_body("｜DSML｜")),),
+    (
+        markup.wrapped(
+            "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", elements.invoke_body("｜DSML｜"), "</｜DSML｜invoke>"
+        ),
+    ),
     DSML_V4,
 )
 NEMOTRON_FAMILY = Family(
     "nemotron-v2",
-    (markup.wrapped("<TOOLCALL>", "</TOOLCALL>", markup.json_calls_body),),
+    (markup.wrapped("<TOOLCALL>", "</TOOLCALL>", markup.json_calls_body, "}"),),
     NEMOTRON,
     ("<TOOLCALL>", "</TOOLCALL>"),
 )
 SEED_FAMILY = Family(
     "seed-oss",
     (markup.wrapped("<seed:tool_call>", "</seed:tool_call>", elements.seed_body),),
-    None,
+    SEED,
     ("<seed:tool_call>", "</seed:tool_call>"),
 )
 APERTUS_FAMILY = Family(
     "apertus",
-    (markup.wrapped("<|tools_prefix|>", "<|tools_suffix|>", markup.name_keyed_json),),
-    None,
+    (markup.wrapped("<|tools_prefix|>", "<|tools_suffix|>", markup.name_keyed_json, "}"),),
+    APERTUS,
     ("<|tools_prefix|>", "<|tools_suffix|>"),
 )
 SOLAR_FAMILY = Family(
     "solar-open",
     (
         markup.wrapped(
-            "<|tool_calls|>", "<|calls|>", markup.each("<|tool_call:begin|>", "<|tool_call:end|>", markup.solar_body)
+            "<|tool_calls|>",
+            "<|calls|>",
+            markup.each("<|tool_call:begin|>", "<|tool_call:end|>", markup.solar_body),
+            "<|tool_call:end|>",
         ),
     ),
-    None,
+    SOLAR,
     ("<|tool_calls|>", "<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>"),
 )
 COMMAND_R_PLUS_FAMILY = Family(
     "command-r-plus",
-    (markup.wrapped("Action:\n```json", "```", markup.keyed_json("tool_name", "parameters")),),
-    None,
+    (markup.wrapped("Action:\n```json", "```", markup.keyed_json("tool_name", "parameters"), "}"),),
+    COMMAND_R_PLUS,
 )
 MINIMAX_M3_FAMILY = Family(
     "minimax-m3",
-    (markup.wrapped("<tool_call>", "</tool_call>", elements.minimax_m3_body), markup.layout(elements.MINIMAX_SEP)),
-    None,
+    (
+        markup.wrapped("<tool_call>", "</tool_call>", elements.minimax_m3_body, "</invoke>"),
+        markup.layout(elements.MINIMAX_SEP),
+    ),
+    MINIMAX_M3,
     ("<tool_call>", "</tool_call>", elements.MINIMAX_SEP),
 )
 MUSE_FAMILY = Family(
     "muse-glimmer",
     (
-        markup.wrapped("<atem:function_calls>", "</atem:function_calls>", elements.invoke_body("atem:")),
+        markup.wrapped(
+            "<atem:function_calls>", "</atem:function_calls>", elements.invoke_body("atem:"), "</atem:invoke>"
+        ),
         recipients.recipient_header,
         markup.layout("<|eom|>"),
     ),
-    None,
+    MUSE,
     ("<|start|>", "<|message|>", "<|eom|>"),
 )
-FIREFUNCTION_FAMILY = Family("firefunction-v2", (syntax.marker_then_json(" functools"),), None)
+FIREFUNCTION_FAMILY = Family("firefunction-v2", (syntax.marker_then_json(" functools"),), FIREFUNCTION)
 KIMI_K3_FAMILY = Family(
     "kimi-k3",
     (
@@ -420,10 +662,11 @@ KIMI_K3_FAMILY = Family(
             "<|open|>tools<|sep|>",
             "<|close|>tools<|sep|>",
             markup.each('<|open|>call tool="', "<|close|>call<|sep|>", elements.kimi3_body),
+            "<|close|>call<|sep|>",
         ),
         markup.layout("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>"),
     ),
-    None,
+    KIMI_K3,
     ("<|open|>", "<|close|>", "<|sep|>"),
 )
 

@@ -25,12 +25,16 @@ from localrun.structured.toolcalls.values import python_calls, read_json, read_o
 Body = Callable[[str, Context], tuple[Written, ...] | str]
 
 
-def wrapped(opening: str, closing: str, body: Body) -> Finder:
+def wrapped(opening: str, closing: str, body: Body, ends: str = "") -> Finder:
     """``OPENING`` BODY ``CLOSING``, BODY read by ``body``; at the end of a
     finished reply a missing closing marker is forgiven (the end of the
-    generation took its place)."""
+    generation took its place). ``ends``: what ends each of several calls
+    in BODY: a finished reply cut short during a call keeps the whole calls
+    before it, and the cut one stays content."""
 
     def find(text: str, pos: int, ctx: Context) -> Region | None:
+        if ends and ctx.final and (rest := _rest_of_cut(text, pos, ctx, opening, closing, body, ends)) is not None:
+            return rest
         start, whole = find_marker(text, pos, opening)
         if start < 0:
             return None
@@ -44,9 +48,39 @@ def wrapped(opening: str, closing: str, body: Body) -> Finder:
             close = len(text)
         end = close + len(closing) if closed else len(text)
         found = body(text[inner:close], ctx)
+        if isinstance(found, str) and not closed and (kept := _whole_calls(text[inner:], ctx, body, ends)) is not None:
+            return Region(start, inner + kept[1], kept[0])
         return not_calls(start, end, found) if isinstance(found, str) else Region(start, end, found)
 
     return find
+
+
+def _whole_calls(inner: str, ctx: Context, body: Body, ends: str) -> tuple[tuple[Written, ...], int] | None:
+    """The calls of a body cut short before its cut, and where they end: its
+    longest beginning up to the end of a call (``ends``) that reads as calls
+    (a list the cut left open closed)."""
+    if not ends:
+        return None
+    listed = inner.lstrip().startswith("[")
+    cuts = [at + len(ends) for at in range(len(inner)) if inner.startswith(ends, at)]
+    for cut in reversed(cuts):
+        found = body(inner[:cut] + ("]" if listed else ""), ctx)
+        if not isinstance(found, str):
+            return found, cut
+    return None
+
+
+def _rest_of_cut(text: str, pos: int, ctx: Context, opening: str, closing: str, body: Body, ends: str) -> Region | None:
+    """The call cut short at ``pos``, where the whole calls of an unclosed
+    ``OPENING`` BODY before it end: content, with the reason."""
+    start = text.rfind(opening, 0, pos)
+    if start < 0 or not text[pos:].strip() or closing in text[start:]:
+        return None
+    inner = start + len(opening)
+    if not isinstance(body(text[inner:], ctx), str):
+        return None
+    kept = _whole_calls(text[inner:], ctx, body, ends)
+    return not_calls(pos, len(text), "the call is cut short") if kept and inner + kept[1] == pos else None
 
 
 def schema_of(ctx: Context, name: str, key: str) -> Any:

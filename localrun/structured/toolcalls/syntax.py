@@ -355,6 +355,25 @@ def tool_code(text: str, pos: int, ctx: Context) -> Region | None:
 # ------------------------------------------------------ marker + JSON calls --
 
 
+def _whole_items(text: str, at: int, calls: list[Written]) -> int:
+    """A JSON list of calls at ``at`` that the end of the text cuts short:
+    its whole call objects before the cut added to ``calls``, and where the
+    last of them ends (``at`` where none is)."""
+    i = skip_space(text, at)
+    end = at
+    if not text.startswith("[", i):
+        return end
+    i += 1
+    while isinstance(found := read_object(text, i), tuple) and (written := json_calls(found[0])) is not None:
+        calls += written
+        end = found[1]
+        i = skip_space(text, end)
+        if not text.startswith(",", i):
+            break
+        i += 1
+    return end
+
+
 def marker_then_json(marker: str) -> Finder:  # noqa: C901  one way out for each way the text may stand
     """``MARKER`` then JSON calls (one object, a list, or several):
     Llama 3.1's ``<|python_tag|>``, Granite 3's ``<|tool_call|>``,
@@ -373,6 +392,7 @@ def marker_then_json(marker: str) -> Finder:  # noqa: C901  one way out for each
             found = read_object(text, i)
             if found == INCOMPLETE:
                 if ctx.final:
+                    end = _whole_items(text, i, calls) if not calls else end
                     break
                 return still_open(start)
             if isinstance(found, str):
