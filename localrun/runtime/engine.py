@@ -200,6 +200,18 @@ class Tokens:
         raw = llama_cpp.llama_vocab_get_text(self.vocab, token)
         return raw.decode("utf-8", errors="replace") if raw else ""
 
+    def is_special(self, token: int) -> bool:
+        """Whether llguidance reads ``token`` as a special token, one a
+        grammar names by id: a control token, or a user-defined one written
+        as ``<...>`` (as `llguidance.llamacpp` marks them). Asked of the
+        vocabulary alone, without building llguidance's tokenizer (a second,
+        and its memory, where nothing samples)."""
+        attr = llama_cpp.llama_vocab_get_attr(self.vocab, token)
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+            return True
+        text = self.token_text(token)
+        return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED) and text.startswith("<") and text.endswith(">")
+
     @property
     def bos_token(self) -> str:
         bos = llama_cpp.llama_vocab_bos(self.vocab)
@@ -215,9 +227,9 @@ class Vocabulary(Tokens, Native):
     """A model file's vocabulary without its weights (llama.cpp's vocab_only
     load): prompts are counted in tokens with it before a run is placed."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, info: GGUFInfo | None = None) -> None:
         self.handle: Any = None
-        self.info = read_gguf(path)
+        self.info = info if info is not None else read_gguf(path)  # ``info``: the file's, read already
         llama_log.init_backend()
         mparams = llama_cpp.llama_model_default_params()
         mparams.vocab_only = True

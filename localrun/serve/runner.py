@@ -8,6 +8,10 @@ a `Runner` as its backend: requests go to the runner whole, their text
 comes back token by token, and the runner's heartbeat says how far its
 engine has got.
 
+The server holds nothing of the model itself, not even its vocabulary:
+`RemoteTokens` asks the runner to tokenize (a request's prompt, a
+grammar's markers) and remembers what does not change (a token's text).
+
 A runner that dies (killed, aborted, out of memory) costs only its own
 requests: each ends with an error naming the model and the cause, and the
 model is loaded again on its next request (the router reaps it). One that
@@ -19,6 +23,7 @@ runner's exit: everything it held goes back to the system with it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import signal
@@ -34,15 +39,17 @@ from localrun.assemble import Assembled
 from localrun.errors import EngineError, LocalrunError
 from localrun.events import SequenceDone
 from localrun.gguf.info import describe
+from localrun.gguf.reader import GGUFInfo
 from localrun.runtime.batch.scheduler import BatchRequest, check_request
 from localrun.runtime.embed import makes_embeddings
-from localrun.runtime.engine import Vocabulary
+from localrun.runtime.engine import Tokens
 from localrun.serve.runner_process import HEARTBEAT_S
 from localrun.serve.served import Handler, Loaded, ModelPlan, ServedModel
 from localrun.serve.worker import Deliver, Failed, WorkerStatus, admit
 
 DEFAULT_HANG_S = 120.0  # a runner silent, or stuck with requests admitted, this long is replaced
 STOP_S = 30.0  # a runner told to stop that has not ended by then is killed
+ASK_S = 30.0  # a question of the vocabulary not answered by then is an error (the runner hangs)
 
 
 def _cause(returncode: int | None) -> str:
@@ -65,9 +72,9 @@ class Runner:
         self.ended: str | None = None  # why it serves no more (None while it does)
         self._lock = threading.Lock()  # the sends, and the requests and calls in flight
         self._deliver: dict[int, Deliver] = {}  # every request submitted and not yet ended
-        self._calls: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
+        self._pending: dict[int, concurrent.futures.Future[Any]] = {}  # calls and questions not yet answered
         self._indexes = itertools.count()
-        self._calls_made = itertools.count()
+        self._requests = itertools.count()
         self._said: list[str] = []
         self._done = self._cancelled = self._failed = 0
         self._stopping = False
@@ -127,7 +134,7 @@ class Runner:
             if self.ended is not None:
                 raise EngineError(self.ended, hint="it loads again on its next request")
             admit(len(self._deliver), self.parallel, self.max_queue, self._stopping)
-            if not self._deliver and not self._calls:
+            if not self._deliver and not self._pending:
                 self._moved_at = time.monotonic()  # idle until now: the engine had no reason to move
             self._deliver[request.index] = deliver
             self._send("submit", request)
@@ -138,27 +145,41 @@ class Runner:
                 self._cancelled += 1
                 self._send("cancel", index)
 
-    async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
-        """``handler(model, body)`` in the runner, on the model it loaded."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+    def _request(self, *message: Any) -> tuple[int, concurrent.futures.Future[Any]]:
+        """Send ``message`` with a number of its own; the future its answer settles."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self.ended is not None:
                 raise EngineError(self.ended, hint="it loads again on its next request")
-            ident = next(self._calls_made)
-            if not self._deliver and not self._calls:
-                self._moved_at = time.monotonic()
-            self._calls[ident] = (loop, future)
-            self._send("call", ident, handler, body)
-        result: dict[str, Any] = await future
+            ident = next(self._requests)
+            if not self._deliver and not self._pending:
+                self._moved_at = time.monotonic()  # idle until now: the engine had no reason to move
+            self._pending[ident] = future
+            self._send(message[0], ident, *message[1:])
+        return ident, future
+
+    async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
+        """``handler(model, body)`` in the runner, on the model it loaded."""
+        _, future = self._request("call", handler, body)
+        result: dict[str, Any] = await asyncio.wrap_future(future)
         return result
+
+    def ask(self, what: str, *args: Any, **kwargs: Any) -> Any:
+        """``engine.WHAT(*args, **kwargs)`` of the model's vocabulary, in the runner (`RemoteTokens`)."""
+        ident, future = self._request("ask", what, args, kwargs)
+        try:
+            return future.result(ASK_S)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                self._pending.pop(ident, None)
+            raise EngineError(f"{self.id}: its runner did not answer within {ASK_S:g} s") from None
 
     def status(self) -> WorkerStatus:
         """Its requests as counted here, where they are sent and end (the
         runner's scheduler gives a slot at its next step to each request
         that has one free); its tokens as its last heartbeat said."""
         with self._lock:
-            admitted = len(self._deliver) + len(self._calls)
+            admitted = len(self._deliver) + len(self._pending)
             done, cancelled, failed = self._done, self._cancelled, self._failed
         busy = min(admitted, self.parallel)
         beat = self._beat
@@ -222,15 +243,7 @@ class Runner:
     def _take(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "events":
-            for event in message[1]:
-                ends = isinstance(event, SequenceDone | Failed)
-                with self._lock:
-                    deliver = self._deliver.pop(event.index, None) if ends else self._deliver.get(event.index)
-                    if deliver is not None and ends:
-                        self._done += isinstance(event, SequenceDone)
-                        self._failed += isinstance(event, Failed)
-                if deliver is not None:
-                    deliver(event)
+            self._events(message[1])
         elif kind == "beat":
             _, status, notices, progress = message
             now = time.monotonic()
@@ -238,18 +251,31 @@ class Runner:
             self._said += notices
             if progress != self._progress:
                 self._progress, self._moved_at = progress, now
-        elif kind == "called":
+        elif kind == "answered":
             _, ident, result, error = message
             with self._lock:
-                waiting = self._calls.pop(ident, None)
-            if waiting is not None:
-                _settle(*waiting, result, error)
+                future = self._pending.pop(ident, None)
+            if future is not None and error is not None:
+                future.set_exception(error)
+            elif future is not None:
+                future.set_result(result)
+
+    def _events(self, events: list[Any]) -> None:
+        for event in events:
+            ends = isinstance(event, SequenceDone | Failed)
+            with self._lock:
+                deliver = self._deliver.pop(event.index, None) if ends else self._deliver.get(event.index)
+                if deliver is not None and ends:
+                    self._done += isinstance(event, SequenceDone)
+                    self._failed += isinstance(event, Failed)
+            if deliver is not None:
+                deliver(event)
 
     def _watch(self) -> None:
         """Kill a runner that hangs: no heartbeat, or its engine not moving with work admitted."""
         now = time.monotonic()
         with self._lock:
-            working = bool(self._deliver or self._calls)
+            working = bool(self._deliver or self._pending)
         if self._hung is not None or self._stopping or self.proc.poll() is not None:
             return
         if now - self._beat_at > self.hang_s:
@@ -264,42 +290,78 @@ class Runner:
         with self._lock:
             self.ended = f"{self.id}: its runner {cause}"
             delivers, self._deliver = self._deliver, {}
-            calls, self._calls = self._calls, {}
+            pending, self._pending = self._pending, {}
             self._failed += len(delivers)
-        if self._stopping and not delivers and not calls:
+        if self._stopping and not delivers and not pending:
             return
         error = EngineError(self.ended, hint="it loads again on its next request")
         for index, deliver in delivers.items():
             deliver(Failed(index, error))
-        for loop, future in calls.values():
-            _settle(loop, future, None, error)
-
-
-def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: Any) -> None:
-    def settle() -> None:
-        if future.done():
-            return
-        if error is not None:
+        for future in pending.values():
             future.set_exception(error)
-        else:
-            future.set_result(result)
 
-    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-        loop.call_soon_threadsafe(settle)
+
+class RemoteTokens(Tokens):
+    """A runner's model's vocabulary, as the server uses it: what a load
+    told of it (its size, its markers) kept here, the rest asked of the
+    runner; a token's text, once asked, remembered."""
+
+    def __init__(self, runner: Runner, info: GGUFInfo) -> None:
+        self.runner = runner
+        self.info = info
+        self.vocab = None  # held by the runner alone
+        loaded = runner.loaded
+        self.n_vocab, self.add_bos = loaded.n_vocab, loaded.add_bos
+        self._bos, self._eos = loaded.bos_token, loaded.eos_token
+        self._pieces, self._eog = {}, {}
+        self._specials: dict[int, bool] = {}
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        tokens: list[int] = self.runner.ask("tokenize", text, add_special=add_special, parse_special=parse_special)
+        return tokens
+
+    def piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self.runner.ask("piece", token)
+        return piece
+
+    def detokenize(self, tokens: list[int]) -> str:
+        text: str = self.runner.ask("detokenize", tokens)
+        return text
+
+    def is_eog(self, token: int) -> bool:
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = self.runner.ask("is_eog", token)
+        return eog
+
+    def token_text(self, token: int) -> str:
+        text: str = self.runner.ask("token_text", token)
+        return text
+
+    def is_special(self, token: int) -> bool:
+        special = self._specials.get(token)
+        if special is None:
+            special = self._specials[token] = self.runner.ask("is_special", token)
+        return special
+
+    @property
+    def bos_token(self) -> str:
+        return self._bos
+
+    @property
+    def eos_token(self) -> str:
+        return self._eos
 
 
 def start_runner(plan: ModelPlan, run: Assembled, *, hang_s: float = DEFAULT_HANG_S) -> ServedModel:
     """``plan``'s model loaded as ``run`` says, in a runner process of its own."""
-    vocabulary = Vocabulary(run.config.model_path)
-    try:
-        runner = Runner(plan, run, hang_s=hang_s)
-    except BaseException:
-        vocabulary.close()
-        raise
+    runner = Runner(plan, run, hang_s=hang_s)
     return ServedModel(
         plan.id,
         plan.names,
-        vocabulary,
+        RemoteTokens(runner, run.info),
         runner,
         describe(plan.info),
         runner.loaded,

@@ -5,7 +5,8 @@ socket it was given as FD (`localrun.serve.runner` starts it).
 It reads its plan, loads the model as `localrun.serve.served.load_model`
 does, says what the load measured, and then takes the server's requests:
 ``submit`` a prepared request, ``cancel`` one, ``call`` a handler on the
-model (embeddings and rerank run where the model is), ``stop``. Its
+model (embeddings and rerank run where the model is), ``ask`` its
+vocabulary (the server tokenizes through it), ``stop``. Its
 requests' text goes back as it decodes, a step's events together; every
 `HEARTBEAT_S` it says how its engine is doing, so the server can tell a
 runner that hangs from one that works. It ends when told to, or when the
@@ -22,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 HEARTBEAT_S = 1.0  # how often a runner says it is alive, and how far its engine has got
+ASKS = frozenset({"tokenize", "piece", "detokenize", "is_eog", "token_text", "is_special"})  # of its vocabulary
 
 
 def _error(exc: BaseException) -> BaseException:
@@ -91,9 +93,9 @@ def _call(outbox: Outbox, model: Any, ident: int, handler: Callable[..., Any], b
     try:
         result = handler(model, body)
     except Exception as exc:
-        outbox.send("called", ident, None, _error(exc))
+        outbox.send("answered", ident, None, _error(exc))
     else:
-        outbox.send("called", ident, result, None)
+        outbox.send("answered", ident, result, None)
 
 
 def _take(message: tuple[Any, ...], model: Any, outbox: Outbox) -> bool:
@@ -111,6 +113,14 @@ def _take(message: tuple[Any, ...], model: Any, outbox: Outbox) -> bool:
             model.local_worker().submit(request, outbox.event)
         except LocalrunError as exc:
             outbox.event(Failed(request.index, exc))
+    elif kind == "ask":
+        _, ident, what, args, kwargs = message
+        try:
+            if what not in ASKS:
+                raise ValueError(f"not a question of the vocabulary: {what}")
+            outbox.send("answered", ident, getattr(model.engine, what)(*args, **kwargs), None)
+        except Exception as exc:
+            outbox.send("answered", ident, None, _error(exc))
     elif kind == "cancel":
         model.local_worker().cancel(message[1])
     elif kind == "call":

@@ -21,7 +21,8 @@ from localrun.gguf.info import ModelInfo, describe
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime.batch.scheduler import BatchRequest
 from localrun.runtime.embed import Embedder, embedder_beside, makes_embeddings
-from localrun.runtime.engine import Engine, EngineConfig, Vocabulary
+from localrun.runtime.engine import Engine, EngineConfig, Tokens
+from localrun.runtime.llama import Native
 from localrun.runtime.prompt import chat_template
 from localrun.runtime.promptcache import default_cache
 from localrun.serve.worker import Deliver, Worker, WorkerStatus
@@ -89,6 +90,10 @@ class Loaded:
     template: str | None  # None: the model has no chat template (chat requests are refused)
     parallel: int  # its slots
     capacity: int  # each slot's context
+    n_vocab: int  # its vocabulary, as far as the server need know it without holding it
+    add_bos: bool
+    bos_token: str
+    eos_token: str
 
 
 Handler = Callable[["ServedModel", dict[str, Any]], dict[str, Any]]
@@ -98,7 +103,7 @@ Handler = Callable[["ServedModel", dict[str, Any]], dict[str, Any]]
 class ServedModel:
     id: str
     names: frozenset[str]
-    engine: Engine | Vocabulary  # its vocabulary: the loaded engine here, its vocabulary alone beside a runner
+    engine: Tokens  # its vocabulary: the loaded engine here, its runner's asked beside a runner
     worker: Backend
     shape: ModelInfo
     loaded: Loaded
@@ -182,7 +187,8 @@ class ServedModel:
         self.worker.stop()
         if self.embedder is not None:
             self.embedder.close()
-        self.engine.close()
+        if isinstance(self.engine, Native):
+            self.engine.close()
 
 
 def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
@@ -225,6 +231,10 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
         template=template,
         parallel=worker.parallel,
         capacity=capacity,
+        n_vocab=engine.n_vocab,
+        add_bos=engine.add_bos,
+        bos_token=engine.bos_token,
+        eos_token=engine.eos_token,
     )
     return ServedModel(
         plan.id,

@@ -34,19 +34,7 @@ class Tokenizer(Vocabulary, Protocol):
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
 
-
-def is_special(vocab: Any, token: int, piece: bytes) -> bool:
-    """Whether llguidance reads ``token`` (its text ``piece``) as a special
-    token, one a grammar names by id: a control token, or a user-defined one
-    written as ``<...>`` (as `llguidance.llamacpp` marks them). Asked of
-    llama.cpp's vocabulary alone, without building llguidance's tokenizer
-    (a second, and its memory, in a process that never samples)."""
-    import llama_cpp
-
-    attr = llama_cpp.llama_vocab_get_attr(vocab, token)
-    if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
-        return True
-    return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED) and piece.startswith(b"<") and piece.endswith(b">")
+    def is_special(self, token: int) -> bool: ...
 
 
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -89,17 +90,22 @@ _MARKER = re.compile(rf"(</?\|?[A-Za-z_][\w|.:-]*\|?>|\[[A-Z_]+\]|<｜[^｜<>]+�
 NEXT_MESSAGE = "<|end|><|start|>assistant"
 
 
-def _specials(engine: Tokenizer) -> dict[str, int]:
-    """The markers this vocabulary holds as one special token each, and their ids."""
-    from localrun.structured.constraint import is_special
+_SPECIALS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
+
+def _specials(engine: Tokenizer) -> dict[str, int]:
+    """The markers this vocabulary holds as one special token each, and their ids (found once per vocabulary)."""
+    known = _SPECIALS.get(engine)
+    if known is not None:
+        return known
     found = {}
     for fmt in (*GRAMMARS, FENCED):
         for text in (NEXT_MESSAGE, GEMMA_QUOTE, *fmt.texts):
             for mark in _MARKER.findall(text):
                 ids = engine.tokenize(mark, add_special=False, parse_special=True)
-                if len(ids) == 1 and is_special(engine.vocab, ids[0], mark.encode()):
+                if len(ids) == 1 and engine.is_special(ids[0]):
                     found[mark] = ids[0]
+    _SPECIALS[engine] = found
     return found
 
 
