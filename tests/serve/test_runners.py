@@ -117,7 +117,7 @@ def test_a_runner_that_hangs_is_replaced(two: Server) -> None:
         _, error = cut.result(120)
     waited = time.monotonic() - t0
     assert BETA in error and "was replaced" in error, error
-    assert waited >= 2.5  # not before its 3 s were up
+    assert waited >= 1.5  # not before its 3 s were up (counted from its last heartbeat, a second apart at most)
     assert not alive(beta)  # killed, not left stopped
     assert ask(client, BETA) == BETA and runner_of(two, BETA) != beta
 
