@@ -5,6 +5,7 @@ exit leave no process behind, and the unload gives the memory back."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -114,7 +115,11 @@ def test_a_runner_that_hangs_is_replaced(two: Server) -> None:
         assert started.wait(60)
         os.kill(beta, signal.SIGSTOP)  # alive, but it neither answers nor moves
         t0 = time.monotonic()
-        _, error = cut.result(120)
+        try:
+            _, error = cut.result(120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # never left stopped, whatever the test found
+                os.kill(beta, signal.SIGKILL)
     waited = time.monotonic() - t0
     assert BETA in error and "was replaced" in error, error
     assert waited >= 1.5  # not before its 3 s were up (counted from its last heartbeat, a second apart at most)
