@@ -117,9 +117,10 @@ def test_a_runner_that_hangs_is_replaced(two: Server) -> None:
         t0 = time.monotonic()
         try:
             _, error = cut.result(120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # never left stopped, whatever the test found
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):  # never left stopped by a failing test
                 os.kill(beta, signal.SIGKILL)
+            raise
     waited = time.monotonic() - t0
     assert BETA in error and "was replaced" in error, error
     assert waited >= 1.5  # not before its 3 s were up (counted from its last heartbeat, a second apart at most)
