@@ -109,9 +109,21 @@ class Runner:
         return self.proc.pid
 
     def _load(self, plan: ModelPlan, run: Assembled) -> Loaded:
+        """Send the plan; what the load measured, once the runner has loaded
+        it (it says every second that it still loads: silent for ``hang_s``, it is killed)."""
         self.conn.send((plan, run))
+        heard = time.monotonic()
         try:
-            kind, said = self.conn.recv()
+            while True:
+                if not self.conn.poll(HEARTBEAT_S):
+                    if time.monotonic() - heard > self.hang_s:
+                        self._kill()
+                        raise EngineError(f"{plan.id}: its runner stopped answering while loading, and was killed")
+                    continue
+                kind, said = self.conn.recv()
+                if kind != "loading":
+                    break
+                heard = time.monotonic()
         except (EOFError, OSError):
             raise EngineError(f"{plan.id}: its runner {_cause(self.proc.wait())} while loading") from None
         if kind == "failed":

@@ -83,6 +83,12 @@ class Outbox:
                 return
 
 
+def _loading(outbox: Outbox, loaded: threading.Event) -> None:
+    """Say every `HEARTBEAT_S` that the load goes on, until it has ended."""
+    while not loaded.wait(HEARTBEAT_S):
+        outbox.send("loading", None)
+
+
 def _beat(outbox: Outbox, model: Any, stopped: threading.Event) -> None:
     while not stopped.wait(HEARTBEAT_S):
         worker = model.local_worker()
@@ -137,15 +143,20 @@ def serve(conn: Connection) -> None:
     from localrun.serve.served import load_model
 
     one_arena()
+    outbox = Outbox(conn)
+    loading = threading.Event()
+    threading.Thread(target=_loading, args=(outbox, loading), name="localrun-runner-loading", daemon=True).start()
     try:
         plan, run = conn.recv()
         model = load_model(plan, run)
     except (EOFError, OSError):
         return
     except BaseException as exc:
-        conn.send(("failed", _error(exc)))
+        loading.set()
+        outbox.send("failed", _error(exc))
+        outbox.close()
         return
-    outbox = Outbox(conn)
+    loading.set()
     outbox.send("loaded", model.loaded)
     stopped = threading.Event()
     threading.Thread(target=_beat, args=(outbox, model, stopped), name="localrun-runner-beat", daemon=True).start()

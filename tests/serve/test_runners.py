@@ -57,7 +57,7 @@ def ask(client: openai.OpenAI, model: str) -> str:
 def two(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Two pulled models on demand, each in its runner; a runner quiet for 3 s is replaced."""
     models = tmp_path_factory.mktemp("models")
-    beta = write_tiny_model(models / "beta.gguf", seed=7)
+    beta = write_tiny_model(models / "beta.gguf", seed=7, n_ctx_train=32768)  # long replies, as alpha's
     home = tmp_path_factory.mktemp("home")
     register_pulled(home, {ALPHA: long_model, BETA: beta})
     yield from start(home, "--parallel", "2", "--runner-timeout", "3s", "--idle-unload", "0", "--no-log")
