@@ -55,6 +55,19 @@ the estimated time lost to probing stays within `explore_share` of the time
 spent decoding. Acceptance counts fade with use and with idle steps, so a
 probe after a change of text weighs more than the old evidence.
 
+Above the per-step choice, speculation must pay its own way (`Payoff`):
+asking the drafters costs Python time on every step (an n-gram search, the
+text followed, the weighing above), and a verify batch can slow the plain
+step after it (the backend rebuilds its compute graph for the other
+shape), costs no estimate above sees. Where a step takes a fraction of a
+millisecond (a tiny model, a hybrid whose every verify row costs nearly a
+step) they decide. So each whole step is timed as it ran, and the steps
+speculation touched (the drafters asked, a draft verified, the step after
+one) are weighed against what plain steps, timed the same way, would have
+taken for their tokens. Where that ledger comes out at a loss, the drafters
+are not asked at all for so long that the loss is a small share of the
+time, then asked again: a probe, judged the same way.
+
 The constants below are choices of how fast to learn and how much to trust
 a guess, not costs measured on some machine: costs are measured here, as it
 runs, or come from the curve `localrun tune` measured here.
@@ -94,6 +107,19 @@ PROBE_MAX = 2  # the longest draft of a probe
 # padded, and may sequences decoding together in one batch draft
 FREE_ROW = 0.1
 PAD_SIZES = (2, 4, 8, 16, 32, 64, 128, 256)  # the row counts a verify batch is padded up to (`padded_rows`)
+# whether speculation pays its way (`Payoff`): judged every this many steps it touched
+PAYOFF_EVIDENCE = 16
+PAYOFF_MEMORY = 0.97  # per step touched: older gains and losses fade, so the ledger follows the text
+# once speculation lost, the drafters rest so long that the steps that lost were this share of the time
+PROBE_SHARE = 0.005
+REST_MIN = 16  # a shorter rest is not taken (the stepper rests them for up to `MAX_REST` steps itself)
+REST_MAX = 2048  # ... nor a longer one: a text that turns to copying waits for the next probe
+# the draft lengths weighed are weighed again when the plain cost moves by more than this share since (the
+# verify costs of sizes not measured yet follow it), and forgotten past this many acceptances weighed
+MEMO_SHIFT = 0.1
+MEMO_SIZE = 64
+STALL = 2.0  # a step with a draft loses at most this many plain steps (more: stalled by other work)
+CALIBRATE = 3  # plain steps that measure the plain cost afresh, where it is stale (`Payoff`)
 
 
 @dataclass(frozen=True)
@@ -126,6 +152,16 @@ class Controller(Protocol):
     def observe_batch(self, rows: int, seconds: float) -> None:
         """A batch of several sequences' rows (each its next token, some with
         a draft) took ``seconds``."""
+
+    def wants_offers(self) -> bool:
+        """Whether a sequence decoding alone asks the drafters this step
+        (False: a plain step, nothing asked). Called once per such step."""
+
+    def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
+        """A whole step of a sequence decoding alone took ``seconds`` and
+        decided ``tokens``; ``asked_s`` of it went to asking the drafters and
+        weighing their offers (0: not asked); ``drafted``: the tokens of the
+        draft it verified (0: none)."""
 
 
 class _Average:
@@ -189,6 +225,137 @@ class _Ratio:
     @property
     def value(self) -> float:
         return (self.sum + CURVE_WEIGHT) / (self.w + CURVE_WEIGHT)
+
+
+class Payoff:
+    """Whether speculation pays its way on this machine, from whole steps as
+    they ran (see the module's docstring): a ledger of the time the steps
+    speculation touched saved (negative: lost) against plain steps.
+
+    A plain step after a plain step measures what a token costs plainly
+    (less the asking, where the drafters were asked). The steps touched are
+    those asked for (a plain one loses its asking) and those that verified
+    a draft or followed one (they gain their tokens' plain cost less their
+    time). A step stalled by other work (a millisecond, where a step takes a
+    tenth) would outweigh dozens that gained: one loses at most `STALL`
+    plain steps. Every `PAYOFF_EVIDENCE` steps touched the ledger is judged:
+    at a loss, the drafters rest (`wants_offers` says no) for so many steps
+    that the loss is `PROBE_SHARE` of their time (a loss of a few plain
+    steps rests them for hundreds; one of a fraction of a step, asking
+    beside a large model's steps, not at all: under `REST_MIN`), at most
+    `REST_MAX`. A rest's end starts a probe with a fresh ledger, judged the
+    same way.
+
+    What a plain step costs moves as the text grows (attention reads the
+    whole context: on a small model, a step late in a long text can cost
+    twice one early on) and as other work comes and goes on the machine, and
+    while every step drafts, no plain step measures it. So the steps with a
+    draft are weighed against the plain cost measured before them and the
+    one measured after, halfway; where the ledger is judged at a loss with
+    none measured for half of `PAYOFF_EVIDENCE` steps touched or more,
+    `CALIBRATE` plain steps measure it (their median) before any rest.
+    Until a plain step is measured, nothing is judged."""
+
+    def __init__(self) -> None:
+        self.plain = _Average()  # seconds per token of a plain step, asking aside
+        self.settled = 0.0  # seconds the steps touched saved (negative: lost), fading per step touched
+        self.tokens = 0.0  # the steps with a draft since the plain cost was last measured: their tokens,
+        self.seconds = 0.0  # ... and their time, fading too
+        self.stale = 0  # ... how many
+        self.touched = 0  # steps touched since the last judgement
+        self.rest = 0  # steps left in which the drafters are not asked
+        self.rests = 0  # rests begun (for the figures)
+        self.calibrating = 0  # plain steps still to measure before the ledger is judged again
+        self._samples: list[float] = []
+        self._after_draft = False  # the last step verified a draft
+
+    @property
+    def gain(self) -> float:
+        """The seconds the steps touched saved, fading (negative: lost); the
+        steps with a draft since the last plain step weighed against it."""
+        plain = self.plain.value
+        return self.settled if plain is None else self.settled + self.tokens * plain - self.seconds
+
+    @property
+    def pays(self) -> bool:
+        """Whether the ledger, as it stands, is not at a loss."""
+        return self.gain >= 0.0
+
+    def wants_offers(self) -> bool:
+        if self.calibrating:
+            return False
+        if self.rest > 0:
+            self.rest -= 1
+            if not self.rest:  # a probe: judged on its own steps
+                self.settled = self.tokens = self.seconds = 0.0
+                self.touched = self.stale = 0
+            return False
+        return True
+
+    def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
+        after, self._after_draft = self._after_draft, drafted > 0
+        plain = self.plain.value
+        if tokens < 1 or (plain is None and (drafted or after)):
+            return
+        if not drafted and not after:
+            if tokens == 1:  # a batch of tokens the grammar forced costs less per token: not a plain step's
+                self._measured(max(seconds - asked_s, 0.0))
+                if self.calibrating:
+                    return
+            plain = self.plain.value
+            if asked_s <= 0.0 or plain is None:
+                return  # plain, nothing asked: speculation did not touch it
+            self._fade()
+            self.settled -= min(asked_s, STALL * plain)
+        else:
+            assert plain is not None
+            self._fade()
+            self.tokens += tokens
+            self.seconds += min(seconds, (tokens + STALL) * plain)
+            self.stale += 1
+        self.touched += 1
+        if self.touched >= PAYOFF_EVIDENCE:
+            self.touched = 0
+            self._judge()
+
+    def _fade(self) -> None:
+        m = PAYOFF_MEMORY
+        self.settled, self.tokens, self.seconds = self.settled * m, self.tokens * m, self.seconds * m
+
+    def _measured(self, seconds: float) -> None:
+        """A plain step's cost (while calibrating, its median over `CALIBRATE` steps)."""
+        before = self.plain.value
+        if not self.calibrating:
+            self.plain.add(seconds)
+            self._settle(before)
+            return
+        self._samples.append(seconds)
+        self.calibrating -= 1
+        if not self.calibrating:
+            self.plain.value, self._samples = sorted(self._samples)[len(self._samples) // 2], []
+            self._settle(before)
+            self._judge()
+
+    def _settle(self, before: float | None) -> None:
+        """The steps with a draft since the plain cost ``before`` was
+        measured, weighed against it and the one measured now, halfway."""
+        now = self.plain.value
+        if before is not None and now is not None and self.stale:
+            self.settled += self.tokens * (before + now) / 2 - self.seconds
+        self.tokens = self.seconds = 0.0
+        self.stale = 0
+
+    def _judge(self) -> None:
+        gain, plain = self.gain, self.plain.value
+        if gain >= 0.0 or plain is None:
+            return
+        if self.stale >= PAYOFF_EVIDENCE // 2:  # half the steps judged, or more, weighed against an old cost
+            self.calibrating = CALIBRATE
+            return
+        rest = min(int(-gain / (PROBE_SHARE * plain)), REST_MAX)  # the probe's loss: PROBE_SHARE of the time
+        if rest >= REST_MIN:
+            self.rest = rest
+            self.rests += 1
 
 
 def checked_curve(curve: Sequence[float]) -> tuple[float, ...]:
@@ -281,10 +448,16 @@ class AdaptiveController:
         self.last_used: dict[tuple[int, int], int] = {}
         self.gap: dict[tuple[int, int], int] = {}
         self._line: tuple[float, float] | None = None  # the verify fit, cached until the next observation
+        # `lengths` and `best_length`, weighed at every step the drafters are asked, kept until a cost
+        # they use moves: a verify batch or a draft measured, the plain cost by more than `MEMO_SHIFT`
+        self._lengths: dict[tuple[int, int, int, int], list[tuple[int, float]]] = {}
+        self._best: dict[tuple[int, int, int, int, float], tuple[float, int]] = {}
+        self._memo_plain = 0.0  # the plain cost they were weighed at
         self.sizes: dict[int, _Average] = {}  # verify cost per batch size measured
         self.rounds = 0
         self.elapsed = 0.0
         self.explored = 0.0
+        self.payoff = Payoff()  # whether speculation pays its way, on whole steps
 
     # -- estimates --
 
@@ -352,9 +525,17 @@ class AdaptiveController:
         long as a longer one's, within `TIE` (a batch size that costs as much
         as a larger one). Lengths past `useful_length` of the offer's
         acceptance are not weighed."""
-        setup = self.setup_cost(offer.drafter)
-        limit = min(offer.max_len, room, useful_length(self.acceptance(offer.drafter, offer.bucket)))
-        times = [self.draft_cost(offer, n) - setup + self.verify_cost(forced + n + 1) for n in range(1, limit + 1)]
+        d = offer.drafter
+        limit = min(offer.max_len, room, useful_length(self.acceptance(d, offer.bucket)))
+        key = (d, offer.catch_up, forced, limit)
+        known = self._lengths.get(key)
+        if known is not None:
+            return known
+        # `draft_cost` without the setup, its parts taken once
+        profile, c1, verify = self.profiles[d], self.plain_cost(), self.verify_cost
+        step = self.step[d].get(profile.step_cost * c1)
+        catch_up = max(offer.catch_up - 2, 0) * self.catch_up[d].get(profile.catch_up_cost * c1)
+        times = [catch_up + n * step + verify(forced + n + 1) for n in range(1, limit + 1)]
         kept: list[tuple[int, float]] = []
         quickest_longer = math.inf  # of the lengths kept: ties do not chain, so none costs more than TIE
         for n in range(limit, 0, -1):
@@ -362,18 +543,32 @@ class AdaptiveController:
             if quickest_longer > t * (1.0 + TIE):
                 kept.append((n, t))
                 quickest_longer = t
-        return kept[::-1]
+        self._lengths[key] = kept = kept[::-1]
+        return kept
 
     def best_length(self, offer: Offer, room: int, forced: int = 0) -> tuple[float, int]:
         """(expected tokens/s, draft length) of the offer's best length, after ``forced`` tokens."""
         a = self.acceptance(offer.drafter, offer.bucket)
         setup = self.setup_cost(offer.drafter)
+        key = (offer.drafter, offer.catch_up, forced, min(offer.max_len, room), a)
+        known = self._best.get(key) if not setup else None
+        if known is not None:
+            return known
         best_rate, best_n = 0.0, 0
         for n, t in self.lengths(offer, room, forced):
             rate = (forced + expected_tokens(a, n)) / (setup + t)
             if rate > best_rate:  # not one peak: some batch sizes run faster kernels than smaller ones
                 best_rate, best_n = rate, n
+        if len(self._best) > MEMO_SIZE:
+            self._best.clear()
+        self._best[key] = best_rate, best_n
         return best_rate, best_n
+
+    def _forget(self) -> None:
+        """The weighed lengths go: a cost they were weighed with moved."""
+        self._lengths.clear()
+        self._best.clear()
+        self._memo_plain = self.plain_cost()
 
     # -- choice --
 
@@ -418,9 +613,12 @@ class AdaptiveController:
     def observe_plain(self, seconds: float) -> None:
         self.plain.add(seconds)
         self._line = None
+        if abs(self.plain_cost() - self._memo_plain) > MEMO_SHIFT * self._memo_plain:
+            self._forget()
 
     def observe_verify(self, rows: int, seconds: float) -> None:
         if rows > 1:
+            self._forget()
             if self.curve is not None or not self.verify.empty:  # a step stalled by other work counts less
                 seconds = min(seconds, SPIKE * self._expected_verify(rows))
             if self.curve is not None and self.plain.value is not None:
@@ -430,16 +628,23 @@ class AdaptiveController:
             self.sizes.setdefault(rows, _Average()).add(seconds)
 
     def observe_draft(self, drafter: int, draft: Draft) -> None:
-        self.ready[drafter] = True
+        if not self.ready[drafter]:
+            self.ready[drafter] = True
+            self._forget()
         n = len(draft.tokens)
         if not n:
             return
+        before = self.step[drafter].value, self.catch_up[drafter].value
         if draft.n_sync > 2:  # a catch-up: its cost per token, apart from the drafting steps
             self.catch_up[drafter].add(draft.sync_s / draft.n_sync)
             if n > 1:
                 self.step[drafter].add(draft.steps_s / (n - 1))
         else:
             self.step[drafter].add((draft.sync_s + draft.steps_s) / n)
+        for old, now in zip(before, (self.step[drafter].value, self.catch_up[drafter].value), strict=True):
+            if now is not None and (old is None or abs(now - old) > MEMO_SHIFT * old):
+                self._forget()
+                break
 
     def observe_batch(self, rows: int, seconds: float) -> None:
         """Costs as a verify batch of as many rows does. Until a plain step is
@@ -466,6 +671,12 @@ class AdaptiveController:
         if plan.probe and plan.best_rate > 0:
             self.explored += max(seconds - tokens / plan.best_rate, 0.0)
 
+    def wants_offers(self) -> bool:
+        return self.payoff.wants_offers()
+
+    def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
+        self.payoff.observe_step(seconds, tokens, asked_s, drafted)
+
 
 class Unobserving:
     """A controller's observations, ignored: for controllers whose way is fixed."""
@@ -486,6 +697,12 @@ class Unobserving:
         pass
 
     def observe_batch(self, rows: int, seconds: float) -> None:
+        pass
+
+    def wants_offers(self) -> bool:
+        return True
+
+    def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
         pass
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from operator import eq
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class PromptLookupDrafter:
     def _agreement(self, start: int, n: int) -> int:
         seen = self._seen
         limit = min(_WINDOW, start)
-        return sum(1 for a, b in zip(seen[start - limit : start], seen[n - limit : n], strict=True) if a == b)
+        return sum(map(eq, seen[start - limit : start], seen[n - limit : n]))  # the slices are as long
 
     def offer(self, context: Sequence[int], index: int) -> Offer | None:
         self._update(context)

@@ -22,6 +22,12 @@ with n = 0, through the single-token path plain decoding uses; only those
 steps are timed for the thread governor (localrun.runtime.threads), since a
 verify step's time depends on its rows.
 
+Decoding alone (`next`), each whole step is timed too, the drafters'
+asking apart, for the controller to judge whether speculation pays its way
+on this machine (`control.Payoff`): where it does not, the controller rests
+the drafters, and `next` takes plain steps without asking them (most of
+them not timed: `MEASURED`), until a probe finds it pays again.
+
 With a grammar (structured output), the tokens it forces next (jump-forward:
 a key, punctuation) join the pending token at the head of the batch, without
 logits of their own, and the draft follows them: drafters draft after the
@@ -71,6 +77,9 @@ if TYPE_CHECKING:
 
 QUIET = 8  # steps in a row the drafters drafted nothing for before they rest (`SpeculativeStepper._asked`)
 MAX_REST = 7  # the most steps they rest between two askings: asked once in 8 steps at the least
+# while the controller rests the drafters, the first steps of the rest (a calibration takes
+# `control.CALIBRATE` + 1), then one step in this many, are measured
+MEASURED = 4
 
 
 class Drafting(Protocol):
@@ -121,6 +130,7 @@ class Round:
     n_context: int  # the context's length with the forced tokens
     t0: float
     pad: int = 0  # rows after the draft that only give the batch a size the curve favours (`padded_rows`)
+    asked_s: float = 0.0  # the time spent asking the drafters and weighing their offers (0: not asked)
 
     @property
     def first(self) -> int:
@@ -159,6 +169,7 @@ class SpeculativeStepper:
         self._plain_run = 0  # steps in a row the drafters were asked and the controller took a plain step
         self._rest = 0  # steps the drafters are not asked for now (see `_asked`)
         self._rest_next = 0  # ... and how many the next rest takes
+        self._rested = 0  # steps in a row the controller rested the drafters for (`_plain`)
 
     def begin(self) -> None:
         for drafter in self.speculation.drafters:
@@ -172,7 +183,12 @@ class SpeculativeStepper:
         first any the grammar forces (jump-forward), which ride in the step's
         batch ahead of the draft and need no logits of their own."""
         target, control = self.target, self.speculation.controller
-        r = self._prepare(0)
+        resting = not control.wants_offers()  # speculation did not pay its way here: `control.Payoff`
+        if resting and target.constraint is None:
+            return self._plain()
+        self._rested = 0
+        start = time.perf_counter()
+        r = self._prepare(0, resting=resting)
         if not r.pending:
             return r.forced
         tokens = r.tokens
@@ -184,7 +200,39 @@ class SpeculativeStepper:
             control.observe_plain(t2 - t1)
         elif decided:
             control.observe_verify(len(tokens), t2 - t1)
-        return self._settle(r, decided, t2 - r.t0)
+        out = self._settle(r, decided, t2 - r.t0)
+        if decided:  # the whole step, so that speculation pays its own way (`control.Payoff`)
+            drafted = len(r.draft.tokens) if r.draft is not None else 0
+            control.observe_step(time.perf_counter() - start, r.first + len(decided), r.asked_s, drafted)
+        return out
+
+    def _plain(self) -> list[int]:
+        """A plain step while the controller rests the drafters, without a
+        grammar: `next`'s plain step less its bookkeeping (a step can take a
+        tenth of a millisecond). The first `MEASURED` steps of a rest, and one
+        in `MEASURED` after them, are measured as `next` measures a step."""
+        target = self.target
+        if target.left < 1:
+            return []
+        self._rested += 1
+        if self._rested > MEASURED and self._rested % MEASURED:
+            self.status = status = target.evaluate(target.context[target.n_past :])
+            return [target.sample()] if status == DecodeStatus.OK else []
+        control = self.speculation.controller
+        pending = target.context[target.n_past :]
+        t1 = time.perf_counter()
+        self.status = status = target.evaluate(pending)
+        if status != DecodeStatus.OK:
+            return []
+        token = target.sample()
+        seconds = time.perf_counter() - t1
+        if len(pending) == 1:
+            control.observe_plain(seconds)
+        else:
+            control.observe_verify(len(pending), seconds)
+        control.observe_round(PLAIN, seconds, len(pending))
+        control.observe_step(seconds, len(pending), 0.0, 0)
+        return [token]
 
     def prepare(self, company: int) -> tuple[list[int], int]:
         """This sequence's step in a batch shared with ``company`` rows of
@@ -209,7 +257,11 @@ class SpeculativeStepper:
             return r.forced
         return self._settle(r, self._decide(r, status), seconds)
 
-    def _prepare(self, company: int, drafters: Sequence[Drafter | None] | None = None) -> Round:
+    def _prepare(
+        self, company: int, drafters: Sequence[Drafter | None] | None = None, *, resting: bool = False
+    ) -> Round:
+        """The step's round; ``resting``: the controller rests the drafters
+        (`Controller.wants_offers`), which are not asked."""
         target = self.target
         forced = target.fast_forward()
         context = [*target.context, *forced] if forced else target.context
@@ -217,23 +269,23 @@ class SpeculativeStepper:
         if left < 1:
             return Round(PLAIN, None, forced, [], len(context), time.perf_counter())
         pending = context[target.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
+        t0 = time.perf_counter()
+        if resting or not self._asked():
+            return Round(PLAIN, None, forced, pending, len(context), t0)
         # rows past the decided are cut back once checked: a recurrent memory keeps snapshots of so many
         room = min(left - 1, target.n_ctx - len(context), target.n_batch - len(pending), target.draft_room)
-        t0 = time.perf_counter()
-        plan, draft = PLAIN, None
-        if self._asked():
-            plan, draft = propose(
-                self.speculation,
-                context,
-                room,
-                len(pending) - 1 + company,
-                self.sampling,
-                self.rng,
-                target.constraint,
-                drafters,
-            )
-            self._answered(plan)
-        r = Round(plan, draft, forced, pending, len(context), t0)
+        plan, draft = propose(
+            self.speculation,
+            context,
+            room,
+            len(pending) - 1 + company,
+            self.sampling,
+            self.rng,
+            target.constraint,
+            drafters,
+        )
+        self._answered(plan)
+        r = Round(plan, draft, forced, pending, len(context), t0, asked_s=time.perf_counter() - t0)
         if draft is not None and not company:  # alone: its batch is the step's shape
             rows = len(pending) + len(draft.tokens)
             limit = min(target.n_batch, target.n_ctx - target.n_past, len(pending) + target.draft_room)
@@ -251,7 +303,9 @@ class SpeculativeStepper:
         where a step takes a millisecond or two (a small model, a GPU), on
         text they never draft for; resting, a copy that starts is found up
         to `MAX_REST` steps late (the drafters catch up on the tokens they
-        were not asked about)."""
+        were not asked about). Decoding alone, the controller rests them
+        too, for longer, where speculation does not pay its way
+        (`control.Payoff`)."""
         if self._rest > 0:
             self._rest -= 1
             return False

@@ -27,6 +27,9 @@ from localrun.speculative.base import LOOKUP_MAX, Draft, Mask, Offer, Profile
 BOUNDARY = "\x00"  # stands in the source for a token that renders to nothing; drafts stop there
 SYNC_CHARS = 10  # non-space characters that must match the source to take up copying it
 DRAFT_CHARS = 4 * LOOKUP_MAX + 16  # characters of source read for one draft: enough for its tokens
+# the most new characters read at once: after a long rest (the drafters not asked: speculation did not pay),
+# only the last ones are followed, so that the first asking after it costs no more than a few
+CATCH_UP_CHARS = 256
 # buckets by how many characters have been copied since the text last left the source
 _BUCKET_EDGES = (16, 48, 128)
 TEXT_PRIOR = (0.3, 0.5, 0.7, 0.8)
@@ -168,6 +171,9 @@ class TextLookupDrafter:
             self.begin(context[: min(self.n_prompt, len(context))])
         new = self._utf8.decode(b"".join(self.piece(t) for t in context[self.n_read :]))
         self.n_read = len(context)
+        if len(new) > CATCH_UP_CHARS:  # a long rest: the text is taken up again from its last characters
+            new = new[-CATCH_UP_CHARS:]
+            self.pos, self.run, self.trail = -1, 0, ""
         for ch in new:
             if ch.isspace():
                 self.trail += ch
@@ -178,7 +184,6 @@ class TextLookupDrafter:
         gap, self.trail = self.trail, ""
         indent = indent_of(gap)
         line_indent = self.out_indent[-1] if self.out_indent else 0
-        j = len(self.out)
         self.out.append(ch)
         self.out_gaps.append(gap)
         self.out_indent.append(line_indent if indent is None else indent)
@@ -189,16 +194,17 @@ class TextLookupDrafter:
             self.pos, self.run, self.last = pos + 1, self.run + 1, pos + 1
         else:
             self.pos, self.run = -1, 0
-            if j + 1 >= SYNC_CHARS:
+            if len(self.out) >= SYNC_CHARS:
                 self._resync()
 
     def _resync(self) -> None:
         """Find the last few characters in the source: the first place at or
         past where it was last followed, else the last place before."""
         tail = "".join(self.out[-SYNC_CHARS:])
-        found = self.src.find(tail, max(self.last - SYNC_CHARS, 0))
-        if found < 0:
-            found = self.src.rfind(tail)
+        start = max(self.last - SYNC_CHARS, 0)
+        found = self.src.find(tail, start)
+        if found < 0:  # before it: what the search from there did not see
+            found = self.src.rfind(tail, 0, start + SYNC_CHARS - 1)
         if found >= 0:
             self.pos = self.last = found + SYNC_CHARS
             self.run = SYNC_CHARS

@@ -70,20 +70,28 @@ def speculative(
 
 class SteadyMachine(AdaptiveController):
     """The adaptive controller, fed fixed costs instead of the clock (a plain
-    step 1 s, a verify batch 1 s + 0.2 s per extra row, a draft step 0.3 s),
-    so what it decides depends on acceptance alone, not on the test machine's load."""
+    step 1 s, a verify batch 1 s + 0.2 s per extra row, a draft step 0.3 s,
+    asking free), so what it decides depends on acceptance alone, not on the
+    test machine's load."""
+
+    verify_s = draft_s = 0.0  # the last verify batch's and draft's fixed costs
 
     def observe_plain(self, seconds: float) -> None:
         super().observe_plain(1.0)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        super().observe_verify(rows, 1.0 + 0.2 * (rows - 1))
+        self.verify_s = 1.0 + 0.2 * (rows - 1)
+        super().observe_verify(rows, self.verify_s)
 
     def observe_draft(self, drafter: int, draft: Draft) -> None:
-        super().observe_draft(drafter, Draft(draft.tokens, n_sync=1, steps_s=0.3 * len(draft.tokens)))
+        self.draft_s = 0.3 * len(draft.tokens)
+        super().observe_draft(drafter, Draft(draft.tokens, n_sync=1, steps_s=self.draft_s))
 
     def observe_round(self, plan: Plan, seconds: float, tokens: int) -> None:
         super().observe_round(plan, 1.0, tokens)
+
+    def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
+        super().observe_step(self.draft_s + self.verify_s if drafted else 1.0, tokens, 0.0, drafted)
 
 
 def test_lookup_on_a_loop_is_lossless_and_accepts_long_drafts(bigram: Engine) -> None:

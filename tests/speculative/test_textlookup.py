@@ -12,7 +12,13 @@ from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, lookup_drafters, open_speculation
 from localrun.speculative.control import FixedController
 from localrun.speculative.lookup import PromptLookupDrafter
-from localrun.speculative.textlookup import SYNC_CHARS, SpacingRules, TextLookupDrafter, split_gaps
+from localrun.speculative.textlookup import (
+    CATCH_UP_CHARS,
+    SYNC_CHARS,
+    SpacingRules,
+    TextLookupDrafter,
+    split_gaps,
+)
 from tests.helpers import collect, engine_config
 from tests.tinymodel import write_tiny_model
 
@@ -86,6 +92,22 @@ def test_text_lookup_picks_the_source_up_again_after_an_edit() -> None:
     drafter = by_char()
     assert drafted(drafter, prompt, answer) is None  # left the source
     assert drafted(drafter, prompt, answer + "_value, gamm") == "a_value)"  # found again
+
+
+def test_text_lookup_takes_up_a_long_unread_stretch_from_its_end() -> None:
+    """After a long rest (the drafters not asked), only the last
+    `CATCH_UP_CHARS` new characters are followed: the copy is found from
+    them, and the draft goes on where the answer is."""
+    source = "".join(f"row{i} = value{i * 7 % 13};" for i in range(60))
+    answer = source[: 2 * CATCH_UP_CHARS]
+    drafter = by_char()
+    drafter.begin(ids(source))
+    assert drafter.offer(ids(source + answer[:5]), 0) is None  # read a little: nothing copied yet
+    context = ids(source + answer)  # then a long stretch at once
+    assert drafter.offer(context, 0) is not None
+    assert len(drafter.out) <= CATCH_UP_CHARS + 5
+    tail = source[len(answer) : len(answer) + 12]
+    assert "".join(chr(t) for t in drafter.draft(context, 12, GREEDY, RNG).tokens) == tail
 
 
 def test_text_lookup_reads_text_in_pieces_across_multibyte_characters() -> None:
