@@ -65,6 +65,12 @@ class EngineError(LocalrunError):
     """llama.cpp failed to do what was asked (context creation, decode)."""
 
 
+def engine_failure(exc: BaseException) -> LocalrunError:
+    """``exc`` as what a failed request is told: a typed error as it is,
+    anything else as an EngineError saying what the engine raised."""
+    return exc if isinstance(exc, LocalrunError) else EngineError(f"the engine failed: {exc}")
+
+
 class RegistryError(LocalrunError):
     """A models.toml file is broken: which file, which entry, why."""
 

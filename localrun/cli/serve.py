@@ -312,7 +312,7 @@ def serve_command(
     from localrun.serve.app import AppSettings
     from localrun.serve.heap import one_arena
     from localrun.serve.router import ModelTable, parse_duration
-    from localrun.serve.runner import start_runner
+    from localrun.serve.runner import MIN_HANG_S, start_runner
     from localrun.serve.served import Loader, load_model, load_models
     from localrun.serve.server import check_exposure, serve
     from localrun.ui.serve import ServeView
@@ -325,8 +325,8 @@ def serve_command(
     idle_s = _idle_unload(idle_unload, parse_duration)
     queue_timeout_s = parse_duration(queue_timeout, "--queue-timeout")
     hang_s = parse_duration(runner_timeout, "--runner-timeout")
-    if not hang_s > 0 or math.isinf(hang_s):
-        raise UsageError("--runner-timeout must be a time above 0 (2m, 30s, seconds)")
+    if not MIN_HANG_S <= hang_s < math.inf:
+        raise UsageError(f"--runner-timeout must be {MIN_HANG_S:g} s or more (2m, 30s, seconds)")
     loader: Loader = load_model if in_process else functools.partial(start_runner, hang_s=hang_s)
     check_exposure(host, api_key, no_auth)
     opt.use_rpc(rpc)

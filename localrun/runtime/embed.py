@@ -30,7 +30,7 @@ from localrun.errors import ContextOverflowError, EngineError, InvalidRequestErr
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime import llama_log
 from localrun.runtime.engine import Engine, EngineConfig, _context_params
-from localrun.runtime.llama import Batch, DecodeStatus, native_call
+from localrun.runtime.llama import Batch, DecodeStatus, llama_decode, native_call
 
 POOLING = {
     "none": llama_cpp.LLAMA_POOLING_TYPE_NONE,
@@ -244,7 +244,7 @@ class Embedder:
         batch.handle.n_tokens = batch.n
         try:
             with native_call():
-                status = llama_cpp.llama_decode(self.ctx, batch.handle)
+                status = llama_decode(self.ctx, batch.handle)
             if status != DecodeStatus.OK:
                 reason = llama_log.last_error() or f"status {status}"
                 raise EngineError(f"llama_decode could not embed {len(group)} inputs: {reason}")

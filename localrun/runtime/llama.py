@@ -98,6 +98,21 @@ class NativeCall:
             signal.raise_signal(signal.SIGINT)
 
 
+_decodes = 0  # llama_decode calls made in this process: what a runner's heartbeat says of its progress
+
+
+def decodes() -> int:
+    """How many decodes this process has made (it moves while an engine works)."""
+    return _decodes
+
+
+def llama_decode(ctx: Any, batch: Any) -> int:
+    """llama.cpp's llama_decode, counted (`decodes`)."""
+    global _decodes
+    _decodes += 1
+    return int(llama_cpp.llama_decode(ctx, batch))
+
+
 def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeStatus:
     """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
     long batch midway (a Python callback between graph nodes, which costs)."""
@@ -105,9 +120,9 @@ def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeSta
     with native_call():
         if abortable:
             with engine.abortable():
-                status = llama_cpp.llama_decode(engine.ctx, batch)
+                status = llama_decode(engine.ctx, batch)
         else:
-            status = llama_cpp.llama_decode(engine.ctx, batch)
+            status = llama_decode(engine.ctx, batch)
     if not 0 <= status < len(_STATUSES):
         raise EngineError(f"llama_decode failed with status {status}")
     return _STATUSES[status]

@@ -196,6 +196,7 @@ class ModelTable:
         self._last_sweep = 0.0
         self._sweeping: asyncio.Future[list[str]] | None = None
         self._said: list[Notice] = []  # loads and unloads, for the server's log (`notices`)
+        self._stopping = False
 
     # -- finding --
 
@@ -453,7 +454,7 @@ class ModelTable:
         """Forget ``entry``'s model if its runner ended (died, or was killed
         hanging): its requests have failed already; it loads again on the next."""
         model = entry.model
-        if model is None or model.ended is None or entry.change is not None:
+        if model is None or model.ended is None or entry.change is not None or self._stopping:
             return
         entry.model = None
         entry.state = "unloaded"
@@ -571,6 +572,7 @@ class ModelTable:
 
     def stop(self) -> None:
         """End every request still running or waiting (each gets an error saying why); no more are taken."""
+        self._stopping = True  # a runner that ends now is not reloaded
         for model in self.models:
             model.worker.stop()
 

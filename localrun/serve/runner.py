@@ -2,22 +2,19 @@
 
 `start_runner` starts ``python -m localrun.serve.runner_process`` on one
 end of a Unix socket pair (never a network port), sends it the model's
-plan and waits for its load; the `ServedModel` it gives holds the model's
-vocabulary here (requests are rendered and tokenized where they arrive) and
-a `Runner` as its backend: requests go to the runner whole, their text
-comes back token by token, and the runner's heartbeat says how far its
-engine has got.
-
-The server holds nothing of the model itself, not even its vocabulary:
+plan and waits for its load. The `ServedModel` it gives has a `Runner` as
+its backend: requests go to the runner whole, their text comes back token
+by token, and the runner's heartbeat says how far its engine has got. The
+server holds nothing of the model itself, not even its vocabulary:
 `RemoteTokens` asks the runner to tokenize (a request's prompt, a
 grammar's markers) and remembers what does not change (a token's text).
 
 A runner that dies (killed, aborted, out of memory) costs only its own
 requests: each ends with an error naming the model and the cause, and the
 model is loaded again on its next request (the router reaps it). One that
-hangs (no heartbeat, or an engine that stopped moving with requests
-admitted) for ``hang_s`` is killed and counts as died. An unload is the
-runner's exit: everything it held goes back to the system with it.
+hangs (no heartbeat, or no decode with requests admitted) for ``hang_s`` is
+killed and counts as died. An unload is the runner's exit: everything it
+held goes back to the system with it.
 """
 
 from __future__ import annotations
@@ -43,13 +40,16 @@ from localrun.gguf.reader import GGUFInfo
 from localrun.runtime.batch.scheduler import BatchRequest, check_request
 from localrun.runtime.embed import makes_embeddings
 from localrun.runtime.engine import Tokens
-from localrun.serve.runner_process import HEARTBEAT_S
+from localrun.serve.runner_wire import HEARTBEAT_S, Outbox
 from localrun.serve.served import Handler, Loaded, ModelPlan, ServedModel
 from localrun.serve.worker import Deliver, Failed, WorkerStatus, admit
 
+PROGRAM = "localrun.serve.runner_process"  # the module a runner runs (`python -m`)
 DEFAULT_HANG_S = 120.0  # a runner silent, or stuck with requests admitted, this long is replaced
+MIN_HANG_S = 3 * HEARTBEAT_S  # less would take a runner between two heartbeats for a hung one
 STOP_S = 30.0  # a runner told to stop that has not ended by then is killed
-ASK_S = 30.0  # a question of the vocabulary not answered by then is an error (the runner hangs)
+ASK_S = 30.0  # a question of the vocabulary not answered by then is an error
+WAIT_S = 10.0  # for a process killed to be reaped
 
 
 def _cause(returncode: int | None) -> str:
@@ -65,33 +65,46 @@ def _cause(returncode: int | None) -> str:
 class Runner:
     """A model's runner process: the `Backend` its requests go to."""
 
-    def __init__(self, plan: ModelPlan, run: Assembled, *, hang_s: float = DEFAULT_HANG_S) -> None:
+    def __init__(
+        self, plan: ModelPlan, run: Assembled, *, hang_s: float = DEFAULT_HANG_S, program: str = PROGRAM
+    ) -> None:
+        from localrun.runtime import rpc
+
         self.id = plan.id
         self.hang_s = hang_s
         self.max_queue = plan.max_queue
         self.ended: str | None = None  # why it serves no more (None while it does)
-        self._lock = threading.Lock()  # the sends, and the requests and calls in flight
+        self.pieces: dict[int, bytes] = {}  # tokens' text, as the runner sent it ahead of their events
+        self._lock = threading.Lock()  # what is in flight, and the counts (never held across a send)
         self._deliver: dict[int, Deliver] = {}  # every request submitted and not yet ended
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}  # calls and questions not yet answered
         self._indexes = itertools.count()
-        self._requests = itertools.count()
+        self._numbers = itertools.count()
         self._said: list[str] = []
         self._done = self._cancelled = self._failed = 0
         self._stopping = False
         self._hung: str | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with theirs:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "localrun.serve.runner_process", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a Ctrl-C at the server's terminal is the server's to handle
-            )
-        self.conn = Connection(ours.detach())
         try:
-            self.loaded = self._load(plan, run)
+            with theirs:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", program, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,  # a Ctrl-C at the server's terminal is the server's to handle
+                )
+        except BaseException:
+            ours.close()
+            raise
+        self.conn = Connection(ours.detach())
+        self._out = Outbox(self.conn)
+        try:
+            self._out.send(plan, run, rpc.registered())
+            self.loaded = self._load(plan.id)
         except BaseException:
             self._kill()
+            self._out.close(1)
             self.conn.close()
             raise
         self.parallel = self.loaded.parallel
@@ -108,24 +121,22 @@ class Runner:
     def pid(self) -> int:
         return self.proc.pid
 
-    def _load(self, plan: ModelPlan, run: Assembled) -> Loaded:
-        """Send the plan; what the load measured, once the runner has loaded
-        it (it says every second that it still loads: silent for ``hang_s``, it is killed)."""
-        self.conn.send((plan, run))
+    def _load(self, model: str) -> Loaded:
+        """What the load measured, once the runner has loaded the model (it
+        says every second that it still loads: silent for ``hang_s``, it is killed)."""
         heard = time.monotonic()
         try:
             while True:
                 if not self.conn.poll(HEARTBEAT_S):
                     if time.monotonic() - heard > self.hang_s:
-                        self._kill()
-                        raise EngineError(f"{plan.id}: its runner stopped answering while loading, and was killed")
+                        raise EngineError(f"{model}: its runner stopped answering while loading, and was killed")
                     continue
                 kind, said = self.conn.recv()
                 if kind != "loading":
                     break
                 heard = time.monotonic()
         except (EOFError, OSError):
-            raise EngineError(f"{plan.id}: its runner {_cause(self.proc.wait())} while loading") from None
+            raise EngineError(f"{model}: its runner {_cause(self._reaped())} while loading") from None
         if kind == "failed":
             raise said if isinstance(said, LocalrunError) else EngineError(str(said))
         assert isinstance(said, Loaded)
@@ -133,41 +144,46 @@ class Runner:
 
     # -- the backend, from the handlers --
 
+    def _gone(self) -> EngineError:
+        assert self.ended is not None
+        return EngineError(self.ended)
+
     def next_index(self) -> int:
         return next(self._indexes)
 
-    def _send(self, *message: Any) -> None:
-        with contextlib.suppress(OSError):  # it ended: the reader fails what is in flight
-            self.conn.send(message)
+    def _idle_until_now(self) -> None:
+        """Called with the lock held before work is added: an engine with nothing to do had no reason to move."""
+        if not self._deliver and not self._pending:
+            self._moved_at = time.monotonic()
 
     def submit(self, request: BatchRequest, deliver: Deliver) -> None:
         check_request(request, self.capacity)
+        packed = self._out.pack("submit", request)
         with self._lock:
             if self.ended is not None:
-                raise EngineError(self.ended, hint="it loads again on its next request")
+                raise self._gone()
             admit(len(self._deliver), self.parallel, self.max_queue, self._stopping)
-            if not self._deliver and not self._pending:
-                self._moved_at = time.monotonic()  # idle until now: the engine had no reason to move
+            self._idle_until_now()
             self._deliver[request.index] = deliver
-            self._send("submit", request)
+            self._out.put(packed)
 
     def cancel(self, index: int) -> None:
         with self._lock:
             if self._deliver.pop(index, None) is not None:
                 self._cancelled += 1
-                self._send("cancel", index)
+                self._out.send("cancel", index)
 
-    def _request(self, *message: Any) -> tuple[int, concurrent.futures.Future[Any]]:
-        """Send ``message`` with a number of its own; the future its answer settles."""
+    def _request(self, kind: str, *fields: Any) -> tuple[int, concurrent.futures.Future[Any]]:
+        """Send ``kind`` with a number of its own; the future its answer settles."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        ident = next(self._numbers)
+        packed = self._out.pack(kind, ident, *fields)
         with self._lock:
             if self.ended is not None:
-                raise EngineError(self.ended, hint="it loads again on its next request")
-            ident = next(self._requests)
-            if not self._deliver and not self._pending:
-                self._moved_at = time.monotonic()  # idle until now: the engine had no reason to move
+                raise self._gone()
+            self._idle_until_now()
             self._pending[ident] = future
-            self._send(message[0], ident, *message[1:])
+            self._out.put(packed)
         return ident, future
 
     async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
@@ -189,16 +205,17 @@ class Runner:
     def status(self) -> WorkerStatus:
         """Its requests as counted here, where they are sent and end (the
         runner's scheduler gives a slot at its next step to each request
-        that has one free); its tokens as its last heartbeat said."""
+        that has one free; calls in flight count as waiting); its tokens as
+        its last heartbeat said."""
         with self._lock:
-            admitted = len(self._deliver) + len(self._pending)
+            running, calls = len(self._deliver), len(self._pending)
             done, cancelled, failed = self._done, self._cancelled, self._failed
-        busy = min(admitted, self.parallel)
+        busy = min(running, self.parallel)
         beat = self._beat
         return WorkerStatus(
             parallel=self.parallel,
             busy=busy,
-            queued=admitted - busy,
+            queued=running - busy + calls,
             done=done,
             cancelled=cancelled,
             failed=failed,
@@ -207,7 +224,8 @@ class Runner:
         )
 
     def notices(self) -> list[str]:
-        said, self._said = self._said, []
+        with self._lock:
+            said, self._said = self._said, []
         return said
 
     def stop(self, timeout: float | None = None) -> None:
@@ -216,61 +234,69 @@ class Runner:
         if it has not ended within ``timeout`` (`STOP_S`)."""
         with self._lock:
             self._stopping = True
-            if self.proc.poll() is None:
-                self._send("stop")
+        if self.proc.poll() is None:
+            self._out.send("stop")
         try:
             self.proc.wait(STOP_S if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             self._kill()
-        self._reader.join(10)
+        self._reader.join(WAIT_S)
+        self._out.close(1)
         self.conn.close()
-
-    def kill(self) -> None:
-        """SIGKILL the runner (what a crash would do): its requests fail, the model reloads on its next."""
-        self._kill()
 
     def _kill(self) -> None:
         with contextlib.suppress(OSError):
             self.proc.kill()
+        self._reaped()
+
+    def _reaped(self) -> int | None:
+        """Its exit status, once the system has it (None: it has not ended within `WAIT_S`)."""
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+            return self.proc.wait(WAIT_S)
+        return None
 
     # -- the reader thread --
 
     def _read(self) -> None:
-        while True:
-            try:
-                if self.conn.poll(HEARTBEAT_S):
-                    self._take(self.conn.recv())
-            except (EOFError, OSError):
-                break
-            self._watch()
+        """Take what the runner says until it ends or is killed for hanging;
+        then fail what it left. Whatever goes wrong here ends the runner: a
+        reader gone would leave its requests waiting for ever."""
+        cause: str | None = None
         try:
-            code: int | None = self.proc.wait(10)
-        except subprocess.TimeoutExpired:
+            while self._hung is None:
+                try:
+                    if self.conn.poll(HEARTBEAT_S):
+                        self._take(self.conn.recv())
+                except (EOFError, OSError):
+                    break
+                self._watch()
+        except Exception as exc:
+            cause = f"could not be understood ({type(exc).__name__}: {exc}), and was killed"
+        if cause is not None or self._hung is not None:
             self._kill()
-            code = self.proc.returncode
-        self._end(self._hung or _cause(code))
+        code = self._reaped()
+        self._end(cause or self._hung or _cause(code))
 
     def _take(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "events":
             self._events(message[1])
+        elif kind == "pieces":
+            self.pieces.update(message[1])
         elif kind == "beat":
             _, status, notices, progress = message
             now = time.monotonic()
             self._beat, self._beat_at = status, now
-            self._said += notices
+            with self._lock:
+                self._said += notices
             if progress != self._progress:
                 self._progress, self._moved_at = progress, now
         elif kind == "answered":
             _, ident, result, error = message
             with self._lock:
                 future = self._pending.pop(ident, None)
-            if future is not None and error is not None:
-                future.set_exception(error)
-            elif future is not None:
-                future.set_result(result)
+            if future is not None:
+                _settle(future, result, error)
 
     def _events(self, events: list[Any]) -> None:
         for event in events:
@@ -284,39 +310,48 @@ class Runner:
                 deliver(event)
 
     def _watch(self) -> None:
-        """Kill a runner that hangs: no heartbeat, or its engine not moving with work admitted."""
+        """Mark a runner that hangs, for the reader to kill: no heartbeat, or no decode with work admitted."""
         now = time.monotonic()
         with self._lock:
             working = bool(self._deliver or self._pending)
-        if self._hung is not None or self._stopping or self.proc.poll() is not None:
+            stopping = self._stopping
+        if stopping or self.proc.poll() is not None:
             return
         if now - self._beat_at > self.hang_s:
             self._hung = f"stopped answering (no heartbeat for {self.hang_s:g} s) and was replaced"
         elif working and now - self._moved_at > self.hang_s:
             self._hung = f"made no progress for {self.hang_s:g} s with requests running, and was replaced"
-        if self._hung is not None:
-            self._kill()
 
     def _end(self, cause: str) -> None:
         """The runner is gone: everything in flight fails, naming it and why."""
         with self._lock:
-            self.ended = f"{self.id}: its runner {cause}"
+            stopping = self._stopping
+            self.ended = f"{self.id}: " + ("the server is shutting down" if stopping else f"its runner {cause}")
             delivers, self._deliver = self._deliver, {}
             pending, self._pending = self._pending, {}
             self._failed += len(delivers)
-        if self._stopping and not delivers and not pending:
-            return
-        error = EngineError(self.ended, hint="it loads again on its next request")
+        error = EngineError(self.ended)
         for index, deliver in delivers.items():
             deliver(Failed(index, error))
         for future in pending.values():
+            _settle(future, None, error)
+
+
+def _settle(future: concurrent.futures.Future[Any], result: Any, error: BaseException | None) -> None:
+    """Settle ``future`` unless its waiter gave up on it (a cancelled request)."""
+    if future.done():
+        return
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is not None:
             future.set_exception(error)
+        else:
+            future.set_result(result)
 
 
 class RemoteTokens(Tokens):
     """A runner's model's vocabulary, as the server uses it: what a load
     told of it (its size, its markers) kept here, the rest asked of the
-    runner; a token's text, once asked, remembered."""
+    runner; a token's text and kind, once known, remembered."""
 
     def __init__(self, runner: Runner, info: GGUFInfo) -> None:
         self.runner = runner
@@ -325,17 +360,22 @@ class RemoteTokens(Tokens):
         loaded = runner.loaded
         self.n_vocab, self.add_bos = loaded.n_vocab, loaded.add_bos
         self._bos, self._eos = loaded.bos_token, loaded.eos_token
-        self._pieces, self._eog = {}, {}
-        self._specials: dict[int, bool] = {}
+        self._pieces = runner.pieces  # the runner sends the pieces its log-probabilities name
+        self._eog = {}
+        self._special: dict[int, bool] = {}
+
+    def _remembered(self, table: dict[int, Any], what: str, token: int) -> Any:
+        known = table.get(token)
+        if known is None:
+            known = table[token] = self.runner.ask(what, token)
+        return known
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         tokens: list[int] = self.runner.ask("tokenize", text, add_special=add_special, parse_special=parse_special)
         return tokens
 
     def piece(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._pieces[token] = self.runner.ask("piece", token)
+        piece: bytes = self._remembered(self._pieces, "piece", token)
         return piece
 
     def detokenize(self, tokens: list[int]) -> str:
@@ -343,20 +383,14 @@ class RemoteTokens(Tokens):
         return text
 
     def is_eog(self, token: int) -> bool:
-        eog = self._eog.get(token)
-        if eog is None:
-            eog = self._eog[token] = self.runner.ask("is_eog", token)
-        return eog
+        return bool(self._remembered(self._eog, "is_eog", token))
 
     def token_text(self, token: int) -> str:
         text: str = self.runner.ask("token_text", token)
         return text
 
     def is_special(self, token: int) -> bool:
-        special = self._specials.get(token)
-        if special is None:
-            special = self._specials[token] = self.runner.ask("is_special", token)
-        return special
+        return bool(self._remembered(self._special, "is_special", token))
 
     @property
     def bos_token(self) -> str:
@@ -370,14 +404,18 @@ class RemoteTokens(Tokens):
 def start_runner(plan: ModelPlan, run: Assembled, *, hang_s: float = DEFAULT_HANG_S) -> ServedModel:
     """``plan``'s model loaded as ``run`` says, in a runner process of its own."""
     runner = Runner(plan, run, hang_s=hang_s)
-    return ServedModel(
-        plan.id,
-        plan.names,
-        RemoteTokens(runner, run.info),
-        runner,
-        describe(plan.info),
-        runner.loaded,
-        plan.system,
-        plan=plan,
-        chat=not makes_embeddings(plan.info),
-    )
+    try:
+        return ServedModel(
+            plan.id,
+            plan.names,
+            RemoteTokens(runner, run.info),
+            runner,
+            describe(plan.info),
+            runner.loaded,
+            plan.system,
+            plan=plan,
+            chat=not makes_embeddings(plan.info),
+        )
+    except BaseException:
+        runner.stop()
+        raise

@@ -4,9 +4,9 @@ engine thread, in this process (`load_model`) or in a runner process of its
 own (`localrun.serve.runner`). Which are loaded, and when, is
 `localrun.serve.router`'s.
 
-Either way the server's side holds the model's vocabulary (prompts are
-rendered and tokenized where the request arrives), what its load measured
-(`Loaded`) and a `Backend` that takes its requests."""
+Either way the server's side has the model's vocabulary to render and
+tokenize requests with (the engine's here; a runner's asked of it), what
+its load measured (`Loaded`) and a `Backend` that takes its requests."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localrun.errors import EngineError, LocalrunError, ServerBusyError
+from localrun.errors import EngineError, LocalrunError, ServerBusyError, engine_failure
 from localrun.events import SequenceDone, SequenceReasoning, SequenceText
 from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
 from localrun.runtime.embed import Embedder
@@ -124,7 +124,6 @@ class Worker:
         self._deliver: dict[int, Deliver] = {}  # every admitted request not yet ended
         self._stopping = False
         self._failed = 0
-        self._embed_runs = 0
         self._indexes = itertools.count()
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
         self._thread = threading.Thread(target=self._loop, name=f"localrun-{name}", daemon=True)
@@ -202,11 +201,6 @@ class Worker:
             tokens_per_s=self._rate(),
         )
 
-    @property
-    def progress(self) -> int:
-        """Steps taken and embedding runs made so far: it moves while the engine works."""
-        return self.run.steps + self._embed_runs
-
     def _rate(self) -> float:
         now = time.perf_counter()
         recent = [(t, n) for t, n in list(self._samples) if now - t <= RATE_WINDOW_S]
@@ -265,11 +259,10 @@ class Worker:
             return
         assert self.embedder is not None  # `embed` takes no job without it
         inputs = [tokens for job in jobs for tokens in job.inputs]
-        self._embed_runs += 1
         try:
             outputs = self.embedder.run(inputs)
         except Exception as exc:  # a failed decode fails these requests, not the server
-            error = exc if isinstance(exc, LocalrunError) else EngineError(f"the engine failed: {exc}")
+            error = engine_failure(exc)
             self._failed += len(jobs)
             for job in jobs:
                 job.result.set_exception(error)
@@ -283,7 +276,7 @@ class Worker:
         try:
             _, events = self.run.step()
         except Exception as exc:  # a failed decode ends the running requests, not the server
-            error = exc if isinstance(exc, LocalrunError) else EngineError(f"the engine failed: {exc}")
+            error = engine_failure(exc)
             for index in self.run.reset():
                 self._failed += 1
                 self._end(index, Failed(index, error))
