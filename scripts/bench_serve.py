@@ -72,7 +72,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,12 +346,21 @@ def part_throughput(model: Path, args: argparse.Namespace) -> None:
         throughput(model, n, args)
 
 
+def _variants(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    """The other ways of running serve that part 1 puts beside it: their names and extra arguments."""
+    variants: dict[str, tuple[str, ...]] = {}
+    if args.fixed_threads:
+        variants[f"serve -t{args.fixed_threads}"] = ("--threads", str(args.fixed_threads))
+    if args.in_process:
+        variants["serve --in-process"] = ("--in-process",)
+    return variants
+
+
 def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
     """Part 1 for ``n`` clients: its rounds, and its lines of figures."""
     prompts = long_answer_prompts(n) if not args.quick else SHORT[:n]
-    fixed = f"serve -t{args.fixed_threads}"
-    inproc = "serve --in-process"
-    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": [], fixed: [], inproc: []}
+    variants = _variants(args)
+    rates: dict[str, list[float]] = {"serve": [], "--batch": [], "llama-server": [], **{v: [] for v in variants}}
     made: dict[str, list[int]] = {name: [] for name in rates}  # tokens generated, each round
     full: list[int] = []  # requests that ran to --tokens, of serve and llama-server
     attention = "auto"
@@ -381,35 +390,35 @@ def throughput(model: Path, n: int, args: argparse.Namespace) -> None:
         with llama_server(args.llama_server, model, n, args, attention) as server:
             clients("llama-server", server)
 
-    def on_fixed() -> None:
-        with localrun_server(model, n, args, "--threads", str(args.fixed_threads)) as server:
-            clients(fixed, server)
+    def on_variant(name: str) -> Callable[[], None]:
+        def run() -> None:
+            with localrun_server(model, n, args, *variants[name]) as server:
+                clients(name, server)
 
-    def on_inproc() -> None:
-        with localrun_server(model, n, args, "--in-process") as server:
-            clients(inproc, server)
+        return run
 
     # serve first (it tells the others its flash attention), then each round
     # starts one further on, so a drift in the machine's speed favours none
-    systems = [on_serve, on_batch, *([on_native] if args.llama_server else [])]
-    systems += [on_fixed] if args.fixed_threads else []
-    systems += [on_inproc] if args.in_process else []
+    systems = [on_serve, on_batch, *([on_native] if args.llama_server else []), *map(on_variant, variants)]
     for r in range(args.rounds):
         for run in systems[r % len(systems) :] + systems[: r % len(systems)]:
             run()
-    serve, batch, native = rates["serve"], rates["--batch"], rates["llama-server"]
+    _throughput_lines(n, rates, made, attention, f"{min(full)}-{max(full)} of {n}", args.tokens)
+
+
+def _throughput_lines(
+    n: int, rates: dict[str, list[float]], made: dict[str, list[int]], attention: str, full: str, tokens: int
+) -> None:
+    serve, batch = rates["serve"], rates["--batch"]
     line = f"   N={n}: serve {statistics.median(serve):.1f} tok/s, --batch {statistics.median(batch):.1f}"
     line += f", serve/batch {ratio_summary(serve, batch, range_of_one=False)}"
-    if native:
-        line += f", llama-server {statistics.median(native):.1f}, serve/llama-server {ratio_summary(serve, native)}"
-    if rates[fixed]:
-        line += f", {fixed} {statistics.median(rates[fixed]):.1f}, serve/{fixed} {ratio_summary(serve, rates[fixed])}"
-    if rates[inproc]:
-        line += f", in-process {statistics.median(rates[inproc]):.1f}, serve/in-process {ratio_summary(serve, rates[inproc])}"
+    for name, got in rates.items():
+        if name not in ("serve", "--batch") and got:
+            line += f", {name} {statistics.median(got):.1f}, serve/{name} {ratio_summary(serve, got)}"
     print(line, flush=True)
     counts = "; ".join(f"{name} {'/'.join(map(str, got))}" for name, got in made.items() if got)
     print(f"      flash attention {attention} in all; tokens generated per round: {counts}; "
-          f"requests that ran to {args.tokens} tokens: {min(full)}-{max(full)} of {n}", flush=True)  # fmt: skip
+          f"requests that ran to {tokens} tokens: {full}", flush=True)  # fmt: skip
 
 
 def _generate_rate(model: Path, prompt: str, args: argparse.Namespace, *extra: str) -> float:

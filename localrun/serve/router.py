@@ -23,21 +23,19 @@ import gc
 import json
 import math
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from localrun.errors import InvalidRequestError, LocalrunError, ModelNotFoundError, ServerBusyError, UsageError
 from localrun.serve.events import Notice, ServerStatus
 from localrun.serve.heap import trim_heap
+from localrun.serve.own_thread import in_own_thread
 from localrun.serve.served import Loader, ModelPlan, ServedModel, held_by, load_model, looks_like_path, placed
 from localrun.store.registry import Registry
-
-_T = TypeVar("_T")
 
 DEFAULT_IDLE_UNLOAD_S = 300.0
 SWEEP_EVERY_S = 1.0  # how often idle models are looked for (`tick`)
@@ -582,37 +580,6 @@ class ModelTable:
                 entry.model.close()
                 entry.model = None
                 entry.state = "unloaded"
-
-
-async def in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
-    """``work(*args)`` on a thread started for it, which ends with it. A
-    model's load or unload runs llama.cpp (its warm-up decodes on an OpenMP
-    team of threads that lives as long as the calling thread): on a pool's
-    thread, those threads and their stacks would stay after the model is
-    gone; here they end with the thread."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[_T] = loop.create_future()
-
-    def settle(result: _T | None, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            outcome: tuple[_T | None, BaseException | None] = (work(*args), None)
-        except BaseException as exc:
-            outcome = (None, exc)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
-            loop.call_soon_threadsafe(settle, *outcome)
-
-    # not a daemon: the interpreter waits for it at exit, never stopping a free halfway
-    thread = threading.Thread(target=run, name=f"localrun-{getattr(work, '__name__', 'work')}")
-    thread.start()
-    return await done
 
 
 def _free(model: ServedModel) -> None:

@@ -186,8 +186,8 @@ class Runner:
             self._out.put(packed)
         return ident, future
 
-    async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
-        """``handler(model, body)`` in the runner, on the model it loaded."""
+    async def call(self, handler: Handler, model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
+        """``handler(model, body)`` in the runner, on the model it loaded there (not ``model``, the server's)."""
         _, future = self._request("call", handler, body)
         result: dict[str, Any] = await asyncio.wrap_future(future)
         return result

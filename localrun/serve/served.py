@@ -69,6 +69,7 @@ class Backend(Protocol):
     def pid(self) -> int: ...  # the process that holds the model
 
     def next_index(self) -> int: ...
+    async def call(self, handler: Handler, model: ServedModel, body: dict[str, Any]) -> dict[str, Any]: ...
     def submit(self, request: BatchRequest, deliver: Deliver) -> None: ...
     def cancel(self, index: int) -> None: ...
     def status(self) -> WorkerStatus: ...
@@ -157,14 +158,8 @@ class ServedModel:
         return self.worker
 
     async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
-        """``handler(model, body)`` where the model is loaded: on a thread of
-        its own here (it ends with it), or in the model's runner process."""
-        from localrun.serve.router import in_own_thread
-        from localrun.serve.runner import Runner
-
-        if isinstance(self.worker, Runner):
-            return await self.worker.call(handler, body)
-        return await in_own_thread(handler, self, body)
+        """``handler(model, body)`` where the model is loaded (`Backend.call`)."""
+        return await self.worker.call(handler, self, body)
 
     def describe(self) -> dict[str, Any]:
         """Its /v1/models entry (with llama-server's `meta`)."""

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,7 +33,11 @@ from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
 from localrun.runtime.embed import Embedder
 from localrun.runtime.engine import Engine
 from localrun.runtime.promptcache import PromptCache
+from localrun.serve.own_thread import in_own_thread
 from localrun.speculative import Speculation
+
+_M = TypeVar("_M")  # a served model
+_R = TypeVar("_R")
 
 RATE_WINDOW_S = 5.0  # the aggregate decode rate is measured over this much recent time
 
@@ -145,6 +150,11 @@ class Worker:
             self._deliver[request.index] = deliver
             self._incoming.append(request)
             self._cond.notify()
+
+    async def call(self, handler: Callable[[_M, dict[str, Any]], _R], model: _M, body: dict[str, Any]) -> _R:
+        """``handler(model, body)`` on a thread of its own (it ends with it): a
+        handler that decodes hands its work to this engine thread."""
+        return await in_own_thread(handler, model, body)
 
     def embed(self, inputs: Sequence[list[int]]) -> Future[list[np.ndarray]]:
         """Each input's pooled output (a vector, or a rank head's scores), raw,

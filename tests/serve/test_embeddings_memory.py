@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from localrun.runtime.embed import Embedder
+from localrun.runtime.engine import Engine
 from localrun.serve.served import ModelPlan, ServedModel, load_models
 from scripts.bench_router import register_pulled
 from tests.serve.conftest import Server, start
@@ -47,6 +48,7 @@ def test_the_embedding_context_is_counted_in_what_the_model_holds(pooled: Served
     assert embedder is not None and embedder.buffers  # its context's buffers, as llama.cpp logged them
     own = sum(b.total for b in embedder.buffers)
     assert all(b.model == 0 for b in embedder.buffers)  # the weights are the engine's, counted once
+    assert isinstance(pooled.engine, Engine)  # loaded in process
     engine = sum(b.total for b in pooled.engine.buffers)
     assert sum(pooled.held.values()) == engine + own and own > 0
 
@@ -57,7 +59,7 @@ def test_embeddings_decode_on_the_engine_thread_several_requests_in_one_run(
     embedder = pooled.embedder
     assert embedder is not None
     tokens = embedder.tokenize(TEXTS)
-    alone = [pooled.worker.embed_now([t])[0] for t in tokens[:3]]
+    alone = [pooled.local_worker().embed_now([t])[0] for t in tokens[:3]]
     runs: list[tuple[str, int]] = []
     real_run = Embedder.run
 
@@ -66,9 +68,9 @@ def test_embeddings_decode_on_the_engine_thread_several_requests_in_one_run(
         return real_run(self, inputs)
 
     monkeypatch.setattr(Embedder, "run", watched)
-    with pooled.worker._cond:  # the engine thread waits on it for work: both jobs are there when it looks
-        first = pooled.worker.embed(tokens[:2])
-        second = pooled.worker.embed(tokens[2:3])
+    with pooled.local_worker()._cond:  # the engine thread waits on it for work: both jobs are there when it looks
+        first = pooled.local_worker().embed(tokens[:2])
+        second = pooled.local_worker().embed(tokens[2:3])
     together = first.result(timeout=60) + second.result(timeout=60)
     assert runs == [("localrun-pooled", 3)]  # one run, on the model's own thread
     for a, b in zip(alone, together, strict=True):

@@ -16,8 +16,10 @@ import pytest
 from localrun.errors import InvalidRequestError, LocalrunError, ServerBusyError
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
+from localrun.runtime.engine import Engine
 from localrun.serve.errors import api_error
-from localrun.serve.router import ModelTable, Servable, in_own_thread, parse_duration, split_keep_alive
+from localrun.serve.own_thread import in_own_thread
+from localrun.serve.router import ModelTable, Servable, parse_duration, split_keep_alive
 from localrun.serve.served import ModelPlan, ServedModel
 from tests.serve.test_served import held_alone, plan
 
@@ -46,7 +48,9 @@ def table(
 
 def closed(model: ServedModel) -> bool:
     """Its llama.cpp context and weights freed."""
-    return model.engine._ctx is None and model.engine._model is None
+    engine = model.engine
+    assert isinstance(engine, Engine)  # loaded in process
+    return engine._ctx is None and engine._model is None
 
 
 def test_two_first_requests_load_once(tiny_model: Path) -> None:

@@ -98,7 +98,7 @@ def test_a_request_names_a_served_model(two: list[ServedModel], tiny_model: Path
 
 def test_a_system_prompt_is_the_prefix_the_prompt_cache_keeps(two: list[ServedModel], tiny_model: Path) -> None:
     model = two[0]
-    assert model.worker.run.prompt_cache is not None  # on by default
+    assert model.local_worker().run.prompt_cache is not None  # on by default
 
     def chat(*messages: tuple[str, str]) -> ChatRequest:
         return ChatRequest.model_validate({"messages": [{"role": r, "content": c} for r, c in messages]})
@@ -110,6 +110,6 @@ def test_a_system_prompt_is_the_prefix_the_prompt_cache_keeps(two: list[ServedMo
     assert prepare(model, chat(("user", "hi")), 2)[0].shared == 0
     (off,) = load_models([plan(tiny_model, prompt_cache=False)])
     try:
-        assert off.worker.run.prompt_cache is None
+        assert off.local_worker().run.prompt_cache is None
     finally:
         off.close()
