@@ -195,6 +195,8 @@ class ModelTable:
         self._sweeping: asyncio.Future[list[str]] | None = None
         self._said: list[Notice] = []  # loads and unloads, for the server's log (`notices`)
         self._stopping = False
+        self._wanting: set[_Entry] = set()  # loads waiting for a loaded model to go idle and make room
+        self._swapped: asyncio.Event | None = None  # set when one of them ends
 
     # -- finding --
 
@@ -296,6 +298,7 @@ class ModelTable:
         if name is not None and not isinstance(name, str):
             raise InvalidRequestError("model: must be a string", "model")
         entry = self._entry(name)
+        await self._behind_swaps(entry)
         held = _HOLDS.get()
         if held is not None:
             held.append(entry)
@@ -325,6 +328,23 @@ class ModelTable:
                 self.waiting -= 1
         entry.last_used = time.monotonic()
         return entry.model
+
+    async def _behind_swaps(self, entry: _Entry) -> None:
+        """A request for a loaded model waits while another model's load
+        waits for room, in the order they came: taken at once, requests to
+        the loaded models would keep them busy, and the load would wait for
+        ever for one to go idle. (Not held meanwhile: its model may be the
+        one that goes.)"""
+        if entry.pinned or entry.model is None or not self._wanting or entry in self._wanting:
+            return
+        self.waiting += 1
+        try:
+            while self._wanting and entry not in self._wanting and entry.model is not None:
+                if self._swapped is None:
+                    self._swapped = asyncio.Event()
+                await self._swapped.wait()
+        finally:
+            self.waiting -= 1
 
     async def load(self, name: str) -> ServedModel:
         """`POST /models/load`: as `ready`, held by no request."""
@@ -376,6 +396,11 @@ class ModelTable:
             raise
         finally:
             entry.change = None
+            if entry in self._wanting:  # the requests queued behind this load go on
+                self._wanting.discard(entry)
+                if self._swapped is not None:
+                    self._swapped.set()
+                    self._swapped = None
 
     def _load_now(self, entry: _Entry) -> ServedModel:
         """On a worker thread, the lock held: plan the model and load it."""
@@ -415,6 +440,7 @@ class ModelTable:
         left = deadline - time.monotonic()
         if left <= 0 or not any(e is not entry and e.model is not None and not e.pinned for e in self.entries):
             return False
+        self._wanting.add(entry)  # from now on, requests for the loaded models queue behind it
         if self._freed is None:
             self._freed = asyncio.Event()
         with contextlib.suppress(TimeoutError):

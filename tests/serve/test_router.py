@@ -199,6 +199,45 @@ def test_a_request_waits_for_the_busy_model_to_make_room(tiny_model: Path) -> No
         models.close()
 
 
+def test_requests_for_a_busy_model_queue_behind_a_load_waiting_for_room(tiny_model: Path) -> None:
+    """Requests for a, overlapping so that a is never idle, and one for b
+    under --models-max 1: b's load does not wait for ever; the requests for
+    a that came after it wait for it, and load a again after it."""
+    models, _ = table(tiny_model, "a", "b", models_max=1, queue_timeout_s=600)
+    served: list[str] = []
+
+    async def request(name: str, done: asyncio.Event) -> None:
+        with models.holding():  # as the server holds every request
+            served.append((await models.ready(name)).id)
+            await done.wait()
+
+    async def run() -> None:
+        first, b_done, later_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        on_a = await streaming_on(models, "a", first)
+        for_b = asyncio.create_task(request("b", b_done))
+        await asyncio.sleep(0.3)  # b's load waits for room
+        later = [asyncio.create_task(request("a", later_done)) for _ in range(3)]  # each would keep a busy
+        await asyncio.sleep(0.3)
+        assert served == []  # the later ones wait behind b, not before it
+        first.set()  # the one request a had ends: a goes idle, and b loads
+        await on_a
+        while not served:
+            await asyncio.sleep(0.05)
+        assert served == ["b"]
+        b_done.set()  # b's request ends: a loads again for the later ones
+        await for_b
+        while len(served) < 4:
+            await asyncio.sleep(0.05)
+        later_done.set()
+        await asyncio.gather(*later)
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 120))
+        assert served == ["b", "a", "a", "a"]
+    finally:
+        models.close()
+
+
 def test_past_the_queue_a_request_for_a_model_is_a_503(tiny_model: Path) -> None:
     models, _ = table(tiny_model, "a", "b", models_max=1, queue_timeout_s=600)
     models.max_waiting = 1
