@@ -327,6 +327,9 @@ def serve_command(
     hang_s = parse_duration(runner_timeout, "--runner-timeout")
     if not MIN_HANG_S <= hang_s < math.inf:
         raise UsageError(f"--runner-timeout must be {MIN_HANG_S:g} s or more (2m, 30s, seconds)")
+    if rpc and not in_process:  # llama.cpp's rpc-server serves one client at a time: one process for all models
+        out().note("--rpc: every model runs in the server's own process (an RPC server serves one client at a time)")
+        in_process = True
     loader: Loader = load_model if in_process else functools.partial(start_runner, hang_s=hang_s)
     check_exposure(host, api_key, no_auth)
     opt.use_rpc(rpc)

@@ -233,12 +233,6 @@ def register(servers: Sequence[Endpoint], *, on_lost: Callable[[str], None] | No
     return tuple(name for endpoint in servers for name in _servers[endpoint])
 
 
-def registered() -> tuple[Endpoint, ...]:
-    """The servers `register` added to this process (a runner process adds the same)."""
-    with _lock:
-        return tuple(_servers)
-
-
 def buffer_device(name: str) -> str | None:
     """The device a buffer type of an RPC server's allocates on (llama.cpp
     names them by the server's device index and endpoint, `RPC0[HOST:PORT]`;

@@ -68,8 +68,6 @@ class Runner:
     def __init__(
         self, plan: ModelPlan, run: Assembled, *, hang_s: float = DEFAULT_HANG_S, program: str = PROGRAM
     ) -> None:
-        from localrun.runtime import rpc
-
         self.id = plan.id
         self.hang_s = hang_s
         self.max_queue = plan.max_queue
@@ -100,7 +98,7 @@ class Runner:
         self.conn = Connection(ours.detach())
         self._out = Outbox(self.conn)
         try:
-            self._out.send(plan, run, rpc.registered())
+            self._out.send(plan, run)
             self.loaded = self._load(plan.id)
         except BaseException:
             self._kill()

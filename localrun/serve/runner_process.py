@@ -121,22 +121,18 @@ def _refuse(what: str) -> None:
 
 
 def _load(conn: Connection, outbox: Outbox) -> ServedModel | None:
-    """The model the server's plan names, loaded (its RPC servers added
-    first); None when the load failed (the server is told why) or the server is gone."""
+    """The model the server's plan names, loaded; None when the load failed
+    (the server is told why) or the server is gone."""
     from localrun.errors import engine_failure
     from localrun.serve.served import load_model
 
     try:
-        plan, run, rpc_servers = conn.recv()
+        plan, run = conn.recv()
     except (EOFError, OSError):
         return None
     loading = threading.Event()
     threading.Thread(target=_loading, args=(outbox, loading), name="localrun-runner-loading", daemon=True).start()
     try:
-        if rpc_servers:
-            from localrun.runtime import rpc
-
-            rpc.register(rpc_servers)
         model = load_model(plan, run)
     except BaseException as exc:
         loading.set()

@@ -2,7 +2,7 @@
 `localrun.serve.runner_process`): a Unix socket pair carrying pickled
 tuples, each a kind and its fields.
 
-Server to runner: ``(plan, run, rpc servers)`` first, then ``submit``
+Server to runner: ``(plan, run)`` first, then ``submit``
 (a prepared request), ``cancel`` (its index), ``call`` (a number, a
 handler and its body: run on the loaded model), ``ask`` (a number, a
 vocabulary method, its arguments), ``stop``.

@@ -394,7 +394,12 @@ def test_pull_after_the_download_before_the_hash(hub: HubState) -> None:
 
 
 def test_serve_during_its_load(tiny_model: Path) -> None:
-    assert_interrupted(interrupted("log@3", "serve", "-m", str(tiny_model), "--port", "0"))
+    """While llama.cpp loads the model in the server's process (`--in-process`),
+    or while the server waits for the model's runner to load it."""
+    assert_interrupted(interrupted("log@3", "serve", "-m", str(tiny_model), "--port", "0", "--in-process"))
+    assert_interrupted(
+        interrupted("localrun.serve.runner:Runner._load@1", "serve", "-m", str(tiny_model), "--port", "0")
+    )
 
 
 @contextmanager
