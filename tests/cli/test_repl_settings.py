@@ -81,17 +81,22 @@ def test_show_gives_the_model_its_shape_and_the_settings(repl: tuple[Repl, io.St
     assert "cannot change its model" in screen.getvalue()
 
 
+def chat_on_a_terminal(model: Path, *, columns: int, timeout: int) -> pexpect.spawn:
+    """`localrun chat` on ``model`` (4 tokens a turn, greedy) on a pseudo-terminal ``columns`` wide."""
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "localrun", "chat", "-m", str(model), "-n", "4", "-t", "0"],
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": "30"},
+        encoding="utf-8",
+        timeout=timeout,
+        dimensions=(30, columns),
+    )
+
+
 @pytest.mark.pty
 def test_model_switches_and_the_conversation_goes_on(tiny_model: Path, wide_model: Path, tmp_path: Path) -> None:
     saved = tmp_path / "saved.json"
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "localrun", "chat", "-m", str(tiny_model), "-n", "4", "-t", "0"],
-        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "30"},
-        encoding="utf-8",
-        timeout=180,
-        dimensions=(30, 120),
-    )
+    child = chat_on_a_terminal(tiny_model, columns=120, timeout=180)
     child.expect(">>> ")
     child.sendline("/set temperature 0.7")
     child.expect("temperature set to 0.7")
@@ -141,14 +146,7 @@ def test_model_that_leaves_no_model_loaded_ends_the_session(tiny_model: Path, wi
     load again: the session ends, saying so (no turn on a closed model)."""
     first = tmp_path / "first.gguf"
     first.write_bytes(tiny_model.read_bytes())
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "localrun", "chat", "-m", str(first), "-n", "4", "-t", "0"],
-        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "200", "LINES": "30"},
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(30, 200),
-    )
+    child = chat_on_a_terminal(first, columns=200, timeout=60)
     try:
         child.expect(">>> ")
         # the loaded model's file replaced (its mapping keeps the old one): it cannot load again
