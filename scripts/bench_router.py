@@ -13,7 +13,9 @@ loads), after each request, and once the idle unload has left no model
 loaded. The goal: after the idle unload, within 10% of before the first load.
 With --pooling (mean, cls, last), the server pools every model and each
 turn asks the model named for embeddings of a few texts too, before its
-completion.
+completion. With --responses, each turn also makes a Responses call with a
+tool and `tool_choice: required` (one function call back, checked): the
+tool grammar is built where the model is loaded, not in the server.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import openai
+from openai.types.responses import FunctionToolParam
 
 from scripts.bench_serve import Server, serve_process
 
@@ -97,12 +100,22 @@ def start(home: Path, idle: float, pooling: str | None = None) -> AbstractContex
 
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "hello there"] * 4
+WEATHER: FunctionToolParam = {
+    "type": "function",
+    "strict": False,
+    "name": "get_weather",
+    "description": "Get the weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
-def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float, embed: bool = False) -> float:
+def cycle(
+    client: openai.OpenAI, url: str, pid: int, rounds: int, before: float, embed: bool = False, tools: bool = False
+) -> float:
     """Requests alternating between the two models (embeddings, then a
-    completion, with ``embed``), then the wait for the idle unload; the
-    server's resident memory (MiB) once no model is loaded."""
+    completion, with ``embed``; then a Responses call that must call a tool,
+    with ``tools``), then the wait for the idle unload; the server's resident
+    memory (MiB) once no model is loaded."""
     peak = before
     for turn in range(2 * rounds):
         name = ALIASES[turn % 2]
@@ -111,6 +124,10 @@ def cycle(client: openai.OpenAI, url: str, pid: int, rounds: int, before: float,
             assert vectors.model == name and len(vectors.data) == len(TEXTS), vectors.model
         reply = client.completions.create(model=name, prompt="Once upon a time", max_tokens=16)
         assert reply.model == name, (reply.model, name)
+        if tools:
+            asked = "What's the weather in Paris? Use the tool."
+            called = client.responses.create(model=name, input=asked, tools=[WEATHER], tool_choice="required")
+            assert [o.type for o in called.output] == ["function_call"], called.output
         assert loaded(url) == [name], loaded(url)
         peak = max(peak, rss_mib(pid))
     t0 = time.monotonic()
@@ -130,6 +147,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=2, help="rounds then an idle unload, this many times")
     parser.add_argument("--idle", type=float, default=3.0, help="--idle-unload, seconds")
     parser.add_argument("--pooling", choices=("mean", "cls", "last"), help="serve --pooling; embeddings each turn")
+    parser.add_argument("--responses", action="store_true", help="a Responses call with a required tool each turn")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -148,7 +166,9 @@ def main() -> int:
             print(f"before any load: {before:.0f} MiB ({parts(proc.pid)}, {threads(proc.pid)} threads)", flush=True)
             client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
             embed = args.pooling is not None
-            afters = [cycle(client, url, proc.pid, args.rounds, before, embed) for _ in range(args.cycles)]
+            afters = [
+                cycle(client, url, proc.pid, args.rounds, before, embed, args.responses) for _ in range(args.cycles)
+            ]
             client.close()
             change = (afters[0] / before - 1) * 100
             growth = afters[-1] - afters[0]

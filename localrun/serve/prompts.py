@@ -107,23 +107,40 @@ def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[in
 def output_spec(
     model: ServedModel, request: ChatRequest | CompletionRequest, use: ToolUse | None = None
 ) -> OutputSpec | None:
+    """The reply's constraint: the tools' grammar or the ``response_format``'s,
+    built where the model is loaded (a runner keeps the grammar library out
+    of the server's process: nothing of it stays after the model unloads)."""
+    wanted: dict[str, Any]
     if use is not None and use.choice is not None:
         if request.response_format is not None:
             raise InvalidRequestError("response_format and tools together are not supported", "response_format")
         if use.family.grammar is None:  # a family whose calls are read, not constrained
             return None
         budget = request.reasoning_budget_tokens if isinstance(request, ChatRequest) else None
-        fmt = use.family.grammar
-        return tool_grammar(model.engine, use.functions, fmt, use.choice, parallel=use.parallel, budget=budget)
-    if request.response_format is None:
+        wanted = {"tools": (use.functions, use.family.grammar, use.choice, use.parallel, budget)}
+    elif request.response_format is None:
         return None
-    try:
-        spec = response_format(request.response_format)
-    except UsageError as exc:
-        raise InvalidRequestError(exc.message, "response_format") from None
-    if spec is not None and model.here:
-        tokenizer_for(model.engine)  # built once per engine, here rather than on the engine thread (a runner: its own)
+    else:
+        wanted = {"response_format": request.response_format}
+    spec: OutputSpec | None = model.call_blocking(_built_output, wanted)["spec"]
     return spec
+
+
+def _built_output(model: ServedModel, wanted: dict[str, Any]) -> dict[str, Any]:
+    """`output_spec`'s constraint, where the model is loaded, with its tokenizer
+    built once per engine here rather than on the engine thread."""
+    spec: OutputSpec | None
+    if "tools" in wanted:
+        functions, fmt, choice, parallel, budget = wanted["tools"]
+        spec = tool_grammar(model.engine, functions, fmt, choice, parallel=parallel, budget=budget)
+    else:
+        try:
+            spec = response_format(wanted["response_format"])
+        except UsageError as exc:
+            raise InvalidRequestError(exc.message, "response_format") from None
+    if spec is not None:
+        tokenizer_for(model.engine)
+    return {"spec": spec}
 
 
 def prepare(

@@ -190,9 +190,16 @@ class Runner:
         result: dict[str, Any] = await asyncio.wrap_future(future)
         return result
 
+    def call_blocking(self, handler: Handler, model: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
+        """`call`, waited for on this thread (at most `ASK_S`)."""
+        result: dict[str, Any] = self._answer(*self._request("call", handler, body))
+        return result
+
     def ask(self, what: str, *args: Any, **kwargs: Any) -> Any:
         """``engine.WHAT(*args, **kwargs)`` of the model's vocabulary, in the runner (`RemoteTokens`)."""
-        ident, future = self._request("ask", what, args, kwargs)
+        return self._answer(*self._request("ask", what, args, kwargs))
+
+    def _answer(self, ident: int, future: concurrent.futures.Future[Any]) -> Any:
         try:
             return future.result(ASK_S)
         except concurrent.futures.TimeoutError:

@@ -85,11 +85,8 @@ def _answer(outbox: Outbox, ident: int, work: Any, *args: Any, **kwargs: Any) ->
 def _submit(outbox: Outbox, model: ServedModel, request: Any) -> None:
     from localrun.errors import engine_failure
     from localrun.serve.worker import Failed
-    from localrun.structured.constraint import tokenizer_for
 
     try:
-        if request.output is not None:  # built once, here rather than on the engine thread
-            tokenizer_for(model.engine)
         model.local_worker().submit(request, outbox.event)
     except Exception as exc:
         outbox.event(Failed(request.index, engine_failure(exc)))

@@ -70,6 +70,7 @@ class Backend(Protocol):
 
     def next_index(self) -> int: ...
     async def call(self, handler: Handler, model: ServedModel, body: dict[str, Any]) -> dict[str, Any]: ...
+    def call_blocking(self, handler: Handler, model: ServedModel, body: dict[str, Any]) -> dict[str, Any]: ...
     def submit(self, request: BatchRequest, deliver: Deliver) -> None: ...
     def cancel(self, index: int) -> None: ...
     def status(self) -> WorkerStatus: ...
@@ -160,6 +161,11 @@ class ServedModel:
     async def call(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
         """``handler(model, body)`` where the model is loaded (`Backend.call`)."""
         return await self.worker.call(handler, self, body)
+
+    def call_blocking(self, handler: Handler, body: dict[str, Any]) -> dict[str, Any]:
+        """`call`, on this thread: for work that must not run in the server's
+        process (what would page a library into it for good)."""
+        return self.worker.call_blocking(handler, self, body)
 
     def describe(self) -> dict[str, Any]:
         """Its /v1/models entry (with llama-server's `meta`)."""

@@ -151,6 +151,10 @@ class Worker:
             self._incoming.append(request)
             self._cond.notify()
 
+    def call_blocking(self, handler: Callable[[_M, dict[str, Any]], _R], model: _M, body: dict[str, Any]) -> _R:
+        """``handler(model, body)`` on the calling thread."""
+        return handler(model, body)
+
     async def call(self, handler: Callable[[_M, dict[str, Any]], _R], model: _M, body: dict[str, Any]) -> _R:
         """``handler(model, body)`` on a thread of its own (it ends with it): a
         handler that decodes hands its work to this engine thread."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx2 as httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from scripts.bench_router import register_pulled
 from tests.serve.conftest import Server, start
@@ -126,6 +127,36 @@ def test_a_runner_that_hangs_is_replaced(two: Server) -> None:
     assert waited >= 1.5  # not before its 3 s were up (counted from its last heartbeat, a second apart at most)
     assert not alive(beta)  # killed, not left stopped
     assert ask(client, BETA) == BETA and runner_of(two, BETA) != beta
+
+
+def test_constraints_are_built_in_the_runner_not_the_server(two: Server) -> None:
+    """The grammar library is code the server would keep resident after every
+    unload: a tool call's grammar and a response_format's are built in the runner."""
+    client = two.client()
+    weather: ChatCompletionFunctionToolParam = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object"}},
+    }
+    called = client.chat.completions.create(
+        model=ALPHA,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[weather],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+    )
+    calls = called.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls if c.type == "function"] == ["get_weather"]
+    shaped = client.chat.completions.create(
+        model=ALPHA,
+        messages=[{"role": "user", "content": "a number"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}},
+        max_tokens=8,
+    )
+    assert (shaped.choices[0].message.content or "").strip().lstrip("-").isdigit()
+    runner = runner_of(two, ALPHA)
+    assert "llguidance" in Path(f"/proc/{runner}/maps").read_text()
+    assert "llguidance" not in Path(f"/proc/{two.proc.pid}/maps").read_text()
 
 
 def test_an_unload_ends_the_runner(two: Server) -> None:
