@@ -60,6 +60,7 @@ TIME_S = 3.0  # the races stop by then, whatever they decided
 WIDTH = 64  # the probe model's residual stream and feed-forward width: what attention does not depend on
 WAIT_S, WAIT_TRIES = 0.02, 25  # before a sample, at most half a second's wait for other tasks to pass
 RETRY_S = 600.0  # a probe the machine's load spoilt is not tried again this soon
+PROBE_TIMEOUT_S = 120.0  # a probe's process that has not answered by then is stopped: no curve
 ENV = "LOCALRUN_PROBE_ATTENTION"
 
 
@@ -191,6 +192,36 @@ def probe(shape: AttentionShape, threads: int, load: Callable[[], int | None] | 
     )
 
 
+def probe_apart(shape: AttentionShape, threads: int) -> Attention | None:
+    """`probe` in a process of its own: nothing of its model and of llama.cpp's
+    code stays in the caller (a server's memory), and a probe that crashes
+    costs the caller nothing but the curve (None, as a spoilt one)."""
+    import subprocess
+    import sys
+
+    measure = [sys.executable, "-m", __name__, json.dumps(_shape_list(shape)), str(threads)]
+    try:
+        done = subprocess.run(
+            measure, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        )
+        found = json.loads(done.stdout) if done.returncode == 0 else None
+        return Attention.from_dict(found) if found is not None else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _shape_list(shape: AttentionShape) -> list[int]:
+    return [shape.heads, shape.kv_heads, shape.key_length, shape.value_length]
+
+
+def main(argv: Sequence[str]) -> None:
+    """`probe_apart`'s child: the shape as a JSON list and the thread count in,
+    the curve (or null) as JSON out."""
+    heads, kv_heads, key_length, value_length = (int(x) for x in json.loads(argv[0]))
+    curve = probe(AttentionShape(heads, kv_heads, key_length, value_length), int(argv[1]))
+    print(json.dumps(curve.as_dict() if curve is not None else None))
+
+
 class _Busy(Exception):
     """Other tasks kept running through the wait: the probe is spoilt."""
 
@@ -251,7 +282,7 @@ class Probed:
     def as_dict(self) -> dict[str, Any]:
         return {
             "machine": self.machine.as_dict(),
-            "shape": [self.shape.heads, self.shape.kv_heads, self.shape.key_length, self.shape.value_length],
+            "shape": _shape_list(self.shape),
             "threads": self.threads,
             "measured_at": self.measured_at,
             "curve": self.curve.as_dict() if self.curve is not None else None,
@@ -300,9 +331,15 @@ def measured(
     found = next((p for p in load_probed() if p.same(machine, shape, threads)), None)
     if found is not None and (found.curve is not None or found.age_s() < RETRY_S):
         return found.curve
-    curve = (run_probe or probe)(shape, threads)
+    curve = (run_probe or probe_apart)(shape, threads)
     entry = Probed(machine, shape, threads, datetime.now(UTC).isoformat(timespec="seconds"), curve)
     with contextlib.suppress(OSError):  # not kept (a read-only cache): measured again next time, no harm
         others = [p for p in load_probed() if not p.same(machine, shape, threads)]  # another process's meanwhile
         save_probed([*others, entry])
     return curve
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

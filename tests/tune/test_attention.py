@@ -48,6 +48,20 @@ def test_the_probe_runs_on_llama_cpp_and_times_both_modes() -> None:
     assert curve.choice(512, max_gain=None) in ("off", "on", None)
 
 
+def test_the_probe_runs_in_a_process_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `measured` runs by default: the probe's model never loads in the
+    caller (a server), and its curve comes back whole (None only where the
+    child found the machine busy, as the CI's other worker may make it)."""
+
+    def not_here(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the probe's model loaded in the caller")
+
+    monkeypatch.setattr(attention, "Weights", not_here)
+    shape = AttentionShape(heads=4, kv_heads=2, key_length=32, value_length=32)
+    curve = next((c for c in (attention.probe_apart(shape, 1) for _ in range(3)) if c is not None), None)
+    assert curve is None or (curve.depths == attention.DEPTHS and all(ms > 0 for ms in (*curve.off_ms, *curve.on_ms)))
+
+
 def test_a_busy_machine_decides_nothing() -> None:
     shape = AttentionShape(heads=4, kv_heads=2, key_length=32, value_length=32)
     waits: list[int] = []
@@ -129,7 +143,7 @@ def test_what_the_user_says_and_a_quantized_v_are_never_probed(tiny_model: Path)
 
 def test_assemble_probes_once_and_the_plan_carries_it(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = Counted(OFF_FASTER)
-    monkeypatch.setattr(attention, "probe", run)
+    monkeypatch.setattr(attention, "probe_apart", run)
     plan = assemble(tiny_model, resolve(Options()))
     assert plan.config.flash_attn == "off" and plan.settings.sources["flash_attn"] == "wisdom"
     assert assemble(tiny_model, resolve(Options())).config.flash_attn == "off" and run.calls == 1
