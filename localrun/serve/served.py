@@ -147,11 +147,6 @@ class ServedModel:
         """Why it can serve no more (its runner died), or None while it can."""
         return self.worker.ended
 
-    @property
-    def here(self) -> bool:
-        """Whether it is loaded in this process (not in a runner)."""
-        return isinstance(self.worker, Worker)
-
     def local_worker(self) -> Worker:
         """The engine thread in this process (a handler run where the model is loaded)."""
         if not isinstance(self.worker, Worker):
