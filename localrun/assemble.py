@@ -382,6 +382,7 @@ def _config(
         verbose=verbose,
         sample_on=settings.sample_on,
         n_rs_seq=rollback_depth(shape, settings),
+        mtp=info.nextn_layers > 0 and settings.draft in ("auto", "mtp"),  # its MTP head may draft
     )
 
 

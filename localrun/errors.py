@@ -91,6 +91,12 @@ class IncompatibleDraftError(UsageError):
     """A draft model whose vocabulary differs from the target's: it cannot draft for it."""
 
 
+class MTPUnavailableError(UsageError):
+    """``--spec mtp`` where the model cannot draft for itself: it has no MTP
+    ("nextn") layers, was loaded without them, or this llama.cpp build lacks a
+    call MTP drafting needs."""
+
+
 class RemoteError(LocalrunError):
     """A remote server could not answer: unreachable, timed out, failed, or refused the key."""
 

@@ -29,6 +29,7 @@ rollback restores), else attention; the other blocks are random.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,14 +341,15 @@ def text_tokens(family: Hybrid) -> list[int]:
     return [i for i, t in enumerate(tokens) if i >= first and all(0x20 <= byte_of.get(c, 0) < 0x7F for c in t)]
 
 
-def _write_shape(writer: GGUFWriter, family: Hybrid) -> None:
-    """The keys every family has: sizes, heads (zero: a block without attention), norms."""
+def _write_shape(writer: GGUFWriter, family: Hybrid, extra_blocks: int = 0) -> None:
+    """The keys every family has: sizes, heads (zero: a block without attention), norms.
+    ``extra_blocks``: blocks after the trunk that block_count counts too (an MTP head)."""
     arch, kinds = family.arch, family.layers
     n_expert, n_used, n_ff = family.experts
     writer.add_name(f"{family.models} (random weights)")
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(family.n_layer)
+    writer.add_block_count(family.n_layer + extra_blocks)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
     writer.add_file_type(0)  # all F32
@@ -489,11 +491,20 @@ def _init(rng: np.random.Generator, kind: MODEL_TENSOR, suffix: str | None, shap
     return np.asarray(rng.standard_normal(shape) / np.sqrt(shape[-1]), dtype=np.float32)
 
 
-def write_hybrid_model(family: Hybrid, path: Path, *, seed: int = 0) -> Path:
+def write_hybrid_model(
+    family: Hybrid,
+    path: Path,
+    *,
+    seed: int = 0,
+    extra_blocks: int = 0,
+    extend: Callable[[GGUFWriter, np.random.Generator, np.ndarray], None] | None = None,
+) -> Path:
     """Write ``family``'s tiny model to ``path`` (F32, 0.5 to 1.7 MB): the averager is
     its last recurrent block (its last attention block for LFM2 and Jamba), the
     other blocks are random, and what they add to the residual stream is scaled
-    by ``Hybrid.mix``, so the rings and the penalty decide the text."""
+    by ``Hybrid.mix``, so the rings and the penalty decide the text.
+    ``extend``: writes ``extra_blocks`` more blocks' keys and tensors after the
+    trunk's (with the generator and the token embeddings): `tests.mtpmodel`."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(family)
     writer = GGUFWriter(str(path), family.arch_name)
@@ -507,7 +518,7 @@ def write_hybrid_model(family: Hybrid, path: Path, *, seed: int = 0) -> Path:
     writer.add_add_bos_token(family.add_bos)
     writer.add_add_eos_token(False)
     writer.add_chat_template(family.chat_template)
-    _write_shape(writer, family)
+    _write_shape(writer, family, extra_blocks)
     _write_keys(writer, family)
 
     embd = np.zeros((len(tokens), N_EMBD), dtype=np.float32)
@@ -525,6 +536,8 @@ def write_hybrid_model(family: Hybrid, path: Path, *, seed: int = 0) -> Path:
             if bid == averaging and (fixed := _averager(family, kind, suffix, shape)) is not None:
                 weights = fixed
             writer.add_tensor(tensor_name(family, kind, suffix, bid), weights)
+    if extend is not None:
+        extend(writer, rng, embd)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

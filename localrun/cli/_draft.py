@@ -2,7 +2,7 @@
 `--draft-model`, shared by the commands that generate, and the one way they
 become a `Speculation` (or none).
 
-    --spec auto|lookup|none   how to speculate (default: config.toml's `draft`, else auto)
+    --spec auto|lookup|mtp|none   how to speculate (default: config.toml's `draft`, else auto)
     --draft                   also with the model's matched draft model, pulled if need be
     --draft-model NAME        with this draft model only (an alias or a GGUF path)
 """
@@ -23,14 +23,16 @@ if TYPE_CHECKING:
     from localrun.runtime.engine import Engine
     from localrun.speculative import Speculation
 
-SPEC_MODES = ("auto", "lookup", "none")
+SPEC_MODES = ("auto", "lookup", "mtp", "none")
+NO_DRAFT_MODEL = ("lookup", "mtp", "none")  # the modes that never load a draft model
 
 Spec = Annotated[
     str | None,
     typer.Option(
         "--spec",
-        help="Speculative decoding: auto (prompt lookup, and the matched draft model when it is here, each used "
-        "only while it pays), lookup, or none. Default: config.toml's draft, else auto.",
+        help="Speculative decoding: auto (prompt lookup, the model's MTP head if it has one, and the matched "
+        "draft model when it is here, each used only while it pays), lookup, mtp (the model's own MTP head "
+        "only), or none. Default: config.toml's draft, else auto.",
         show_default=False,
     ),
 ]
@@ -48,12 +50,12 @@ DraftModel = Annotated[
 
 def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str | None:
     """The speculation the three options ask for, as config.toml's `draft`
-    says it (auto, lookup, none, or a draft model); None when none was given."""
+    says it (auto, lookup, mtp, none, or a draft model); None when none was given."""
     if spec is not None and spec not in SPEC_MODES:
-        raise UsageError(f"unknown --spec {spec!r}", hint="use --spec auto, lookup or none")
+        raise UsageError(f"unknown --spec {spec!r}", hint="use --spec auto, lookup, mtp or none")
     if draft_model is not None and (draft or spec is not None):
         raise UsageError("--draft-model names the one drafter", hint="drop --draft and --spec")
-    if draft and spec in ("lookup", "none"):
+    if draft and spec in NO_DRAFT_MODEL:
         raise UsageError(f"--draft speculates with a draft model; --spec {spec} does not", hint="drop one of them")
     return draft_model or spec or ("auto" if draft else None)
 

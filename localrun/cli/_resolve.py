@@ -73,10 +73,10 @@ def draft_path(choice: str | None, target: store.Target, *, offline: bool = Fals
     `draft`) on the model ``target`` names, before the run is planned, so
     that the plan places it: on auto the matched draft when it is on disk,
     or pulled first with ``pull`` (`--draft`); a draft model named by alias
-    or path, pulled if need be; none for lookup or none."""
+    or path, pulled if need be; none for lookup, mtp or none."""
     if choice == "auto":
         return _matched(target, offline=offline, pull=pull)
-    if choice is None or choice in ("none", "lookup"):
+    if choice is None or choice in ("none", "lookup", "mtp"):
         return None
     return resolve_model(choice, offline=offline, tune_hint=False).path
 

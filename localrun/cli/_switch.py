@@ -30,7 +30,7 @@ Resolve = Callable[[str, Options, bool], "opt.PlannedRun"]
 # chat's: the settings a turn's record shows
 Report = Callable[["RunSettings", "Placement", "ChatSession"], dict[str, Any]]
 
-KEPT_DRAFTS = (None, "auto", "lookup", "none")  # a draft model named for one model is not another's
+KEPT_DRAFTS = (None, "auto", "lookup", "mtp", "none")  # a draft model named for one model is not another's
 
 
 class NoModelLeft(LocalrunError):

@@ -368,7 +368,8 @@ def show(
         budget_given = parse_size(budget) if budget else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    info = describe(read_gguf(path))
+    header = read_gguf(path)
+    info = describe(header)
     opt.use_rpc(rpc)
     found = devices.probe()
     placement = place(found, memory_budget=budget_given, shape=info)
@@ -390,6 +391,7 @@ def show(
         "weights_bytes": info.weights_bytes,
         "quantization": info.quantization,
         "layers": info.layers,
+        "mtp_layers": header.nextn_layers,  # multi-token-prediction blocks: --spec mtp drafts with them
         "attention_heads": info.heads,
         "kv_heads": info.kv_heads,
         "grouped_query_attention": info.grouped_query_attention,
@@ -432,6 +434,7 @@ def show(
         else f"  parameters       {info.parameters / 1e6:.1f} M",
         f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
         f"  layers           {info.layers}",
+        *([f"  MTP layers       {header.nextn_layers} (--spec mtp drafts with them)"] if header.nextn_layers else []),
         f"  memory           {_memory_text(info)}",
         f"  attention        {heads if info.attention_layers else 'none'}",
         f"  flash attention  auto: {fa_why}",

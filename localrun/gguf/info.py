@@ -243,7 +243,7 @@ def _layers(info: GGUFInfo, n_all: int, kv_heads: tuple[int, ...], ff: tuple[int
     `is_recurrent` flags (set per architecture in `load_arch_hparams`), of
     the trunk only (llama_memory_recurrent stops at n_layer()), and the
     attention filter of its hybrid memory (not recurrent, by default)."""
-    n_layer = n_all - _as_int(info.arch_value("nextn_predict_layers"), 0)  # llama.cpp's n_layer(): the trunk
+    n_layer = n_all - info.nextn_layers  # llama.cpp's n_layer(): the trunk
     layers = _arch_layers(info, n_all, n_layer, kv_heads, ff)
     return _Layers(layers.kv, tuple(r and il < n_layer for il, r in enumerate(layers.recurrent)))
 

@@ -97,6 +97,13 @@ class GGUFInfo:
         return value if isinstance(value, str) and value.strip() else None
 
     @property
+    def nextn_layers(self) -> int:
+        """Its multi-token-prediction ("nextn", MTP) blocks: the last ones of
+        ``block_count``, which llama.cpp loads only when asked (``load_mtp``)."""
+        value = self.arch_value("nextn_predict_layers", 0)
+        return value if isinstance(value, int) and value > 0 else 0
+
+    @property
     def n_vocab(self) -> int | None:
         tokens = self.metadata.get("tokenizer.ggml.tokens")
         return tokens.length if isinstance(tokens, ArrayInfo) else None

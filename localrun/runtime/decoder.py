@@ -4,7 +4,12 @@ logits, roll back to a position, reuse what the cache already holds.
 On a recurrent or hybrid model the memory refuses most cuts
 (`localrun.runtime.memory`): a rollback or a reuse it refuses restores the
 nearest recurrent-state checkpoint, or clears the sequence, and evaluates
-from there, so nothing ever decodes after a refused cut."""
+from there, so nothing ever decodes after a refused cut.
+
+After each decode that succeeds, the engine's `on_decode` hook, if one is
+set, is told what the sequence holds and where the batch began, before the
+next decode overwrites the batch's outputs (an MTP drafter copies the rows
+it reads there)."""
 
 from __future__ import annotations
 
@@ -51,6 +56,8 @@ class Decoder:
                 self.tokens.append(tokens[0])
                 if self.cuts.recurrent:
                     self.cuts.decoded(0, 1)
+                if self.engine.on_decode is not None:
+                    self.engine.on_decode(self.tokens, len(self.tokens) - 1)
             return status
         step = self.engine.n_batch
         for start in range(0, len(tokens), step):
@@ -61,6 +68,8 @@ class Decoder:
                 return status
             self.tokens.extend(chunk)
             self.cuts.decoded(0, len(chunk))
+            if self.engine.on_decode is not None:  # each chunk: the next one overwrites its rows
+                self.engine.on_decode(self.tokens, len(self.tokens) - len(chunk))
         return DecodeStatus.OK
 
     def evaluate_rows(self, tokens: Sequence[int], *, abortable: bool = True, first: int = 0) -> DecodeStatus:
@@ -80,6 +89,8 @@ class Decoder:
         if status == DecodeStatus.OK:
             self.tokens.extend(tokens)
             self.cuts.decoded(0, n)
+            if self.engine.on_decode is not None:
+                self.engine.on_decode(self.tokens, len(self.tokens) - n)
         return status
 
     def logits(self, row: int) -> Any:

@@ -9,7 +9,7 @@ CPU thread count, which may change while it runs (see localrun.runtime.threads).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,10 +32,17 @@ _NO_ABORT = llama_cpp.ggml_abort_callback()  # a NULL function pointer
 # ----------------------------------------------------------------- engine --
 
 
-def _load_model(info: GGUFInfo, placed: ModelPlacement) -> Any:
+# told, after every decode of sequence 0 through a `Decoder`, the tokens the sequence then holds and the
+# position of the batch's first: a drafter that reads the batch's rows (MTP: `localrun.speculative.mtp`)
+DecodeHook = Callable[[Sequence[int], int], None]
+
+
+def _load_model(info: GGUFInfo, placed: ModelPlacement, *, mtp: bool = False) -> Any:
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = placed.n_gpu_layers  # llama.cpp's default is every layer: placement decides
     mparams.use_extra_bufts = placed.repack
+    # the MTP ("nextn") blocks are skipped unless asked for: only a run that may draft with them pays their memory
+    mparams.load_mtp = mtp and info.nextn_layers > 0
     chosen = devices.handles(placed.devices) if placed.offloaded else None  # kept alive through the load
     if chosen is not None:
         mparams.devices = ctypes.cast(chosen, ctypes.c_void_p)
@@ -62,24 +69,25 @@ def _retry_notice(tried: Placement, now: Placement) -> str:
 class Weights(Native):
     """A loaded model that engines can share (see `Engine`); it must outlive them."""
 
-    def __init__(self, path: Path, placement: Placement, *, verbose: bool = False) -> None:
+    def __init__(self, path: Path, placement: Placement, *, verbose: bool = False, mtp: bool = False) -> None:
         self.handle: Any = None
         self.path = path
         self.info = read_gguf(path)
+        self.mtp = mtp  # its MTP blocks loaded too, where it has them (`EngineConfig.mtp`)
         llama_log.set_verbose(verbose)
         llama_log.init_backend()
         self.placement = placement  # measured before the load, never after
         self.asked = self.placement  # what it was made with, before a retry with fewer layers
         self.notices: list[str] = []  # what a person should know of the load (a retry with fewer layers)
         try:
-            self.handle = _load_model(self.info, self.placement.model)
+            self.handle = _load_model(self.info, self.placement.model, mtp=mtp)
         except BadModelError:
             fewer = self.placement.fewer_layers()
             if fewer is None:
                 raise
             self.notices.append(_retry_notice(self.placement, fewer))
             self.placement = fewer
-            self.handle = _load_model(self.info, fewer.model)
+            self.handle = _load_model(self.info, fewer.model, mtp=mtp)
 
     def serves(self, config: EngineConfig) -> bool:
         """Whether an engine of ``config`` can run on these weights: the same
@@ -119,6 +127,7 @@ class EngineConfig:
     embeddings: bool = False  # the context makes pooled embeddings (localrun.runtime.embed), not only logits
     pooling: int = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # with embeddings: unspecified is the model's own
     n_rs_seq: int = 0  # a recurrent memory's snapshots per sequence, for speculative rollback (localrun.runtime.memory)
+    mtp: bool = False  # load the model's MTP ("nextn") blocks, where it has them, for --spec mtp (and auto)
 
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -297,6 +306,10 @@ class Engine(Tokens, Native):
         self.threads = int(cparams.n_threads)  # the count in use, for single tokens and batches alike
         self._pieces, self._eog = {}, {}
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
+        loaded_mtp = weights.mtp if weights is not None else config.mtp
+        # MTP blocks loaded: a context of this model can draft for it (`localrun.speculative.mtp`)
+        self.mtp_layers = int(llama_cpp.llama_model_n_layer_nextn(self._model)) if loaded_mtp else 0
+        self.on_decode: DecodeHook | None = None  # see `DecodeHook`; set by the one drafter that reads rows
 
     def _open(self, config: EngineConfig, placement: Placement, weights: Weights | None) -> tuple[str, int, Any]:
         """Load the model (unless on shared ``weights``) and create the context:
@@ -305,7 +318,7 @@ class Engine(Tokens, Native):
         kv = (config.type_k, config.type_v)
         flash_attn = check_kv_config(kv, config.flash_attn, shape)  # settled from the file's header, before any load
         n_ctx = config.n_ctx
-        self._model = weights.handle if weights is not None else _load_model(self.info, placement.model)
+        self._model = weights.handle if weights is not None else _load_model(self.info, placement.model, mtp=config.mtp)
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)

@@ -10,10 +10,11 @@ sequence's stepper, and whether sequences decoding together may draft."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Unpack
 
-from localrun.errors import UsageError
+from localrun.errors import MTPUnavailableError, UsageError
 from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions
@@ -30,6 +31,7 @@ from localrun.speculative.control import (
 from localrun.speculative.draftmodel import DraftModelDrafter
 from localrun.speculative.lookup import PromptLookupDrafter
 from localrun.speculative.loop import generate_speculative
+from localrun.speculative.mtp import MTPDrafter
 from localrun.speculative.stepper import SpeculativeStepper
 from localrun.speculative.textlookup import TextLookupDrafter
 
@@ -120,7 +122,9 @@ def open_speculation(
     engine: Engine, choice: str, draft_path: Path | None = None, verify_curve: Sequence[float] | None = None
 ) -> Speculation | None:
     """The speculation `--draft CHOICE` asks for. ``choice``: none (None is
-    returned), lookup (`lookup_drafters`), auto (prompt lookup, plus ``draft_path`` if given: the
+    returned), lookup (`lookup_drafters`), mtp (the model's own MTP head:
+    `MTPDrafter`, an error where it has none), auto (prompt lookup, the MTP
+    head where the model has one and it can run, plus ``draft_path`` if given: the
     model's matched draft, loaded only if the controller wants it), or anything
     else with ``draft_path`` naming that draft model (loaded now).
     ``verify_curve``: the verify-cost curve `localrun tune` measured for this
@@ -132,9 +136,14 @@ def open_speculation(
         if choice == "auto":
             return None
         raise UsageError(f"--spec {choice} cannot run here: {refused}", hint="--spec none (or leave --spec out)")
+    if choice == "mtp":
+        return Speculation([MTPDrafter(engine)], verify_curve=verify_curve)
     drafters: list[Drafter] = []
     if choice in ("auto", "lookup"):
         drafters += lookup_drafters(engine)
+    if choice == "auto" and engine.mtp_layers:
+        with suppress(MTPUnavailableError):  # the controller stops it where it does not pay; it may not run
+            drafters.append(MTPDrafter(engine))
     if choice != "lookup" and draft_path is not None:
         drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto", verify_curve=verify_curve))
     return Speculation(drafters, verify_curve=verify_curve) if drafters else None

@@ -206,9 +206,9 @@ def test_rows_on_one_file_load_it_once(weights: dict[str, Path], monkeypatch: py
     loads: list[str] = []
     load = engine._load_model
 
-    def counting(info: GGUFInfo, placed: ModelPlacement) -> object:
+    def counting(info: GGUFInfo, placed: ModelPlacement, *, mtp: bool = False) -> object:
         loads.append(info.path.name)
-        return load(info, placed)
+        return load(info, placed, mtp=mtp)
 
     monkeypatch.setattr(engine, "_load_model", counting)
     result = bench.run(bench.Bench(weights["q4_0"], _quick(rounds=2)))

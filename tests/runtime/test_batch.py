@@ -585,9 +585,9 @@ def test_cli_loads_the_weights_once(tiny_model: Path, tmp_path: Path, monkeypatc
     loads: list[Path] = []
     real = engine_module._load_model
 
-    def counting(info: Any, placed: Any) -> Any:
+    def counting(info: Any, placed: Any, *, mtp: bool = False) -> Any:
         loads.append(info.path)
-        return real(info, placed)
+        return real(info, placed, mtp=mtp)
 
     monkeypatch.setattr(engine_module, "_load_model", counting)
     res = run_cli(tiny_model, "-", "-n", "3", input="one\ntwo\nthree\n")

@@ -153,7 +153,7 @@ def test_a_context_that_does_not_fit_is_refused_before_the_load(
     from localrun.runtime import engine as engine_module
 
     loads: list[object] = []
-    monkeypatch.setattr(engine_module, "_load_model", lambda info, placed: loads.append(info))
+    monkeypatch.setattr(engine_module, "_load_model", lambda info, placed, mtp=False: loads.append(info))
     shape = describe(read_gguf(wide_long_model))
     with pytest.raises(UsageError, match="--ctx 8192 needs"):
         planned(wide_long_model, shape.weights_bytes, ctx="8192")
@@ -175,8 +175,8 @@ class ShrinkingMemory:
         self.reads = 0
         real_load = engine_module._load_model
 
-        def load(info: GGUFInfo, placed: ModelPlacement) -> object:
-            handle = real_load(info, placed)
+        def load(info: GGUFInfo, placed: ModelPlacement, *, mtp: bool = False) -> object:
+            handle = real_load(info, placed, mtp=mtp)
             self.free -= describe(info).weights_bytes
             return handle
 
@@ -378,11 +378,11 @@ def test_a_device_out_of_memory_costs_one_retry_with_fewer_layers(
     real = engine_module._load_model
     tried: list[int] = []
 
-    def load(info: GGUFInfo, placed: ModelPlacement) -> object:
+    def load(info: GGUFInfo, placed: ModelPlacement, *, mtp: bool = False) -> object:
         tried.append(placed.n_gpu_layers)
         if placed.n_gpu_layers > 2:  # the device holds two layers at most
             raise BadModelError("out of memory")
-        return real(info, placed)
+        return real(info, placed, mtp=mtp)
 
     monkeypatch.setattr(engine_module, "_load_model", load)
     shape = describe(read_gguf(tiny_model))

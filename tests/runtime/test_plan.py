@@ -65,9 +65,9 @@ class FakeGpu:
         real_load = engine_module._load_model
         real_context = llama_cpp.llama_init_from_model
 
-        def load(info: GGUFInfo, placed: ModelPlacement) -> object:
+        def load(info: GGUFInfo, placed: ModelPlacement, *, mtp: bool = False) -> object:
             self.loads.append((info.path, placed))
-            handle = real_load(info, ModelPlacement(repack=placed.repack, layers=placed.layers))  # on the CPU
+            handle = real_load(info, ModelPlacement(repack=placed.repack, layers=placed.layers), mtp=mtp)  # on the CPU
             shape = describe(info)
             self._models[_key(handle)] = (shape, placed)
             if placed.offloaded:
