@@ -382,7 +382,8 @@ def _config(
         verbose=verbose,
         sample_on=settings.sample_on,
         n_rs_seq=rollback_depth(shape, settings),
-        mtp=info.nextn_layers > 0 and settings.draft in ("auto", "mtp"),  # its MTP head may draft
+        # its MTP head may draft: one sequence's speculation (serve's and --batch's slots draft by lookup)
+        mtp=info.mtp_head and settings.draft in ("auto", "mtp") and isinstance(workload, OneSequence),
     )
 
 

@@ -134,7 +134,7 @@ def main() -> None:
         else:
             model = model_path(args.model)
         info = read_gguf(model)
-        with Engine(engine_config(model, ctx=str(args.history + 1024), kv="f16"), info) as engine:
+        with Engine(engine_config(model, ctx=str(args.history + 1024), kv="f16", draft=args.spec), info) as engine:
             print(
                 f"{info.name} ({info.architecture}): memory {engine.cuts.kind}, "
                 f"{engine.cuts.depth} rollback snapshots, {engine.threads} threads"

@@ -187,7 +187,7 @@ class Bench:
         held = self._weights
         if held is None or not held.serves(config):
             self.close()
-            held = self._weights = Weights(config.model_path, config.placement, verbose=config.verbose)
+            held = self._weights = Weights(config.model_path, config.placement, verbose=config.verbose, mtp=config.mtp)
         return Engine(config, weights=held)
 
     def close(self) -> None:

@@ -30,7 +30,8 @@ Resolve = Callable[[str, Options, bool], "opt.PlannedRun"]
 # chat's: the settings a turn's record shows
 Report = Callable[["RunSettings", "Placement", "ChatSession"], dict[str, Any]]
 
-KEPT_DRAFTS = (None, "auto", "lookup", "mtp", "none")  # a draft model named for one model is not another's
+# a draft model named for one model is not another's, nor is its MTP head (the next model's auto uses its own)
+KEPT_DRAFTS = (None, "auto", "lookup", "none")
 
 
 class NoModelLeft(LocalrunError):

@@ -43,6 +43,11 @@ _TENSOR_ALIGNMENT = 32  # ggml's TENSOR_ALIGNMENT: where a tensor may start in a
 _MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS: it asserts a block count within it
 
 
+# the architectures whose MTP ("nextn") head localrun drafts with: Qwen3.5's,
+# whose MTP context llama.cpp gives a plain attention cache of its own (tested)
+MTP_ARCHITECTURES = ("qwen35", "qwen35moe")
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -95,6 +100,14 @@ class GGUFInfo:
     def chat_template(self) -> str | None:
         value = self.metadata.get("tokenizer.chat_template")
         return value if isinstance(value, str) and value.strip() else None
+
+    @property
+    def mtp_head(self) -> bool:
+        """Whether localrun can draft with its MTP blocks: it has some, and
+        llama.cpp gives its architecture's head a cache of its own
+        (`MTP_ARCHITECTURES`); other heads share the model's memory or have
+        no MTP graph in this llama.cpp."""
+        return self.nextn_layers > 0 and self.architecture in MTP_ARCHITECTURES
 
     @property
     def nextn_layers(self) -> int:

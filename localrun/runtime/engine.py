@@ -91,9 +91,10 @@ class Weights(Native):
 
     def serves(self, config: EngineConfig) -> bool:
         """Whether an engine of ``config`` can run on these weights: the same
-        file, placed the same way (as asked, or as a retry placed it)."""
+        file, placed the same way (as asked, or as a retry placed it), with
+        its MTP blocks loaded where it wants them."""
         placed = config.placement.model in (self.placement.model, self.asked.model)
-        return self.path == config.model_path and placed
+        return self.path == config.model_path and placed and self.mtp >= config.mtp
 
     def close(self) -> None:
         if self.handle:

@@ -14,7 +14,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Unpack
 
-from localrun.errors import MTPUnavailableError, UsageError
+from localrun.errors import EngineError, MTPUnavailableError, UsageError
 from localrun.events import Event
 from localrun.runtime.engine import Engine
 from localrun.runtime.generate import GenerateOptions
@@ -141,9 +141,16 @@ def open_speculation(
     drafters: list[Drafter] = []
     if choice in ("auto", "lookup"):
         drafters += lookup_drafters(engine)
-    if choice == "auto" and engine.mtp_layers:
-        with suppress(MTPUnavailableError):  # the controller stops it where it does not pay; it may not run
-            drafters.append(MTPDrafter(engine))
-    if choice != "lookup" and draft_path is not None:
-        drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto", verify_curve=verify_curve))
+    try:
+        if choice != "lookup" and draft_path is not None:
+            drafters.append(DraftModelDrafter(draft_path, engine, eager=choice != "auto", verify_curve=verify_curve))
+        if choice == "auto" and engine.mtp_layers:
+            # the controller stops it where it does not pay; where it cannot run (no room for its context), auto
+            # goes on without it
+            with suppress(MTPUnavailableError, EngineError):
+                drafters.append(MTPDrafter(engine))
+    except BaseException:
+        for made in drafters:  # nothing of a speculation that could not be made stays hooked to the engine
+            made.close()
+        raise
     return Speculation(drafters, verify_curve=verify_curve) if drafters else None

@@ -61,6 +61,8 @@ def mtp_refused(engine: Engine) -> str | None:
     """Why ``engine`` cannot draft with MTP, or None."""
     if engine.info.nextn_layers < 1:
         return f"{engine.info.path.name} has no MTP (nextn) layers"
+    if not engine.info.mtp_head:
+        return f"drafting with the MTP layers of a {engine.info.architecture} model is not supported (Qwen3.5's are)"
     if engine.mtp_layers < 1:
         return f"{engine.info.path.name} was loaded without its MTP layers"
     return None
@@ -123,7 +125,7 @@ class MTPDrafter:
         self.n_vocab = target.n_vocab
         self._threads = target.threads
         n_batch = min(target.n_batch, DRAFT_BATCH)
-        self.ctx = mtp_context(target.model, target.ctx, n_ctx=target.n_ctx, n_batch=n_batch, threads=self._threads)
+        self.ctx = mtp_context(target, n_batch=n_batch)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         try:
             self.batch = StateBatch(self.ctx, self.n_embd)
@@ -246,7 +248,10 @@ class MTPDrafter:
         of the last batch, each step's own row the next one's state."""
         tokens: list[int] = []
         for i in range(n):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, idx), shape=(self.n_vocab,))
+            found = llama_cpp.llama_get_logits_ith(self.ctx, idx)
+            if not found:
+                raise EngineError(f"llama.cpp kept no logits for entry {idx} of the MTP context's batch")
+            logits = np.ctypeslib.as_array(found, shape=(self.n_vocab,))
             if mask is not None:
                 if mask.stopped:
                     break

@@ -25,6 +25,7 @@ import llama_cpp
 import numpy as np
 
 from localrun.errors import EngineError, MTPUnavailableError
+from localrun.runtime.engine import FLASH_ATTN, KV_TYPES, Engine
 from localrun.runtime.llama import DecodeStatus, Native, native_call
 
 # llama-ext.h, exported with C++ linkage: their mangled names (Itanium ABI, as the wheels are built)
@@ -40,6 +41,7 @@ _BINDING = (
     "llama_process",
     "LLAMA_CONTEXT_TYPE_MTP",
 )
+MTP_UBATCH = 64  # the MTP context's micro-batch: a longer catch-up runs in several
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,12 @@ class Nextn:
         """Make ``ctx`` keep a hidden row for every entry of each batch it decodes."""
         self.set_embeddings(ctx, True, False)
 
-    def rows(self, ctx: Any, n: int, n_embd: int) -> np.ndarray:
-        """The last batch's ``n`` rows, as a view (valid until the next decode)."""
-        return np.ctypeslib.as_array(self.get_embeddings(ctx), shape=(n, n_embd))
-
     def row(self, ctx: Any, i: int, n_embd: int) -> np.ndarray:
         """Row ``i`` of the last batch, copied."""
-        return np.ctypeslib.as_array(self.get_ith(ctx, i), shape=(n_embd,)).copy()
+        found = self.get_ith(ctx, i)
+        if not found:
+            raise EngineError(f"llama.cpp kept no hidden row {i} of the MTP context's last batch")
+        return np.ctypeslib.as_array(found, shape=(n_embd,)).copy()
 
 
 @functools.cache
@@ -93,22 +94,30 @@ def nextn() -> Nextn:
     return found
 
 
-def mtp_context(model: Any, other: Any, *, n_ctx: int, n_batch: int, threads: int) -> Any:
-    """An MTP context on ``model`` (loaded with its MTP blocks) beside the
-    target's context ``other``: its KV cache holds the MTP block's cells only."""
+def mtp_context(target: Engine, *, n_batch: int) -> Any:
+    """An MTP context on ``target``'s model (loaded with its MTP blocks)
+    beside its context: its KV cache holds the MTP block's cells only, of
+    the target's KV types, and its micro-batch is short (`MTP_UBATCH`): the
+    graph llama.cpp reserves holds a micro-batch's logits, a vocabulary's
+    worth of floats per entry."""
+    config = target.config
     cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = n_ctx
-    cparams.n_batch = cparams.n_ubatch = n_batch
+    cparams.n_ctx = target.n_ctx
+    cparams.n_batch = n_batch
+    cparams.n_ubatch = min(n_batch, MTP_UBATCH)
+    cparams.type_k, cparams.type_v = KV_TYPES[config.type_k], KV_TYPES[config.type_v]
+    cparams.flash_attn_type = FLASH_ATTN[target.flash_attn]
+    threads = target.threads
     cparams.n_seq_max = 1
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.n_rs_seq = 0
     cparams.no_perf = True
     cparams.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-    cparams.ctx_other = other  # ignored where the head keeps its own cache (qwen35); some heads read it
+    cparams.ctx_other = target.ctx  # ignored where the head keeps its own cache (`MTP_ARCHITECTURES`)
     with native_call():
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        ctx = llama_cpp.llama_init_from_model(target.model, cparams)
     if not ctx:
-        raise MTPUnavailableError("llama.cpp could not create the MTP context for this model")
+        raise EngineError("llama.cpp could not create the MTP context for this model (out of memory?)")
     return ctx
 
 

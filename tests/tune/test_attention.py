@@ -62,6 +62,23 @@ def test_the_probe_runs_in_a_process_of_its_own(monkeypatch: pytest.MonkeyPatch)
     assert curve is None or (curve.depths == attention.DEPTHS and all(ms > 0 for ms in (*curve.off_ms, *curve.on_ms)))
 
 
+def test_the_probes_process_answers_in_json() -> None:
+    """`probe_apart`'s child, run as it runs it: a curve, or null where it found the machine busy."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "localrun.tune.attention", "[4, 2, 32, 32]", "1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found is None or Attention.from_dict(found).depths == attention.DEPTHS
+
+
 def test_a_busy_machine_decides_nothing() -> None:
     shape = AttentionShape(heads=4, kv_heads=2, key_length=32, value_length=32)
     waits: list[int] = []
