@@ -48,8 +48,31 @@ class Tool:
 
     def declared(self) -> dict[str, Any]:
         """OpenAI's tool object, as a chat template takes it."""
-        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        function = {"name": self.name, "description": self.description, "parameters": _untitled(self.parameters)}
         return {"type": "function", "function": function}
+
+
+def _untitled(schema: Any) -> Any:
+    """A JSON Schema without its ``title`` annotations (what pydantic, and so
+    the MCP SDK, adds: ``"title": "stock_levelArguments"``): they say nothing
+    the names do not, and a small model takes one for the tool's name
+    (Qwen2.5-Coder 0.5B wrote ``office_colleague_deskArguments``, a call of
+    no tool, left as text). A property named ``title`` stays."""
+    if isinstance(schema, list):
+        return [_untitled(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("default", "const", "enum", "examples"):  # values, not schemas
+            out[key] = value
+        elif key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {name: _untitled(sub) for name, sub in value.items()}
+        else:
+            out[key] = _untitled(value)
+    return out
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,32 @@ def _runaway(written: list[tuple[str, str]], new: list[tuple[str, str]], offerin
     return not offering or repeated or len(written) >= MAX_CALLS
 
 
+def _with_calls(messages: list[Any]) -> list[Any]:
+    """The messages with each tool result said with the call it answers
+    (``name(arg="value") returned: RESULT``), for the prompt only: given a
+    bare result, a small model often leaves out a value it does not see
+    the point of (measured: Qwen2.5-Coder 1.5B, results like ``K-12 in
+    storage room 4``, the code kept in 12 of 24 answers bare, 16 of 24 so)."""
+    calls: dict[str, str] = {}
+    out: list[Any] = []
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            function = c["function"]
+            try:
+                arguments = (
+                    json.loads(function["arguments"])
+                    if isinstance(function["arguments"], str)
+                    else function["arguments"]
+                )
+                said = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+            except (ValueError, AttributeError):
+                said = str(function["arguments"])
+            calls[c["id"]] = f"{function['name']}({said})"
+        said_call = calls.get(m.get("tool_call_id", "")) if m["role"] == "tool" else None
+        out.append(m if said_call is None else m | {"content": f"{said_call} returned: {m['content']}"})
+    return out
+
+
 class ToolLoop:
     """Tools for a `ChatSession`: set up once, then `turn` for each planned turn."""
 
@@ -185,7 +211,7 @@ class ToolLoop:
 
         use = self.current
         offered = use.declared if use.native and use.choice is not None else None
-        return conversation(messages, use), offered
+        return conversation(_with_calls(messages), use), offered
 
     def grammar(self) -> OutputSpec | None:
         """The calls' constraint (built once): None where the family's calls are read, not constrained."""

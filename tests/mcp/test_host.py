@@ -141,3 +141,27 @@ def test_ctrl_c_stops_the_servers(tmp_path: Path, pidfile: Path) -> None:
     while any(alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in started)
+
+
+def test_a_tool_is_declared_to_the_model_without_its_schemas_titles() -> None:
+    """The SDK titles every schema ("stock_levelArguments"), which a small model
+    writes as the tool's name; a property named title, and values, stay."""
+    from localrun.mcp.host import Tool
+
+    schema = {
+        "type": "object",
+        "title": "lookupArguments",
+        "properties": {
+            "title": {"type": "string", "title": "Title"},
+            "kind": {"enum": ["a", "b"], "default": "a", "title": "Kind"},
+        },
+        "required": ["title"],
+    }
+    tool = Tool("srv_lookup", "srv", "lookup", "Find a book.", schema)
+    parameters = tool.declared()["function"]["parameters"]
+    assert parameters == {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "kind": {"enum": ["a", "b"], "default": "a"}},
+        "required": ["title"],
+    }
+    assert tool.parameters["title"] == "lookupArguments"  # what `localrun tools --json` shows is the server's own

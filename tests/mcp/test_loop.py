@@ -76,8 +76,8 @@ def test_a_call_runs_and_its_result_goes_back_to_the_model(engine: Engine, calls
     turn = chat.turns[-1]
     assert [m["role"] for m in turn.steps] == ["assistant", "tool"]
     assert turn.steps[1] == {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.text}
-    # the last step's prompt holds the result, and (the step limit reached) offers no tool
-    assert f"<tool_response>\n{result.text}\n</tool_response>" in chat._pending_text
+    # the last step's prompt holds the result (with its call), and (the step limit reached) offers no tool
+    assert f"<tool_response>\n{call.name}(a={a}, b={b}) returned: {result.text}\n</tool_response>" in chat._pending_text
     assert "<tools>" not in chat._pending_text
     assert loop.problems == [] and loop.calls == 1  # every call written was read and checked
     final = events[-1]
