@@ -90,7 +90,7 @@ def bench_second_turn(model: Path, config_engine: Engine, rounds: int, history: 
     first = history_text(config_engine, history)
     config = config_engine.config
     kept_t, fresh_t = [], []
-    with Weights(model, config.placement) as weights:
+    with Weights(model, config.placement, mtp=config.mtp) as weights:
         for r in range(rounds):
             with Engine(config, weights=weights) as engine, Engine(config, weights=weights) as other:
                 session = ChatSession(engine, template, GREEDY, max_tokens=16)

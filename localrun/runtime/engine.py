@@ -91,10 +91,11 @@ class Weights(Native):
 
     def serves(self, config: EngineConfig) -> bool:
         """Whether an engine of ``config`` can run on these weights: the same
-        file, placed the same way (as asked, or as a retry placed it), with
-        its MTP blocks loaded where it wants them."""
+        file, placed the same way (as asked, or as a retry placed it). An
+        engine on weights loaded without their MTP blocks has none
+        (`Engine.mtp_layers`): it drafts otherwise."""
         placed = config.placement.model in (self.placement.model, self.asked.model)
-        return self.path == config.model_path and placed and self.mtp >= config.mtp
+        return self.path == config.model_path and placed
 
     def close(self) -> None:
         if self.handle:

@@ -137,6 +137,7 @@ class MTPDrafter:
         self.calls.stage(self.ctx)
         self.rows = np.zeros((ROWS_KEPT, self.n_embd), dtype=np.float32)  # the target's rows, by position % ROWS_KEPT
         self.row_pos = np.full(ROWS_KEPT, -1, dtype=np.int64)  # the position each slot holds (-1: none)
+        self._top = -1  # the last position a row was kept for (a decode appending after it clears nothing)
         self._row_bytes = self.n_embd * 4
         self._zero = np.zeros(self.n_embd, dtype=np.float32)  # the state before the first position
         self.seen = _Held()  # what the target's sequence held at its last decode
@@ -164,7 +165,9 @@ class MTPDrafter:
         if held and seen.tokens[held - 1] != tokens[held - 1]:  # a prefix restored without decoding
             held = common_prefix(seen.tokens, tokens, held)
         seen.cut(held)
-        self.row_pos[self.row_pos >= held] = -1  # rows past the batch's start, or of a gap, are not this text's
+        if self._top >= held:  # rows past the batch's start, or of a gap, are not this text's
+            self.row_pos[self.row_pos >= held] = -1
+        self._top = len(tokens) - 1
         seen.tokens.extend(tokens[held:])
         end = len(tokens)
         n = end - start
