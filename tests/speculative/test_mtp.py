@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localrun.errors import MTPUnavailableError, UsageError
+from localrun.errors import LocalrunError, MTPUnavailableError, UsageError
 from localrun.events import DraftStats
 from localrun.runtime.decoder import Decoder
 from localrun.runtime.engine import Engine
@@ -362,3 +362,13 @@ def test_show_counts_the_mtp_layers(models: dict[str, Path]) -> None:
         assert json.loads(res.stdout)["mtp_layers"] == expected
     res = cli("show", str(models["wired"]))
     assert "MTP layers       1" in res.stdout
+
+
+def test_auto_whose_draft_model_fails_leaves_nothing_hooked(wired: Engine, tmp_path: Path) -> None:
+    """`open_draft` goes on with lookup alone where auto's draft model fails:
+    the head auto would have added must not stay hooked to the engine."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    with pytest.raises(LocalrunError):
+        open_speculation(wired, "auto", draft_path=broken)
+    assert wired.on_decode is None
