@@ -126,7 +126,9 @@ def cycle(
         assert reply.model == name, (reply.model, name)
         if tools:
             asked = "What's the weather in Paris? Use the tool."
-            called = client.responses.create(model=name, input=asked, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+            called = client.responses.create(
+                model=name, input=asked, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False
+            )
             assert [o.type for o in called.output] == ["function_call"], called.output
         assert loaded(url) == [name], loaded(url)
         peak = max(peak, rss_mib(pid))
