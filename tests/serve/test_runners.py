@@ -135,8 +135,15 @@ def test_constraints_are_built_in_the_runner_not_the_server(two: Server) -> None
     client = two.client()
     weather: ChatCompletionFunctionToolParam = {
         "type": "function",
-        "function": {"name": "get_weather", "parameters": {"type": "object"}},
-    }
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+            },
+        },
+    }  # a call of bounded length: the tiny model's ends within max_tokens
     called = client.chat.completions.create(
         model=ALPHA,
         messages=[{"role": "user", "content": "weather?"}],
@@ -144,9 +151,10 @@ def test_constraints_are_built_in_the_runner_not_the_server(two: Server) -> None
         tool_choice="required",
         parallel_tool_calls=False,
         max_tokens=200,
+        temperature=0,
     )
     calls = called.choices[0].message.tool_calls or []
-    assert [c.function.name for c in calls if c.type == "function"] == ["get_weather"]
+    assert [c.function.name for c in calls if c.type == "function"] == ["get_weather"], called.choices[0]
     shaped = client.chat.completions.create(
         model=ALPHA,
         messages=[{"role": "user", "content": "a number"}],
