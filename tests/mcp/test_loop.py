@@ -162,8 +162,6 @@ def test_a_failing_tool_and_a_timeout_go_back_as_the_tools_result(engine: Engine
         loop = ToolLoop(chat, tools, Approval({"all"}), max_steps=1, parallel=False, timeout=0.5)
         events = list(loop.turn(loop.plan("Wait a bit.")))
     (result,) = [e for e in events if isinstance(e, ToolResultEvent)]
-    if result.status == "ok":  # the model asked for a wait shorter than the timeout
-        pytest.skip("the call was quick")
     assert result.status == "timeout" and "did not answer within 0.5 s" in result.text
     assert result.text in chat._pending_text
 

@@ -52,7 +52,7 @@ def today() -> str:
 def slow(seconds: float) -> str:
     """Wait, then answer."""
     ran("slow", seconds=seconds)
-    time.sleep(seconds)
+    time.sleep(1.0 + abs(seconds))  # whatever a model asks (a negative wait, none), longer than the tests' timeouts
     return "done waiting"
 
 
