@@ -74,6 +74,8 @@ class Runner:
         self.ended: str | None = None  # why it serves no more (None while it does)
         self.pieces: dict[int, bytes] = {}  # tokens' text, as the runner sent it ahead of their events
         self._lock = threading.Lock()  # what is in flight, and the counts (never held across a send)
+        self._stop_lock = threading.Lock()  # `stop`, one caller at a time
+        self._stopped = False
         self._deliver: dict[int, Deliver] = {}  # every request submitted and not yet ended
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}  # calls and questions not yet answered
         self._indexes = itertools.count()
@@ -237,17 +239,21 @@ class Runner:
         """Tell the runner to end (the requests it still has end with an
         error saying the server is shutting down), and wait for it; killed
         if it has not ended within ``timeout`` (`STOP_S`)."""
-        with self._lock:
-            self._stopping = True
-        if self.proc.poll() is None:
-            self._out.send("stop")
-        try:
-            self.proc.wait(STOP_S if timeout is None else timeout)
-        except subprocess.TimeoutExpired:
-            self._kill()
-        self._reader.join(WAIT_S)
-        self._out.close(1)
-        self.conn.close()
+        with self._stop_lock:  # once: the shutdown's thread and the table's close may both stop it
+            if self._stopped:
+                return
+            with self._lock:
+                self._stopping = True
+            if self.proc.poll() is None:
+                self._out.send("stop")
+            try:
+                self.proc.wait(STOP_S if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                self._kill()
+            self._reader.join(WAIT_S)
+            self._out.close(1)
+            self.conn.close()
+            self._stopped = True
 
     def _kill(self) -> None:
         with contextlib.suppress(OSError):
