@@ -9,6 +9,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from localrun.cli._env import current
 from localrun.errors import UsageError
@@ -59,11 +60,29 @@ def stdin_is_piped() -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
 
 
-def read_turns(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
-    """(line number, user message) from plain lines or JSONL. A line that
-    starts with `{` is a JSON user message; once the first non-blank line was
-    one, every line must be. A line that breaks this raises a UsageError
-    naming it, after the turns before it were taken."""
+class Turn(NamedTuple):
+    """A chat turn read from stdin."""
+
+    number: int  # its line
+    text: str
+    tool_choice: str | None = None  # a JSONL turn's own: auto, required, none or a tool's name
+
+    def without_tools(self) -> Turn:
+        """The turn, in a chat with no tools: one that asks for a call is a UsageError."""
+        if self.tool_choice not in (None, "auto", "none"):
+            raise UsageError(
+                f"stdin line {self.number}: tool_choice {self.tool_choice!r} needs tools",
+                hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
+            )
+        return self
+
+
+def read_turns(lines: Iterator[str]) -> Iterator[Turn]:
+    """The user's messages from plain lines or JSONL. A line that starts
+    with `{` is a JSON user message (``{"role": "user", "content": "..."}``,
+    with its own ``tool_choice`` where it has one); once the first non-blank
+    line was one, every line must be. A line that breaks this raises a
+    UsageError naming it, after the turns before it were taken."""
     jsonl: bool | None = None
     for number, line in enumerate(lines, 1):
         text = line.rstrip("\n")
@@ -72,11 +91,12 @@ def read_turns(lines: Iterator[str]) -> Iterator[tuple[int, str]]:
         if jsonl is None:
             jsonl = text.lstrip().startswith("{")
         if jsonl or text.lstrip().startswith("{"):
-            text = _user_message(number, text)
-        yield number, text
+            yield _user_message(number, text)
+        else:
+            yield Turn(number, text)
 
 
-def _user_message(number: int, text: str) -> str:
+def _user_message(number: int, text: str) -> Turn:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -84,4 +104,19 @@ def _user_message(number: int, text: str) -> str:
     content = record.get("content") if isinstance(record, dict) else None
     if not isinstance(record, dict) or record.get("role", "user") != "user" or not isinstance(content, str):
         raise UsageError(f'stdin line {number} is not a user message: expected {{"role": "user", "content": "..."}}')
-    return content
+    return Turn(number, content, _tool_choice(number, record.get("tool_choice")))
+
+
+def _tool_choice(number: int, given: object) -> str | None:
+    """A JSONL turn's ``tool_choice``, as OpenAI's: a word, or ``{"type":
+    "function", "function": {"name": ...}}`` (that tool's name)."""
+    if given is None or isinstance(given, str):
+        return given
+    function = given.get("function") if isinstance(given, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise UsageError(
+            f"stdin line {number}: tool_choice is auto, required, none, a tool's name, "
+            'or {"type": "function", "function": {"name": ...}}'
+        )
+    return name

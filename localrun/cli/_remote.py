@@ -154,7 +154,7 @@ def _piped(session: RemoteChat, remote: Remote, as_json: bool, show_stats: bool,
     from localrun.ui.stream import JsonRenderer, PlainRenderer, Renderer
 
     env = current()
-    for turn, (_number, text) in enumerate(read_turns(iter(env.stdin)), 1):
+    for turn, (_number, text, _) in enumerate((t.without_tools() for t in read_turns(iter(env.stdin))), 1):
         renderer: Renderer = (
             JsonRenderer(env.stdout, extra={"turn": turn}, settings=_settings(remote, session.model))
             if as_json

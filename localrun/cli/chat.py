@@ -93,6 +93,7 @@ def chat(
     allow_tool: tools_cli.AllowTool = None,
     max_tool_steps: tools_cli.MaxToolSteps = 8,
     tool_timeout: tools_cli.ToolTimeout = 60.0,
+    tool_choice: tools_cli.ToolChoice = "auto",
 ) -> ExitCode:
     """Chat with a model: interactive on a terminal, one turn per line in a pipe."""
     from rich.console import Console
@@ -125,7 +126,9 @@ def chat(
 
     continuing = load is not None or continue_last  # on the conversation's model unless -m is given
     remote = _remote.find(model if remote_url or continuing else model_name(model), remote_url)
-    tooling = tools_cli.chat_options(mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, remote, output, asked)
+    tooling = tools_cli.chat_options(
+        mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, tool_choice, remote, output, asked
+    )
     if remote is not None:  # a remote server: localrun/cli/_remote.py
         opt.refuse_thinking(think, reasoning_budget, True)
         _remote.refuse_local_options(options, offline=offline, load=load, grammar=grammar)
@@ -274,8 +277,12 @@ def run_piped(
 
     env = current()
     first = len(session.turns) + 1
-    for turn, (_number, text) in enumerate(read_turns(iter(env.stdin)), first):
-        plan = session.plan(text)
+    for turn, read in enumerate(read_turns(iter(env.stdin)), first):
+        if tools is None:
+            read.without_tools()
+        else:
+            tools.offer(read.tool_choice, where=f"stdin line {read.number}")
+        plan = session.plan(read.text)
         if plan.dropped:
             out().note(f"note: dropped {oldest_turns(plan.dropped)} to fit the context")
         if turn > first and not as_json:

@@ -266,6 +266,7 @@ def generate(
     allow_tool: tools_cli.AllowTool = None,
     max_tool_steps: tools_cli.MaxToolSteps = 8,
     tool_timeout: tools_cli.ToolTimeout = 60.0,
+    tool_choice: tools_cli.ToolChoice = "auto",
 ) -> ExitCode:
     """Generate text from a prompt, streamed as it is produced."""
     prompt = one_prompt(prompt, prompt_option, prompt_file)
@@ -297,7 +298,18 @@ def generate(
     opt.refuse_thinking(think, reasoning_budget, remote is not None or batch is not None)
     if (
         tooling := tools_cli.generate_options(
-            mcp, no_mcp, allow_tool, max_tool_steps, tool_timeout, remote, batch, raw, output, prompt_cache, stops
+            mcp,
+            no_mcp,
+            allow_tool,
+            max_tool_steps,
+            tool_timeout,
+            tool_choice,
+            remote,
+            batch,
+            raw,
+            output,
+            prompt_cache,
+            stops,
         )
     ) is not None:  # the model may call tools: localrun/cli/tools.py
         return _with_tools(prompt, model, options, rpc, tooling, (parallel, unordered, resume), offline=offline,

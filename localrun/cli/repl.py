@@ -113,7 +113,11 @@ class Repl:
             "/show": Command(
                 "/show [info|parameters|system|template]", "the model, its shape and the settings", self._show
             ),
-            "/tools": Command("/tools", "the tools the model may call, and which run without asking", self._tools),
+            "/tools": Command(
+                "/tools [auto|required|none|TOOL]",
+                "the tools the model may call and which run without asking; or how turns are offered them",
+                self._tools,
+            ),
             "/exit": Command("/exit", "end the session (also /bye, exit, quit or Ctrl-D)", lambda _: False),
         }
         self.aliases = {"/bye": "/exit", "/?": "/help"}  # ollama's spellings
@@ -256,10 +260,13 @@ class Repl:
 
     # -- commands --
 
-    def _tools(self, _: str) -> bool:
-        from localrun.cli.tools import show_tools
+    def _tools(self, arg: str) -> bool:
+        from localrun.cli.tools import choose_tools, show_tools
 
-        show_tools(self.tools, self.console)
+        if arg.strip():
+            choose_tools(self.tools, arg.strip(), self.console)
+        else:
+            show_tools(self.tools, self.console)
         return True
 
     def _help(self, _: str) -> bool:

@@ -57,6 +57,15 @@ AllowTool = Annotated[
 MaxToolSteps = Annotated[
     int, typer.Option("--max-tool-steps", help="Rounds of tool calls in one reply before the model must answer.")
 ]
+ToolChoice = Annotated[
+    str,
+    typer.Option(
+        "--tool-choice",
+        help="How each turn is offered the tools: auto (the model decides), required (it must call one), "
+        "a tool's name (it must call that one), or none.",
+        metavar="CHOICE",
+    ),
+]
 ToolTimeout = Annotated[
     float, typer.Option("--tool-timeout", help="Seconds a tool call may take; then the model is told it timed out.")
 ]
@@ -69,21 +78,29 @@ class ToolOptions:
     allow: tuple[str, ...] = ()
     max_steps: int = 8
     timeout: float = 60.0
+    choice: str = "auto"  # each turn's tool choice (a tool's name is checked once the servers list their tools)
     servers: ServerList | None = None  # chat: the servers it uses
     temperature: float | None = None  # chat: the temperature its turns sample at, where nobody chose one
 
 
 def tool_options(
-    mcp: list[Path] | None, no_mcp: bool, allow: list[str] | None, max_steps: int, timeout: float
+    mcp: list[Path] | None,
+    no_mcp: bool,
+    allow: list[str] | None,
+    max_steps: int,
+    timeout: float,
+    choice: str = "auto",
 ) -> ToolOptions:
     """The tool options, checked."""
+    if not choice:
+        raise UsageError("--tool-choice is empty", hint="auto, required, none or a tool's name")
     if max_steps < 1:
         raise UsageError("--max-tool-steps must be at least 1")
     if not timeout > 0:
         raise UsageError("--tool-timeout must be more than 0 seconds")
     if no_mcp and mcp:
         raise UsageError("--mcp and --no-mcp both given", hint="drop one")
-    return ToolOptions(list(mcp or []), no_mcp, tuple(allow or ()), max_steps, timeout)
+    return ToolOptions(list(mcp or []), no_mcp, tuple(allow or ()), max_steps, timeout, choice)
 
 
 def server_list(options: ToolOptions) -> ServerList | None:
@@ -127,6 +144,7 @@ def generate_options(
     allow: list[str] | None,
     max_steps: int,
     timeout: float,
+    choice: str,
     remote: object,
     batch: object,
     raw: bool,
@@ -136,7 +154,7 @@ def generate_options(
 ) -> ToolOptions | None:
     """`generate`'s tool options where it uses tools: --mcp's servers (an option
     they cannot go with is an error), or config.toml's where nothing rules them out."""
-    options = tool_options(mcp, no_mcp, allow, max_steps, timeout)
+    options = tool_options(mcp, no_mcp, allow, max_steps, timeout, choice)
     clash = [
         name
         for name, given in (("a remote model", remote is not None), ("--batch", batch is not None), ("--raw", raw),
@@ -146,7 +164,10 @@ def generate_options(
     ]  # fmt: skip
     if clash and options.files:
         raise UsageError(f"--mcp and {clash[0]} cannot go together", hint=f"drop --mcp or {clash[0]}")
-    return options if not clash and server_list(options) is not None else None
+    if clash or server_list(options) is None:
+        _no_tools(options)
+        return None
+    return options
 
 
 @contextlib.contextmanager
@@ -180,28 +201,50 @@ def approval(options: ToolOptions, host: ToolHost, ask: Callable[[Tool, dict[str
     return Approval(allowed, ask)
 
 
+def tool_loop(
+    session: ChatSession, host: ToolHost, options: ToolOptions, ask: Callable[[Tool, dict[str, Any]], Answer] | None
+) -> ToolLoop:
+    """The tool loop of a chat or a `generate` over ``host``'s tools, as ``options`` set it."""
+    from localrun.mcp.loop import ToolLoop
+
+    allowed = approval(options, host, ask)
+    return ToolLoop(session, host, allowed, max_steps=options.max_steps, timeout=options.timeout, choice=options.choice)
+
+
 def chat_options(
     mcp: list[Path] | None,
     no_mcp: bool,
     allow: list[str] | None,
     max_steps: int,
     timeout: float,
+    choice: str,
     remote: object,
     output: object,
     asked_temperature: float | None,
 ) -> ToolOptions | None:
     """`chat`'s tool options and servers, None where it uses none (a remote
     model, or every reply held to a schema: with --mcp, an error)."""
-    options = tool_options(mcp, no_mcp, allow, max_steps, timeout)
+    options = tool_options(mcp, no_mcp, allow, max_steps, timeout, choice)
     clash = "a remote model" if remote is not None else "--schema or --grammar" if output is not None else None
     if clash is not None:
         if options.files:
             raise UsageError(f"--mcp and {clash} cannot go together", hint=f"drop --mcp or {clash}")
+        _no_tools(options)
         return None
     servers = server_list(options)
     if servers is None:
+        _no_tools(options)
         return None
     return replace(options, servers=servers, temperature=_unchosen(asked_temperature))
+
+
+def _no_tools(asked: ToolOptions) -> None:
+    """A run without tools: where ``asked`` chose a tool choice other than auto or none, an error."""
+    if asked.choice not in ("auto", "none"):
+        raise UsageError(
+            f"--tool-choice {asked.choice} needs tools",
+            hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
+        )
 
 
 def attach(
@@ -209,8 +252,6 @@ def attach(
 ) -> ToolLoop | None:
     """The chat's tool loop: its servers started (and stopped with ``stack``);
     ``console``: a terminal to ask on before a call runs."""
-    from localrun.mcp.loop import ToolLoop
-
     if options is None or options.servers is None:
         return None
     host = stack.enter_context(opened(options.servers))
@@ -225,7 +266,7 @@ def attach(
     ask = terminal_ask(console, abort) if console is not None else None
     if options.temperature is not None:
         session.sampling = replace(session.sampling, temperature=options.temperature)
-    loop = ToolLoop(session, host, approval(options, host, ask), max_steps=options.max_steps, timeout=options.timeout)
+    loop = tool_loop(session, host, options, ask)
     bound.append(loop)
     return loop
 
@@ -285,8 +326,22 @@ def show_tools(loop: ToolLoop | None, console: Console) -> None:
         return
     console.print(tools_table(loop.tools, allowed=loop.approval.allowed))
     console.print(
-        "each call is shown and asked about unless its tool is allowed (always, or --allow-tool)", style="dim"
+        "each call is shown and asked about unless its tool is allowed (always, or --allow-tool); "
+        f"tool choice: {loop.choice} (/tools auto|required|none|TOOL)",
+        style="dim",
     )
+
+
+def choose_tools(loop: ToolLoop | None, choice: str, console: Console) -> None:
+    """/tools CHOICE: how the next turns are offered the tools (`--tool-choice`'s values)."""
+    from localrun.mcp.loop import checked_choice
+
+    if loop is None:
+        show_tools(loop, console)
+        return
+    loop.choice = checked_choice(choice, loop.tools, "/tools")
+    loop.offer()
+    console.print(f"tool choice: {loop.choice}", style="dim")
 
 
 # ---------------------------------------------------------- the terminal --
@@ -501,7 +556,6 @@ def generate(
     from localrun.cli._draft import open_draft
     from localrun.cli._history import exit_status
     from localrun.cli._signals import ctrl_c_stops, no_echo, terminal
-    from localrun.mcp.loop import ToolLoop
     from localrun.runtime.generate import finished
     from localrun.runtime.prompt import compose
     from localrun.ui.stream import JsonRenderer, LiveRenderer, PlainRenderer
@@ -526,7 +580,7 @@ def generate(
 
         ask = terminal_ask(console, abort) if interactive and console is not None else None
         loop = (
-            ToolLoop(session, host, approval(options, host, ask), max_steps=options.max_steps, timeout=options.timeout)
+            tool_loop(session, host, options, ask)
             if host.tools
             else None  # no server gave a tool (each said why): a plain reply
         )

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 MAX_STEPS = 8
 MAX_CALLS = 8  # in one step
+CHOICES = ("auto", "required", "none")  # a turn's tool choice, as OpenAI's tool_choice; or a tool's name
 HELD_LIMIT = 16_000  # characters held back as a call that has not ended: the step ends there
 TOOL_TIMEOUT = 60.0
 Answer = Literal["yes", "no", "always"]
@@ -162,8 +163,31 @@ def _with_calls(messages: list[Any]) -> list[Any]:
     return out
 
 
+def checked_choice(choice: str, tools: list[Tool], where: str = "--tool-choice") -> str:
+    """A tool choice as the user gave it (``where``: `--tool-choice`, `/tools
+    CHOICE`, a JSONL turn's ``tool_choice``): auto, required, none or a
+    tool's name (`server_tool`), else a UsageError."""
+    from localrun.errors import UsageError
+
+    if choice in CHOICES or any(t.name == choice for t in tools):
+        return choice
+    raise UsageError(
+        f"{where}: {choice!r} is not auto, required, none or a tool's name",
+        hint="`localrun tools --mcp FILE` lists the tools' names",
+    )
+
+
 class ToolLoop:
-    """Tools for a `ChatSession`: set up once, then `turn` for each planned turn."""
+    """Tools for a `ChatSession`: set up once, then `turn` for each planned turn.
+
+    ``choice`` is how each turn's first step is offered the tools, as
+    OpenAI's ``tool_choice``: ``auto`` (the model decides), ``required``
+    (it must call one), a tool's name (it must call that one), or ``none``
+    (no tool). After a call's result the turn goes on as ``auto``: the
+    model may answer. A small model that has answered without a tool in
+    earlier turns of a chat often answers from guesses later on (measured:
+    Qwen2.5-Coder 1.5B, docs/tools.md); ``required`` for that turn makes
+    it call."""
 
     def __init__(
         self,
@@ -174,8 +198,10 @@ class ToolLoop:
         max_steps: int = MAX_STEPS,
         timeout: float = TOOL_TIMEOUT,
         parallel: bool = True,
+        choice: str = "auto",
     ) -> None:
         self.host = tools
+        self.choice = checked_choice(choice, tools.tools)  # the session's (a turn may ask for another: `offer`)
         self.approval = approval
         self.max_steps = max_steps
         self.timeout = timeout
@@ -197,10 +223,26 @@ class ToolLoop:
         self.use: ToolUse = replace(use, warn=self.problems.append)
         self.off: ToolUse = replace(self.use, choice=None)  # the same conversation, no call possible
         self.off_quiet: ToolUse = replace(self.use, warn=None)
-        self.current = self.use
-        self._grammar: OutputSpec | None = None
+        self._uses: dict[str, ToolUse] = {"auto": self.use, "none": self.off}  # by choice
+        self._grammars: dict[str, OutputSpec] = {}  # by choice
         self._answer: OutputSpec | None = None
+        self.current = self.use_for(self.choice)
         session.prompt_tools = self._prompt
+
+    def use_for(self, choice: str) -> ToolUse:
+        """The tools as offered for ``choice`` (`checked_choice`'s)."""
+        from localrun.serve.tools import tool_use
+
+        if choice not in self._uses:
+            asked = choice if choice in CHOICES else {"type": "function", "function": {"name": choice}}
+            use = tool_use(self.use.declared, asked, self.parallel, self.session.template)
+            assert use is not None
+            self._uses[choice] = replace(use, warn=self.problems.append)
+        return self._uses[choice]
+
+    def offer(self, choice: str | None = None, where: str = "tool_choice") -> None:
+        """The next turn's tool choice: ``choice`` for that turn alone (given at ``where``), or the session's."""
+        self.current = self.use_for(self.choice if choice is None else checked_choice(choice, self.tools, where))
 
     @property
     def tools(self) -> list[Tool]:
@@ -214,18 +256,19 @@ class ToolLoop:
         return conversation(_with_calls(messages), use), offered
 
     def grammar(self) -> OutputSpec | None:
-        """The calls' constraint (built once): None where the family's calls are read, not constrained."""
-        fmt = self.use.family.grammar
-        if fmt is None or self.use.choice is None:
+        """The current step's calls' constraint (built once for each choice):
+        None where the family's calls are read, not constrained."""
+        use = self.current
+        fmt = use.family.grammar
+        if fmt is None or use.choice is None:
             return None
-        if self._grammar is None:
+        key = next(choice for choice, known in self._uses.items() if known is use)
+        if key not in self._grammars:
             from localrun.structured.tools import tool_grammar
 
-            functions = self.use.functions
-            self._grammar = tool_grammar(
-                self.session.engine, functions, fmt, self.use.choice, parallel=self.use.parallel
-            )
-        return self._grammar
+            engine = self.session.engine
+            self._grammars[key] = tool_grammar(engine, use.functions, fmt, use.choice, parallel=use.parallel)
+        return self._grammars[key]
 
     def answer_grammar(self) -> OutputSpec:
         """A step with no tool offered: an answer, not a call. A small model that
@@ -241,9 +284,9 @@ class ToolLoop:
             self._answer = OutputSpec("grammar", grammar, None, "an answer")
         return self._answer
 
-    def plan(self, user: str) -> TurnPlan:
-        """A new turn's prompt, tools offered."""
-        self.current = self.use
+    def plan(self, user: str, choice: str | None = None) -> TurnPlan:
+        """A new turn's prompt, tools offered as ``choice`` asks (None: the session's choice)."""
+        self.offer(choice)
         return self.session.plan(user)
 
     def turn(self, plan: TurnPlan) -> Iterator[Event | ToolEvent]:
@@ -274,11 +317,13 @@ class ToolLoop:
                     interrupted = yield from self._run_calls(content, fresh, made)
                     if interrupted:
                         break
+                    if self.current.choice == "required":  # called as asked: the model may answer now
+                        self.current = self.use
                 if not fresh or rounds >= self.max_steps:  # the same tools again, or enough: answer now
                     self.current = self.off
                 plan = session.replan()
         finally:
-            self.current = self.use
+            self.current = self.use_for(self.choice)
         final = merged(steps)
         if interrupted:
             final = replace(final, stop_reason="interrupted")

@@ -156,6 +156,63 @@ def test_piped_chat_keeps_each_turns_results_in_its_context(calling: Path, tmp_p
     assert len(ran(tmp_path)) == len(results)  # several calls in one reply where the model writes them
 
 
+def test_piped_jsonl_chat_asks_a_call_in_the_turns_that_need_one(
+    model: tuple[Path, int], tmp_path: Path, pidfile: Path
+) -> None:
+    """The model left to choose (it never calls on its own); turns 1 and 3 ask for a call, turn 2 does not."""
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile, "add,today"))
+    named = {"type": "function", "function": {"name": "facts_today"}}
+    turns = [
+        {"role": "user", "content": "Add 2 and 40.", "tool_choice": "required"},
+        {"role": "user", "content": "Thanks."},
+        {"role": "user", "content": "What day is it?", "tool_choice": named},
+    ]
+    stdin = "".join(json.dumps(t) + "\n" for t in turns)
+    options = ["--allow-tool", "all", "--json", "-n", "60", "--ctx", "4096", "-t", "0"]
+    res = cli("chat", "-m", str(model[0]), "--mcp", str(file), *options, input=stdin)
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    results = [e for e in events if e["type"] == "tool_result"]
+    assert [(e["turn"], e["name"]) for e in results][-1] == (3, "facts_today")
+    assert {e["turn"] for e in results} == {1, 3} and all(e["status"] == "ok" for e in results)
+    assert ran(tmp_path)[-1] == "today {}" and len(ran(tmp_path)) == len(results)
+    assert [e["turn"] for e in events if e["type"] == "done"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "said"),
+    [
+        (["--tool-choice", "facts_sub"], "", "--tool-choice: 'facts_sub' is not auto, required, none"),
+        ([], '{"content": "hi", "tool_choice": "always"}\n', "stdin line 1: 'always' is not auto, required, none"),
+        ([], '{"content": "hi", "tool_choice": 3}\n', "stdin line 1: tool_choice is auto, required, none"),
+    ],
+)
+def test_a_tool_choice_naming_nothing_is_a_usage_error(
+    model: tuple[Path, int], tmp_path: Path, pidfile: Path, args: list[str], stdin: str, said: str
+) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    res = cli("chat", "-m", str(model[0]), "--mcp", str(file), "-n", "4", *args, input=stdin)
+    assert res.returncode == 2 and said in res.stderr, res.stderr
+    assert ran(tmp_path) == []
+
+
+def test_a_tool_choice_without_tools_is_a_usage_error(model: tuple[Path, int]) -> None:
+    res = cli("generate", "-m", str(model[0]), "--no-mcp", "--tool-choice", "required", "hi")
+    assert res.returncode == 2 and "--tool-choice required needs tools" in res.stderr
+    turn = '{"role": "user", "content": "hi", "tool_choice": "required"}\n'
+    res = cli("chat", "-m", str(model[0]), "--no-mcp", "-n", "4", input=turn)
+    assert res.returncode == 2 and "stdin line 1: tool_choice 'required' needs tools" in res.stderr
+
+
+def test_generate_tool_choice_none_runs_no_tool(calling: Path, tmp_path: Path, pidfile: Path) -> None:
+    file = servers(tmp_path, pidfile, facts=facts(tmp_path, pidfile))
+    args = ["--allow-tool", "all", "--tool-choice", "none", "--json", "-n", "16", "--ctx", "2048"]
+    res = cli("generate", "-m", str(calling), "--mcp", str(file), *args, "Add 2 and 40.")
+    assert res.returncode == 0, res.stderr
+    assert not [e for e in map(json.loads, res.stdout.splitlines()) if e["type"] == "tool_call"]
+    assert ran(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -195,3 +195,93 @@ def test_a_step_ends_at_a_call_written_twice_or_any_call_where_none_is_offered()
     assert _runaway([], [("a", "{}")], offering=False)  # no tool offered: a call is no answer
     many = [(f"t{i}", "{}") for i in range(MAX_CALLS)]
     assert _runaway([], many, offering=True)
+
+
+def plain_session(engine: Engine) -> ChatSession:
+    """A chat whose model is not steered: left to choose (auto), the tiny random model never calls."""
+    assert engine.info.chat_template is not None
+    sampling = SamplingParams(temperature=0.0)
+    return ChatSession(engine, engine.info.chat_template, sampling, max_tokens=80, switches={"enable_thinking": False})
+
+
+def test_required_makes_a_call_then_the_model_may_answer(engine: Engine, calls: Path, pidfile: Path) -> None:
+    """Three turns, the first and the last asked to call: both results stay in the conversation."""
+    chat = plain_session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), parallel=False)
+        first = list(loop.turn(loop.plan("Add 2 and 40.", choice="required")))
+        auto = list(loop.turn(loop.plan("Thanks.")))  # the session's choice (auto) is back
+        third = list(loop.turn(loop.plan("Add 5 and 6.", choice="required")))
+        loop.plan("Bye.")
+    assert not any(isinstance(e, ToolCallEvent) for e in auto)
+    results = []
+    for turn, events in zip((chat.turns[0], chat.turns[2]), (first, third), strict=True):
+        (call,) = [e for e in events if isinstance(e, ToolCallEvent)]
+        (result,) = [e for e in events if isinstance(e, ToolResultEvent)]
+        assert call.name == "facts_add" and result.status == "ok"
+        assert isinstance(events[-1], DoneEvent) and turn.reply  # answered after the result
+        assert [m["role"] for m in turn.steps] == ["assistant", "tool"]
+        results.append(f"returned: {result.text}\n</tool_response>")
+    assert len(ran(calls)) == 2
+    assert all(said in chat._pending_text for said in results)  # the next turn's prompt holds both
+
+
+def test_a_tools_name_as_the_choice_calls_that_tool(engine: Engine, calls: Path, pidfile: Path) -> None:
+    chat = plain_session(engine)
+    with host(calls, pidfile, tools="add,today") as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), parallel=False, choice="facts_today")
+        events = list(loop.turn(loop.plan("Hello.")))
+    assert [e.name for e in events if isinstance(e, ToolCallEvent)] == ["facts_today"]
+    assert ran(calls) == ["today {}"]
+
+
+def test_none_offers_no_tool_even_to_a_model_that_would_call(engine: Engine, calls: Path, pidfile: Path) -> None:
+    chat = session(engine)  # steered to call wherever it may
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), parallel=False, choice="none")
+        events = list(loop.turn(loop.plan("Add 2 and 40.")))
+        assert "<tools>" not in chat._pending_text
+        loop.choice = "auto"
+        loop.offer()
+        loop.plan("Add 2 and 40.")
+        assert "<tools>" in chat._pending_text
+    assert not any(isinstance(e, ToolCallEvent) for e in events) and ran(calls) == []
+
+
+def test_a_choice_that_names_no_tool_is_a_usage_error(engine: Engine, calls: Path, pidfile: Path) -> None:
+    from localrun.errors import UsageError
+
+    chat = plain_session(engine)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        with pytest.raises(UsageError, match="--tool-choice: 'facts_sub' is not auto, required, none"):
+            ToolLoop(chat, tools, Approval(), choice="facts_sub")
+        loop = ToolLoop(chat, tools, Approval())
+        with pytest.raises(UsageError, match="stdin line 3: 'always'"):
+            loop.offer("always", where="stdin line 3")
+
+
+def test_tools_command_changes_the_sessions_choice(engine: Engine, calls: Path, pidfile: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from localrun.cli.tools import choose_tools, show_tools
+    from localrun.errors import UsageError
+
+    chat = session(engine)  # steered to call wherever it may
+    sink = io.StringIO()
+    console = Console(file=sink, width=200)
+    with host(calls, pidfile) as tools:
+        tools.start()
+        loop = ToolLoop(chat, tools, Approval({"all"}), max_steps=1, parallel=False)
+        choose_tools(loop, "none", console)
+        events = list(loop.turn(chat.plan("Add 2 and 40.")))  # the chat plans the turn itself, as /tools left it
+        with pytest.raises(UsageError, match="/tools: 'sometimes'"):
+            choose_tools(loop, "sometimes", console)
+        show_tools(loop, console)
+    assert loop.choice == "none" and not any(isinstance(e, ToolCallEvent) for e in events)
+    assert "tool choice: none" in sink.getvalue() and ran(calls) == []
