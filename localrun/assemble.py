@@ -43,7 +43,7 @@ from localrun.runtime.placement import (
     sequence_context,
     sequences,
 )
-from localrun.settings import AUTO, RunSettings
+from localrun.settings import AUTO, MTP_MODES, RunSettings
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune import attention
@@ -383,7 +383,7 @@ def _config(
         sample_on=settings.sample_on,
         n_rs_seq=rollback_depth(shape, settings),
         # its MTP head may draft: one sequence's speculation (serve's and --batch's slots draft by lookup)
-        mtp=info.mtp_head and settings.draft in ("auto", "mtp") and isinstance(workload, OneSequence),
+        mtp=info.mtp_head and settings.draft in MTP_MODES and isinstance(workload, OneSequence),
     )
 
 

@@ -22,6 +22,11 @@ AUTO = "auto"
 DEFAULT_TEMPERATURE = 0.8
 AUTO_CTX = AUTO
 SAMPLE_ON = (AUTO, "host", "device")
+# speculation's modes (`--spec`, config.toml's `draft`; any other draft value names a draft model)
+SPEC_MODES = (AUTO, "lookup", "mtp", "none")
+NO_DRAFT_MODEL = ("lookup", "mtp", "none")  # the modes that never load a draft model
+MTP_MODES = (AUTO, "mtp")  # the modes that draft with the model's own MTP head where it has one
+MODEL_BOUND = ("mtp",)  # modes bound to the model's own parts: /model's next model does not keep them
 MIN_CTX = 16  # a context smaller than this is refused
 
 

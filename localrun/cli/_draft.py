@@ -17,14 +17,13 @@ import typer
 
 from localrun.cli._output import out
 from localrun.errors import LocalrunError, UsageError
+from localrun.settings import NO_DRAFT_MODEL, SPEC_MODES
 
 if TYPE_CHECKING:
     from localrun.cli._options import PlannedRun
     from localrun.runtime.engine import Engine
     from localrun.speculative import Speculation
 
-SPEC_MODES = ("auto", "lookup", "mtp", "none")
-NO_DRAFT_MODEL = ("lookup", "mtp", "none")  # the modes that never load a draft model
 
 Spec = Annotated[
     str | None,
@@ -52,7 +51,8 @@ def draft_choice(spec: str | None, draft: bool, draft_model: str | None) -> str 
     """The speculation the three options ask for, as config.toml's `draft`
     says it (auto, lookup, mtp, none, or a draft model); None when none was given."""
     if spec is not None and spec not in SPEC_MODES:
-        raise UsageError(f"unknown --spec {spec!r}", hint="use --spec auto, lookup, mtp or none")
+        modes = f"{', '.join(SPEC_MODES[:-1])} or {SPEC_MODES[-1]}"
+        raise UsageError(f"unknown --spec {spec!r}", hint=f"use --spec {modes}")
     if draft_model is not None and (draft or spec is not None):
         raise UsageError("--draft-model names the one drafter", hint="drop --draft and --spec")
     if draft and spec in NO_DRAFT_MODEL:

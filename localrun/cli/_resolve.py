@@ -10,6 +10,7 @@ from pathlib import Path
 from localrun import store
 from localrun.cli._env import current
 from localrun.cli._output import out
+from localrun.settings import NO_DRAFT_MODEL
 from localrun.units import human_bytes
 
 
@@ -76,7 +77,7 @@ def draft_path(choice: str | None, target: store.Target, *, offline: bool = Fals
     or path, pulled if need be; none for lookup, mtp or none."""
     if choice == "auto":
         return _matched(target, offline=offline, pull=pull)
-    if choice is None or choice in ("none", "lookup", "mtp"):
+    if choice is None or choice in NO_DRAFT_MODEL:
         return None
     return resolve_model(choice, offline=offline, tune_hint=False).path
 

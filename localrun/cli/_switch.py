@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from localrun.cli import _options as opt
 from localrun.cli._output import out
 from localrun.errors import LocalrunError, UsageError
-from localrun.settings import Options
+from localrun.settings import MODEL_BOUND, SPEC_MODES, Options
 
 if TYPE_CHECKING:
     from localrun.history.record import Recorder
@@ -31,7 +31,7 @@ Resolve = Callable[[str, Options, bool], "opt.PlannedRun"]
 Report = Callable[["RunSettings", "Placement", "ChatSession"], dict[str, Any]]
 
 # a draft model named for one model is not another's, nor is its MTP head (the next model's auto uses its own)
-KEPT_DRAFTS = (None, "auto", "lookup", "none")
+KEPT_DRAFTS = (None, *(mode for mode in SPEC_MODES if mode not in MODEL_BOUND))
 
 
 class NoModelLeft(LocalrunError):
