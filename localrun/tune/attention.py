@@ -195,14 +195,25 @@ def probe(shape: AttentionShape, threads: int, load: Callable[[], int | None] | 
 def probe_apart(shape: AttentionShape, threads: int) -> Attention | None:
     """`probe` in a process of its own: nothing of its model and of llama.cpp's
     code stays in the caller (a server's memory), and a probe that crashes
-    costs the caller nothing but the curve (None, as a spoilt one)."""
+    costs the caller nothing but the curve (None, as a spoilt one). Under
+    `--verbose` the child says what it does (llama.cpp's log, a crash's
+    traceback) on the caller's stderr; else its stderr is dropped."""
     import subprocess
     import sys
 
-    measure = [sys.executable, "-m", __name__, json.dumps(_shape_list(shape)), str(threads)]
+    from localrun.runtime import llama_log
+
+    told = llama_log.verbose()
+    measure = [sys.executable, "-m", __name__, json.dumps(_shape_list(shape)), str(threads), *(["-v"] if told else [])]
     try:
         done = subprocess.run(
-            measure, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+            measure,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=None if told else subprocess.DEVNULL,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
         )
         found = json.loads(done.stdout) if done.returncode == 0 else None
         return Attention.from_dict(found) if found is not None else None
@@ -215,8 +226,12 @@ def _shape_list(shape: AttentionShape) -> list[int]:
 
 
 def main(argv: Sequence[str]) -> None:
-    """`probe_apart`'s child: the shape as a JSON list and the thread count in,
-    the curve (or null) as JSON out."""
+    """`probe_apart`'s child: the shape as a JSON list and the thread count
+    in (and -v: llama.cpp's log to stderr), the curve (or null) as JSON out."""
+    if "-v" in argv[2:]:
+        from localrun.runtime import llama_log
+
+        llama_log.set_verbose(True)
     heads, kv_heads, key_length, value_length = (int(x) for x in json.loads(argv[0]))
     curve = probe(AttentionShape(heads, kv_heads, key_length, value_length), int(argv[1]))
     print(json.dumps(curve.as_dict() if curve is not None else None))

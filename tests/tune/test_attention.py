@@ -62,6 +62,22 @@ def test_the_probe_runs_in_a_process_of_its_own(monkeypatch: pytest.MonkeyPatch)
     assert curve is None or (curve.depths == attention.DEPTHS and all(ms > 0 for ms in (*curve.off_ms, *curve.on_ms)))
 
 
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_failed_probes_stderr_shows_only_under_verbose(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], verbose: bool
+) -> None:
+    """A child that fails (here: handed a shape it cannot read) costs the curve;
+    what it wrote on stderr reaches the user's only with --verbose."""
+    from localrun.runtime import llama_log
+
+    monkeypatch.setattr(attention, "_shape_list", lambda shape: [4, 2, 32])
+    monkeypatch.setattr(llama_log, "_verbose", verbose)
+    shape = AttentionShape(heads=4, kv_heads=2, key_length=32, value_length=32)
+    assert attention.probe_apart(shape, 1) is None
+    said = capfd.readouterr().err
+    assert ("ValueError: not enough values to unpack" in said) is verbose
+
+
 def test_the_probes_process_answers_in_json() -> None:
     """`probe_apart`'s child, run as it runs it: a curve, or null where it found the machine busy."""
     import subprocess
