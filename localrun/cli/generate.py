@@ -414,7 +414,7 @@ def _with_tools(
 ) -> ExitCode:
     """`generate` with MCP tools: the prompt, the model, then one turn of a chat with its tool loop."""
     _refuse_batch_options(*for_batch)
-    servers = tools_cli.server_list(tooling)
+    servers = tooling.servers
     assert servers is not None
     opt.use_rpc(rpc)
     instruction, material = read_prompt(prompt)

@@ -79,7 +79,7 @@ class ToolOptions:
     max_steps: int = 8
     timeout: float = 60.0
     choice: str = "auto"  # each turn's tool choice (a tool's name is checked once the servers list their tools)
-    servers: ServerList | None = None  # chat: the servers it uses
+    servers: ServerList | None = None  # the servers the run uses (`_used`)
     temperature: float | None = None  # chat: the temperature its turns sample at, where nobody chose one
 
 
@@ -152,22 +152,30 @@ def generate_options(
     prompt_cache: bool | None,
     stops: object = None,
 ) -> ToolOptions | None:
-    """`generate`'s tool options where it uses tools: --mcp's servers (an option
-    they cannot go with is an error), or config.toml's where nothing rules them out."""
+    """`generate`'s tool options and servers where it uses tools (`_used`)."""
     options = tool_options(mcp, no_mcp, allow, max_steps, timeout, choice)
-    clash = [
-        name
-        for name, given in (("a remote model", remote is not None), ("--batch", batch is not None), ("--raw", raw),
-                            ("--schema or --grammar", output is not None), ("--prompt-cache", bool(prompt_cache)),
-                            ("--stop", bool(stops)))
-        if given
-    ]  # fmt: skip
-    if clash and options.files:
-        raise UsageError(f"--mcp and {clash[0]} cannot go together", hint=f"drop --mcp or {clash[0]}")
-    if clash or server_list(options) is None:
-        _no_tools(options)
+    return _used(options, [("a remote model", remote is not None), ("--batch", batch is not None), ("--raw", raw),
+                           ("--schema or --grammar", output is not None), ("--prompt-cache", bool(prompt_cache)),
+                           ("--stop", bool(stops))])  # fmt: skip
+
+
+def _used(options: ToolOptions, clashes: list[tuple[str, bool]]) -> ToolOptions | None:
+    """``options`` with the servers the run uses (its --mcp files, then
+    config.toml's); None where it uses none: there are none, or an option
+    given in ``clashes`` (its name, whether given) rules tools out (with
+    --mcp, an error; config.toml's servers are left out)."""
+    clash = next((name for name, given in clashes if given), None)
+    if clash is not None and options.files:
+        raise UsageError(f"--mcp and {clash} cannot go together", hint=f"drop --mcp or {clash}")
+    servers = server_list(options) if clash is None else None
+    if servers is None:  # a run without tools: a tool choice that needs one is an error
+        if options.choice not in ("auto", "none"):
+            raise UsageError(
+                f"--tool-choice {options.choice} needs tools",
+                hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
+            )
         return None
-    return options
+    return replace(options, servers=servers)
 
 
 @contextlib.contextmanager
@@ -222,29 +230,11 @@ def chat_options(
     output: object,
     asked_temperature: float | None,
 ) -> ToolOptions | None:
-    """`chat`'s tool options and servers, None where it uses none (a remote
-    model, or every reply held to a schema: with --mcp, an error)."""
+    """`chat`'s tool options and servers where it uses tools (`_used`): not
+    with a remote model, nor with every reply held to a schema."""
     options = tool_options(mcp, no_mcp, allow, max_steps, timeout, choice)
-    clash = "a remote model" if remote is not None else "--schema or --grammar" if output is not None else None
-    if clash is not None:
-        if options.files:
-            raise UsageError(f"--mcp and {clash} cannot go together", hint=f"drop --mcp or {clash}")
-        _no_tools(options)
-        return None
-    servers = server_list(options)
-    if servers is None:
-        _no_tools(options)
-        return None
-    return replace(options, servers=servers, temperature=_unchosen(asked_temperature))
-
-
-def _no_tools(asked: ToolOptions) -> None:
-    """A run without tools: where ``asked`` chose a tool choice other than auto or none, an error."""
-    if asked.choice not in ("auto", "none"):
-        raise UsageError(
-            f"--tool-choice {asked.choice} needs tools",
-            hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
-        )
+    used = _used(options, [("a remote model", remote is not None), ("--schema or --grammar", output is not None)])
+    return replace(used, temperature=_unchosen(asked_temperature)) if used is not None else None
 
 
 def attach(
