@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -353,6 +354,30 @@ def test_the_heads_rows_follow_the_target(wired: Engine) -> None:
         np.testing.assert_allclose(step_rows, batch_rows, rtol=1e-3, atol=1e-3)
     finally:
         drafter.close()
+
+
+def test_the_heads_rows_follow_the_target_over_several_batches(models: dict[str, Path]) -> None:
+    """A prompt longer than a batch and a micro-batch (the decoder's chunks,
+    llama.cpp's split of each): every position's row is kept, as a token at
+    a time gives it."""
+    config = engine_config(models["wired"], n_ctx=1024, n_rs_seq=ROLLBACK_DEPTH, mtp=True, n_threads=1)
+    with Engine(replace(config, n_batch=64, n_ubatch=32)) as engine:
+        drafter = MTPDrafter(engine)
+        try:
+            prompt = engine.tokenize(" ".join(PROMPTS * 3))[:200]
+            assert len(prompt) > 2 * engine.n_batch
+            decoder = Decoder(engine)
+            decoder.evaluate(prompt)
+            batch_rows = drafter.rows[[p % ROWS_KEPT for p in range(len(prompt))]].copy()
+            assert (drafter.row_pos[: len(prompt)] == np.arange(len(prompt))).all()
+            decoder.rollback(0)
+            for token in prompt:
+                decoder.evaluate([token])
+            step_rows = drafter.rows[[p % ROWS_KEPT for p in range(len(prompt))]]
+            assert np.abs(batch_rows[-1]).max() > 0
+            np.testing.assert_allclose(step_rows, batch_rows, rtol=1e-3, atol=1e-3)
+        finally:
+            drafter.close()
 
 
 def test_show_counts_the_mtp_layers(models: dict[str, Path]) -> None:
