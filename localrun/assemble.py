@@ -320,7 +320,7 @@ def assemble(
         depth=extent.depth,
         budget=placement.budget,
         kv_pairs=placement.kv_pairs,
-        attention=functools.partial(attention.measured, shape) if on_cpu else None,
+        attention=functools.partial(attention.measured, shape, verbose=verbose) if on_cpu else None,
         run=run_shape(workload, settings),
     )
     settings = sample_on(settings, placement, workload)

@@ -60,11 +60,6 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 _callback = llama_cpp.llama_log_callback(_on_log)
 
 
-def verbose() -> bool:
-    """Whether llama.cpp's log lines (and a child process's, `localrun.tune.attention.probe_apart`) reach stderr."""
-    return _verbose
-
-
 def set_verbose(verbose: bool) -> None:
     """llama.cpp's own log lines go to stderr only when verbose."""
     global _verbose

@@ -144,9 +144,12 @@ def write_probe_model(path: Path, shape: AttentionShape) -> Path:
 # ---------------------------------------------------------------- the probe --
 
 
-def probe(shape: AttentionShape, threads: int, load: Callable[[], int | None] | None = None) -> Attention | None:
+def probe(
+    shape: AttentionShape, threads: int, load: Callable[[], int | None] | None = None, *, verbose: bool = False
+) -> Attention | None:
     """Decode steps with flash attention off and on at `DEPTHS`, on the CPU
-    with ``threads``; None when the machine was busy (or the shape cannot be probed)."""
+    with ``threads``; None when the machine was busy (or the shape cannot be
+    probed). ``verbose``: llama.cpp's log to stderr."""
     if not shape.probed:
         return None
     # the measuring machinery only when a probe runs (a run that finds its curve kept starts without it)
@@ -162,9 +165,11 @@ def probe(shape: AttentionShape, threads: int, load: Callable[[], int | None] | 
         placement = place(devices.probe(), shape=describe(read_gguf(model)), gpu_layers="0")
         modes = ("off", "on")
         deadline = time.monotonic() + TIME_S
-        with Weights(model, placement) as weights:
+        with Weights(model, placement, verbose=verbose) as weights:
             tokens = range(3, 259)  # the byte tokens: nothing to tokenize
-            contexts = {mode: Context(weights, _config(model, placement, mode, threads), tokens) for mode in modes}
+            contexts = {
+                mode: Context(weights, _config(model, placement, mode, threads, verbose), tokens) for mode in modes
+            }
             try:
                 at: dict[int, Race[str]] = {}
                 for depth in DEPTHS:
@@ -192,7 +197,7 @@ def probe(shape: AttentionShape, threads: int, load: Callable[[], int | None] | 
     )
 
 
-def probe_apart(shape: AttentionShape, threads: int) -> Attention | None:
+def probe_apart(shape: AttentionShape, threads: int, verbose: bool = False) -> Attention | None:
     """`probe` in a process of its own: nothing of its model and of llama.cpp's
     code stays in the caller (a server's memory), and a probe that crashes
     costs the caller nothing but the curve (None, as a spoilt one). Under
@@ -201,17 +206,16 @@ def probe_apart(shape: AttentionShape, threads: int) -> Attention | None:
     import subprocess
     import sys
 
-    from localrun.runtime import llama_log
-
-    told = llama_log.verbose()
-    measure = [sys.executable, "-m", __name__, json.dumps(_shape_list(shape)), str(threads), *(["-v"] if told else [])]
+    measure = [sys.executable, "-m", __name__, json.dumps(_shape_list(shape)), str(threads)]
+    if verbose:
+        measure.append("-v")
     try:
         done = subprocess.run(
             measure,
             check=False,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=None if told else subprocess.DEVNULL,
+            stderr=None if verbose else subprocess.DEVNULL,
             text=True,
             timeout=PROBE_TIMEOUT_S,
         )
@@ -228,12 +232,9 @@ def _shape_list(shape: AttentionShape) -> list[int]:
 def main(argv: Sequence[str]) -> None:
     """`probe_apart`'s child: the shape as a JSON list and the thread count
     in (and -v: llama.cpp's log to stderr), the curve (or null) as JSON out."""
-    if "-v" in argv[2:]:
-        from localrun.runtime import llama_log
-
-        llama_log.set_verbose(True)
     heads, kv_heads, key_length, value_length = (int(x) for x in json.loads(argv[0]))
-    curve = probe(AttentionShape(heads, kv_heads, key_length, value_length), int(argv[1]))
+    shape = AttentionShape(heads, kv_heads, key_length, value_length)
+    curve = probe(shape, int(argv[1]), verbose="-v" in argv[2:])
     print(json.dumps(curve.as_dict() if curve is not None else None))
 
 
@@ -253,7 +254,7 @@ def quiet(reading: Callable[[], int | None], tries: int = WAIT_TRIES) -> None:
     raise _Busy
 
 
-def _config(model: Path, placement: Placement, mode: str, threads: int) -> EngineConfig:
+def _config(model: Path, placement: Placement, mode: str, threads: int, verbose: bool = False) -> EngineConfig:
     n_ctx = max(DEPTHS) + 64
     return EngineConfig(
         model_path=model,
@@ -265,6 +266,7 @@ def _config(model: Path, placement: Placement, mode: str, threads: int) -> Engin
         flash_attn=mode,
         kv_unified=True,
         adapt_threads=False,  # the count measured is the count asked
+        verbose=verbose,
     )
 
 
@@ -333,7 +335,11 @@ def save_probed(entries: Sequence[Probed], path: Path | None = None) -> None:
 
 
 def measured(
-    model: ModelInfo, threads: int, *, run_probe: Callable[[AttentionShape, int], Attention | None] | None = None
+    model: ModelInfo,
+    threads: int,
+    *,
+    verbose: bool = False,
+    run_probe: Callable[[AttentionShape, int], Attention | None] | None = None,
 ) -> Attention | None:
     """The curve kept for ``model``'s attention shape at ``threads`` on this
     machine, measured now (and kept) if there is none; None where it cannot
@@ -346,7 +352,7 @@ def measured(
     found = next((p for p in load_probed() if p.same(machine, shape, threads)), None)
     if found is not None and (found.curve is not None or found.age_s() < RETRY_S):
         return found.curve
-    curve = (run_probe or probe_apart)(shape, threads)
+    curve = run_probe(shape, threads) if run_probe is not None else probe_apart(shape, threads, verbose)
     entry = Probed(machine, shape, threads, datetime.now(UTC).isoformat(timespec="seconds"), curve)
     with contextlib.suppress(OSError):  # not kept (a read-only cache): measured again next time, no harm
         others = [p for p in load_probed() if not p.same(machine, shape, threads)]  # another process's meanwhile

@@ -33,9 +33,11 @@ def probing(monkeypatch: pytest.MonkeyPatch) -> None:
 class Counted:
     def __init__(self, curve: Attention | None) -> None:
         self.curve, self.calls = curve, 0
+        self.told: list[bool] = []  # each call's verbose
 
-    def __call__(self, shape: AttentionShape, threads: int) -> Attention | None:
+    def __call__(self, shape: AttentionShape, threads: int, verbose: bool = False) -> Attention | None:
         self.calls += 1
+        self.told.append(verbose)
         return self.curve
 
 
@@ -68,14 +70,30 @@ def test_a_failed_probes_stderr_shows_only_under_verbose(
 ) -> None:
     """A child that fails (here: handed a shape it cannot read) costs the curve;
     what it wrote on stderr reaches the user's only with --verbose."""
-    from localrun.runtime import llama_log
-
     monkeypatch.setattr(attention, "_shape_list", lambda shape: [4, 2, 32])
-    monkeypatch.setattr(llama_log, "_verbose", verbose)
     shape = AttentionShape(heads=4, kv_heads=2, key_length=32, value_length=32)
-    assert attention.probe_apart(shape, 1) is None
+    assert attention.probe_apart(shape, 1, verbose) is None
     said = capfd.readouterr().err
     assert ("ValueError: not enough values to unpack" in said) is verbose
+
+
+def test_the_probes_process_logs_llama_cpp_only_when_told() -> None:
+    import subprocess
+    import sys
+
+    logs = []
+    for extra in ([], ["-v"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "localrun.tune.attention", "[4, 2, 32, 32]", "1", *extra],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        logs.append(done.stderr)
+    quiet, told = logs
+    assert "llama_context" not in quiet and "llama_context" in told  # llama.cpp's own lines, as a load logs them
 
 
 def test_the_probes_process_answers_in_json() -> None:
@@ -177,8 +195,9 @@ def test_what_the_user_says_and_a_quantized_v_are_never_probed(tiny_model: Path)
 def test_assemble_probes_once_and_the_plan_carries_it(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = Counted(OFF_FASTER)
     monkeypatch.setattr(attention, "probe_apart", run)
-    plan = assemble(tiny_model, resolve(Options()))
+    plan = assemble(tiny_model, resolve(Options()), verbose=True)
     assert plan.config.flash_attn == "off" and plan.settings.sources["flash_attn"] == "wisdom"
+    assert run.told == [True]  # --verbose reaches the probe's process
     assert assemble(tiny_model, resolve(Options())).config.flash_attn == "off" and run.calls == 1
     benchmark = assemble(tiny_model, resolve(Options()), use_wisdom=False)  # llama.cpp's defaults, as asked
     assert benchmark.config.flash_attn == "auto" and run.calls == 1
