@@ -72,7 +72,7 @@ class Turn(NamedTuple):
         if self.tool_choice not in (None, "auto", "none"):
             raise UsageError(
                 f"stdin line {self.number}: tool_choice {self.tool_choice!r} needs tools",
-                hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
+                hint="no MCP server offers one: give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
             )
         return self
 
@@ -112,9 +112,9 @@ def _tool_choice(number: int, given: object) -> str | None:
     "function", "function": {"name": ...}}`` (that tool's name)."""
     if given is None or isinstance(given, str):
         return given
-    function = given.get("function") if isinstance(given, dict) else None
+    function = given.get("function") if isinstance(given, dict) and given.get("type") == "function" else None
     name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
+    if not isinstance(name, str) or name in ("auto", "required", "none"):
         raise UsageError(
             f"stdin line {number}: tool_choice is auto, required, none, a tool's name, "
             'or {"type": "function", "function": {"name": ...}}'

@@ -167,6 +167,8 @@ def _used(options: ToolOptions, clashes: list[tuple[str, bool]]) -> ToolOptions 
     clash = next((name for name, given in clashes if given), None)
     if clash is not None and options.files:
         raise UsageError(f"--mcp and {clash} cannot go together", hint=f"drop --mcp or {clash}")
+    if clash is not None and options.choice not in ("auto", "none"):
+        raise UsageError(f"--tool-choice {options.choice} and {clash} cannot go together", hint="drop one of them")
     servers = server_list(options) if clash is None else None
     if servers is None:  # a run without tools: a tool choice that needs one is an error
         if options.choice not in ("auto", "none"):
@@ -176,6 +178,14 @@ def _used(options: ToolOptions, clashes: list[tuple[str, bool]]) -> ToolOptions 
             )
         return None
     return replace(options, servers=servers)
+
+
+def _none_offered(options: ToolOptions) -> None:
+    """The servers started and none offers a tool (each said why): a tool choice that needs one is an error."""
+    if options.choice not in ("auto", "none"):
+        raise UsageError(
+            f"--tool-choice {options.choice}: the MCP servers offer no tool", hint="`localrun tools` lists them"
+        )
 
 
 @contextlib.contextmanager
@@ -247,6 +257,7 @@ def attach(
     host = stack.enter_context(opened(options.servers))
     if not host.tools:  # none to offer: their servers need not run
         stack.close()
+        _none_offered(options)
         return None
     bound: list[ToolLoop] = []
 
@@ -569,11 +580,9 @@ def generate(
             engine.abort_requested = True
 
         ask = terminal_ask(console, abort) if interactive and console is not None else None
-        loop = (
-            tool_loop(session, host, options, ask)
-            if host.tools
-            else None  # no server gave a tool (each said why): a plain reply
-        )
+        if not host.tools:  # no server gave a tool (each said why): a plain reply
+            _none_offered(options)
+        loop = tool_loop(session, host, options, ask) if host.tools else None
         recorder = _history.recorder(_history.context("generate", resolved, engine=engine), no_log=no_log)
         user = compose(instruction, material)
         plan = loop.plan(user) if loop is not None else session.plan(user)

@@ -344,7 +344,9 @@ class ToolLoop:
         shown = ""
         cut = overflow = False
         engine = self.session.engine
-        for event in self.session.reply(plan, self.grammar() if offering else self.answer_grammar()):
+        # no tool offered: after calls, an answer (`answer_grammar`); where the user chose none, the reply as it comes
+        answer = self.answer_grammar() if self.session.turns[-1].steps else None
+        for event in self.session.reply(plan, self.grammar() if offering else answer):
             if isinstance(event, TokenEvent):
                 content, deltas = held.feed(event.text)
                 last = event

@@ -185,6 +185,7 @@ def test_piped_jsonl_chat_asks_a_call_in_the_turns_that_need_one(
         (["--tool-choice", "facts_sub"], "", "--tool-choice: 'facts_sub' is not auto, required, none"),
         ([], '{"content": "hi", "tool_choice": "always"}\n', "stdin line 1: 'always' is not auto, required, none"),
         ([], '{"content": "hi", "tool_choice": 3}\n', "stdin line 1: tool_choice is auto, required, none"),
+        ([], '{"content": "hi", "tool_choice": {"function": {"name": "facts_add"}}}\n', "stdin line 1: tool_choice"),
     ],
 )
 def test_a_tool_choice_naming_nothing_is_a_usage_error(
@@ -196,9 +197,16 @@ def test_a_tool_choice_naming_nothing_is_a_usage_error(
     assert ran(tmp_path) == []
 
 
-def test_a_tool_choice_without_tools_is_a_usage_error(model: tuple[Path, int]) -> None:
+def test_a_tool_choice_without_tools_is_a_usage_error(model: tuple[Path, int], tmp_path: Path) -> None:
     res = cli("generate", "-m", str(model[0]), "--no-mcp", "--tool-choice", "required", "hi")
     assert res.returncode == 2 and "--tool-choice required needs tools" in res.stderr
+    gone = servers(tmp_path, tmp_path / "pids", gone={"command": "/no/such"})  # configured, and offers no tool
+    for command, prompt in (("generate", ["hi"]), ("chat", [])):
+        args = ["-m", str(model[0]), "--mcp", str(gone), "--tool-choice", "required", "-n", "4", *prompt]
+        res = cli(command, *args, input="hi\n")
+        assert res.returncode == 2 and "--tool-choice required: the MCP servers offer no tool" in res.stderr
+    res = cli("generate", "-m", str(model[0]), "--tool-choice", "required", "--raw", "hi")
+    assert res.returncode == 2 and "--tool-choice required and --raw cannot go together" in res.stderr
     turn = '{"role": "user", "content": "hi", "tool_choice": "required"}\n'
     res = cli("chat", "-m", str(model[0]), "--no-mcp", "-n", "4", input=turn)
     assert res.returncode == 2 and "stdin line 1: tool_choice 'required' needs tools" in res.stderr

@@ -237,8 +237,18 @@ def test_a_tools_name_as_the_choice_calls_that_tool(engine: Engine, calls: Path,
     assert ran(calls) == ["today {}"]
 
 
-def test_none_offers_no_tool_even_to_a_model_that_would_call(engine: Engine, calls: Path, pidfile: Path) -> None:
+def test_none_offers_no_tool_even_to_a_model_that_would_call(
+    engine: Engine, calls: Path, pidfile: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chat = session(engine)  # steered to call wherever it may
+    constraints: list[object] = []  # each step's
+    reply = chat.reply
+
+    def recorded(plan: Any, grammar: Any = None) -> Any:
+        constraints.append(grammar)
+        return reply(plan, grammar)
+
+    monkeypatch.setattr(chat, "reply", recorded)
     with host(calls, pidfile) as tools:
         tools.start()
         loop = ToolLoop(chat, tools, Approval({"all"}), parallel=False, choice="none")
@@ -249,6 +259,7 @@ def test_none_offers_no_tool_even_to_a_model_that_would_call(engine: Engine, cal
         loop.plan("Add 2 and 40.")
         assert "<tools>" in chat._pending_text
     assert not any(isinstance(e, ToolCallEvent) for e in events) and ran(calls) == []
+    assert constraints == [None]  # the reply as the model writes it: not the forced answer after calls
 
 
 def test_a_choice_that_names_no_tool_is_a_usage_error(engine: Engine, calls: Path, pidfile: Path) -> None:
