@@ -154,6 +154,19 @@ def top_candidates(row: Any, k: int) -> Any:
     return keep
 
 
+class _Candidates:
+    """A candidates array llama.cpp's chain reads and sorts in place, kept
+    from one draw to the next: its numpy fields and the llama_token_data_array
+    that points at them are made once, not per token."""
+
+    def __init__(self, size: int) -> None:
+        self.data = np.empty(size, _TOKEN_DATA)
+        self.ids, self.logits, self.p = self.data["id"], self.data["logit"], self.data["p"]
+        pointer = self.data.ctypes.data_as(llama_cpp.llama_token_data_p)
+        self.array = llama_cpp.llama_token_data_array(pointer, 0, -1, False)
+        self.ref = ctypes.byref(self.array)
+
+
 class Sampler:
     """llama.cpp's native sampler chain for one generation. A chain that is a
     plain argmax (greedy, no penalties) is flagged `argmax`: `sample` then
@@ -183,6 +196,7 @@ class Sampler:
     def __init__(self, params: SamplingParams, n_vocab: int, on_device: Engine | None = None) -> None:
         self.handle: Any = None
         self._engine: Engine | None = None  # the engine whose context the chain is attached to, while it is
+        self._candidates: _Candidates | None = None  # `draw`'s array, grown to the most candidates drawn from
         self.argmax = params.plain_argmax
         # the k of a chain that top-k heads (0: none does): only candidates that hold the k largest need be given it
         self.top_k = params.top_k if not (params.greedy or params.logit_bias or params.penalized) else 0
@@ -244,17 +258,19 @@ class Sampler:
         tokens ``keep``, as llama.cpp's `llama_sampler_sample` does from a
         batch's row (there, every token): the chain applied to them as
         candidates, the token it selects accepted."""
-        data = np.empty(len(keep), _TOKEN_DATA)
-        data["id"] = keep
-        data["logit"] = row[keep]
-        data["p"] = 0.0
-        candidates = llama_cpp.llama_token_data_array(
-            data.ctypes.data_as(llama_cpp.llama_token_data_p), len(keep), -1, False
-        )
-        llama_cpp.llama_sampler_apply(self.handle, ctypes.byref(candidates))
-        if not 0 <= candidates.selected < candidates.size:
+        n = len(keep)
+        kept = self._candidates
+        if kept is None or len(kept.data) < n:
+            kept = self._candidates = _Candidates(max(n, 1024))
+        kept.ids[:n] = keep
+        kept.logits[:n] = row[keep]
+        kept.p[:n] = 0.0
+        candidates = kept.array
+        candidates.size, candidates.selected, candidates.sorted = n, -1, False
+        llama_cpp.llama_sampler_apply(self.handle, kept.ref)
+        if not 0 <= candidates.selected < n:
             raise EngineError("llama.cpp's sampler chain selected no token")
-        token = int(data["id"][candidates.selected])
+        token = int(kept.ids[candidates.selected])
         llama_cpp.llama_sampler_accept(self.handle, token)
         return token
 
