@@ -160,9 +160,11 @@ class _Cursor:
 
     def skip_strings(self, length: int, distinct: bool = False) -> None:
         """Skip ``length`` strings (a tight loop: a vocabulary has 100,000s); with
-        ``distinct``, refuse a repeated one."""
+        ``distinct``, refuse a repeated one, as llama.cpp reads them (`_as_read`)."""
         buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        start = pos
         seen: set[bytes] = set()
+        odd = 0  # NUL bytes in the lengths beyond 7 each (a length of 256 or more, or 0, holds another count)
         for _ in range(length):
             if pos + 8 > size:
                 break
@@ -172,9 +174,14 @@ class _Cursor:
                 break
             if distinct:
                 seen.add(buf[pos : pos + n])
+                if n > 255 or not n:
+                    odd += n.to_bytes(8, "little").count(0) - 7
             pos += n
         else:
             self.pos = pos
+            # a NUL byte in a string (the lengths' own aside), or an empty one: read them as llama.cpp does (rare)
+            if distinct and len(seen) == length and (b"" in seen or buf[start:pos].count(b"\0") > 7 * length + odd):
+                seen = set(_as_read(buf, start, length))
             if distinct and len(seen) < length:
                 raise self.fail(f"{length - len(seen)} repeated token texts")
             return
@@ -203,6 +210,17 @@ class _Cursor:
                 raise self.fail(f"unsupported array element type {item_type}")
             return ArrayInfo(item_type, length, start, self.pos, values)
         raise self.fail(f"unknown value type {vtype}")
+
+
+def _as_read(buf: mmap.mmap | bytes, pos: int, length: int) -> Iterator[bytes]:
+    """The ``length`` strings from ``pos`` as llama.cpp's vocabulary takes
+    them: up to a first NUL byte (a C string), an empty one as `[EMPTY_i]`
+    (the strings were checked to lie in ``buf``)."""
+    for i in range(length):
+        (n,) = _U64.unpack_from(buf, pos)
+        text = buf[pos + 8 : pos + 8 + n].partition(b"\0")[0]
+        yield text or f"[EMPTY_{i}]".encode()
+        pos += 8 + n
 
 
 def _tensor_bytes(cur: _Cursor, name: str, shape: tuple[int, ...], ttype: int) -> int:

@@ -124,6 +124,17 @@ def test_repeated_token_text_is_refused(tmp_path: Path) -> None:
         read_gguf(path)
 
 
+def test_token_texts_repeated_as_llama_cpp_reads_them_are_refused(tmp_path: Path) -> None:
+    """llama.cpp takes a token's text up to its first NUL byte (a C string):
+    "he" and "he\\0z" are one text there, and it aborted on that pair (the
+    fuzzer's seed 805568). A NUL byte that makes no such pair is no matter."""
+    path = write_tiny_model(tmp_path / "nul.gguf", merges=["Ġ t", "h e", "h e\x00z"])
+    with pytest.raises(BadModelError, match="1 repeated token texts"):
+        read_gguf(path)
+    alone = write_tiny_model(tmp_path / "nul-alone.gguf", merges=["Ġ t", "h e\x00z"])
+    assert read_gguf(alone).metadata["tokenizer.ggml.tokens"].length > 0
+
+
 def test_vocabulary_truncated_inside_is_refused(tiny_model: Path, tmp_path: Path) -> None:
     data = tiny_model.read_bytes()
     array = read_gguf(tiny_model).metadata["tokenizer.ggml.tokens"]
