@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from localrun.cli._env import current
 from localrun.errors import UsageError
+from localrun.mcp.loop import asks_for_a_call
 from localrun.paths import why_failed
 
 HINT = "localrun reads UTF-8 text: convert it first (e.g. iconv -f latin1 -t utf-8)"
@@ -69,7 +70,7 @@ class Turn(NamedTuple):
 
     def without_tools(self) -> Turn:
         """The turn, in a chat with no tools: one that asks for a call is a UsageError."""
-        if self.tool_choice not in (None, "auto", "none"):
+        if asks_for_a_call(self.tool_choice):
             raise UsageError(
                 f"stdin line {self.number}: tool_choice {self.tool_choice!r} needs tools",
                 hint="no MCP server offers one: give --mcp FILE, or add [mcp.servers.NAME] to config.toml",

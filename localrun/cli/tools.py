@@ -19,6 +19,7 @@ from localrun.cli._env import current
 from localrun.cli._errors import ExitCode
 from localrun.cli._output import out
 from localrun.errors import UsageError
+from localrun.mcp.loop import asks_for_a_call
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -167,11 +168,11 @@ def _used(options: ToolOptions, clashes: list[tuple[str, bool]]) -> ToolOptions 
     clash = next((name for name, given in clashes if given), None)
     if clash is not None and options.files:
         raise UsageError(f"--mcp and {clash} cannot go together", hint=f"drop --mcp or {clash}")
-    if clash is not None and options.choice not in ("auto", "none"):
+    if clash is not None and asks_for_a_call(options.choice):
         raise UsageError(f"--tool-choice {options.choice} and {clash} cannot go together", hint="drop one of them")
     servers = server_list(options) if clash is None else None
     if servers is None:  # a run without tools: a tool choice that needs one is an error
-        if options.choice not in ("auto", "none"):
+        if asks_for_a_call(options.choice):
             raise UsageError(
                 f"--tool-choice {options.choice} needs tools",
                 hint="give --mcp FILE, or add [mcp.servers.NAME] to config.toml",
@@ -182,7 +183,7 @@ def _used(options: ToolOptions, clashes: list[tuple[str, bool]]) -> ToolOptions 
 
 def _none_offered(options: ToolOptions) -> None:
     """The servers started and none offers a tool (each said why): a tool choice that needs one is an error."""
-    if options.choice not in ("auto", "none"):
+    if asks_for_a_call(options.choice):
         raise UsageError(
             f"--tool-choice {options.choice}: the MCP servers offer no tool", hint="`localrun tools` lists them"
         )

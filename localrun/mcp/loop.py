@@ -54,6 +54,11 @@ TOOL_TIMEOUT = 60.0
 Answer = Literal["yes", "no", "always"]
 
 
+def asks_for_a_call(choice: str | None) -> bool:
+    """Whether a tool choice (None: none given) makes the model call: required, or a tool's name."""
+    return choice not in (None, "auto", "none")
+
+
 class Tools(Protocol):
     """What the loop needs of the servers (`ToolHost`)."""
 
@@ -143,19 +148,17 @@ def _with_calls(messages: list[Any]) -> list[Any]:
     bare result, a small model often leaves out a value it does not see
     the point of (measured: Qwen2.5-Coder 1.5B, results like ``K-12 in
     storage room 4``, the code kept in 12 of 24 answers bare, 16 of 24 so)."""
+    from localrun.serve.tools import call_arguments
+
     calls: dict[str, str] = {}
     out: list[Any] = []
     for m in messages:
         for c in m.get("tool_calls") or []:
             function = c["function"]
-            try:
-                arguments = (
-                    json.loads(function["arguments"])
-                    if isinstance(function["arguments"], str)
-                    else function["arguments"]
-                )
+            arguments = call_arguments(function["arguments"])
+            if isinstance(arguments, dict):
                 said = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-            except (ValueError, AttributeError):
+            else:
                 said = str(function["arguments"])
             calls[c["id"]] = f"{function['name']}({said})"
         said_call = calls.get(m.get("tool_call_id", "")) if m["role"] == "tool" else None
@@ -224,7 +227,7 @@ class ToolLoop:
         self.off: ToolUse = replace(self.use, choice=None)  # the same conversation, no call possible
         self.off_quiet: ToolUse = replace(self.use, warn=None)
         self._uses: dict[str, ToolUse] = {"auto": self.use, "none": self.off}  # by choice
-        self._grammars: dict[str, OutputSpec] = {}  # by choice
+        self._grammars: dict[tuple[str, tuple[str, ...]], OutputSpec] = {}  # by choice and the tools it may call
         self._answer: OutputSpec | None = None
         self.current = self.use_for(self.choice)
         session.prompt_tools = self._prompt
@@ -262,7 +265,7 @@ class ToolLoop:
         fmt = use.family.grammar
         if fmt is None or use.choice is None:
             return None
-        key = next(choice for choice, known in self._uses.items() if known is use)
+        key = (use.choice, tuple(f.name for f in use.functions))
         if key not in self._grammars:
             from localrun.structured.tools import tool_grammar
 

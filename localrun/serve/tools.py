@@ -91,11 +91,15 @@ def tool_use(
 # ---------------------------------------------------------- the prompt --
 
 
-def _arguments(text: str) -> Any:
+def call_arguments(given: Any) -> Any:
+    """A call's arguments as JSON values: its JSON text parsed (text that is
+    not JSON stays as it is; arguments given as values already, as they are)."""
+    if not isinstance(given, str):
+        return given
     try:
-        return json.loads(text)
+        return json.loads(given)
     except json.JSONDecodeError:
-        return text
+        return given
 
 
 def render_call(name: str, arguments: Any) -> str:
@@ -126,7 +130,7 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
                         "type": "function",
                         "function": {
                             "name": c["function"]["name"],
-                            "arguments": _arguments(c["function"]["arguments"]),
+                            "arguments": call_arguments(c["function"]["arguments"]),
                         },
                     }
                     for c in calls
@@ -135,7 +139,7 @@ def conversation(messages: list[dict[str, Any]], use: ToolUse | None) -> list[di
             else:
                 assert use is not None
                 text = "\n".join(
-                    render_call(c["function"]["name"], _arguments(c["function"]["arguments"])) for c in calls
+                    render_call(c["function"]["name"], call_arguments(c["function"]["arguments"])) for c in calls
                 )
                 out.append({"role": "assistant", "content": (m["content"] + "\n" if m["content"] else "") + text})
         elif m["role"] == "tool" and not native:
