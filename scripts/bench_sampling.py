@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Where several sequences decoding together should sample: on the host, as
+localrun's batch scheduler (`--batch`, serve's slots) does, or in llama.cpp's
+graph (its backend samplers), measured side by side in one run.
+
+    .venv/bin/python scripts/bench_sampling.py MODEL [--sequences 1,8,32]
+        [--steps 96] [--rounds 3] [--threads N] [--flash-attn on]
+
+For each count of sequences N, each round decodes N sequences one token each
+per step, `--steps` steps, twice, in alternating order, on a fresh context
+each (N sequences, their own cells):
+
+  host      each row's logits read by localrun's `Sampler` (the scheduler's
+            `_choose`: top-k's candidates found on the row, llama.cpp's chain
+            applied to them), the token fed back;
+  in-graph  the same chain attached to each sequence (`llama_set_sampler`)
+            and run inside llama.cpp's decode; the token read back with
+            `llama_get_sampled_token_ith` and accepted.
+
+The sampling is llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05,
+temperature 0.8), seeded. Timed: a step's decode and its N samples, the
+median over the steps after the first 8. Printed per N: each side's ms a step
+(median over rounds) and in-graph / host speed, the median of the ratios
+within a round with its range (above 1: the in-graph sampler is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import llama_cpp
+
+from localrun.runtime.engine import Engine
+from localrun.runtime.sampling import Sampler, SamplingParams
+from scripts._models import HelpFormatter, engine_config, model_path
+from scripts._stats import ratio_summary
+
+WARM_STEPS = 8  # steps left out of the median: the first graphs are built and the caches filled
+
+
+def _attach(engine: Engine, samplers: list[Sampler], attached: bool) -> None:
+    """Each sampler's chain attached to its sequence in llama.cpp's graph (or detached)."""
+    for seq, sampler in enumerate(samplers):
+        if not llama_cpp.llama_set_sampler(engine.ctx, seq, sampler.handle if attached else None) and attached:
+            sys.exit(f"error: llama.cpp did not attach a sampler chain to sequence {seq}")
+
+
+def _fill(batch: Any, tokens: list[int], pos: int) -> None:
+    """One token for each sequence at ``pos``, each with its logits (or its sampled token) asked for."""
+    batch.n_tokens = len(tokens)
+    for seq, token in enumerate(tokens):
+        batch.token[seq], batch.pos[seq], batch.n_seq_id[seq], batch.logits[seq] = token, pos, 1, 1
+        batch.seq_id[seq][0] = seq
+
+
+def _sampled(engine: Engine, samplers: list[Sampler], in_graph: bool) -> list[int]:
+    """Each sequence's next token from the last decode, accepted by its chain."""
+    if not in_graph:
+        return [sampler.sample(engine, seq) for seq, sampler in enumerate(samplers)]
+    tokens = [int(llama_cpp.llama_get_sampled_token_ith(engine.ctx, seq)) for seq in range(len(samplers))]
+    for sampler, token in zip(samplers, tokens, strict=True):
+        sampler.accept(token)
+    return tokens
+
+
+def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: bool) -> float:
+    """The median time of one step (decode and sample) of ``sequences`` sequences, in ms."""
+    n_ctx = sequences * (args.steps + 64)
+    config = engine_config(model, ctx=str(n_ctx), threads=args.threads, flash_attn=args.flash_attn)
+    engine = Engine(replace(config, n_seq_max=sequences, kv_unified=True))
+    params = SamplingParams(seed=args.seed)
+    samplers = [Sampler(params, engine.n_vocab) for _ in range(sequences)]
+    batch: Any = llama_cpp.llama_batch_init(sequences, 0, 1)
+    try:
+        if in_graph:
+            _attach(engine, samplers, True)
+        tokens = [1 + seq for seq in range(sequences)]
+        times = []
+        for step in range(args.steps):
+            _fill(batch, tokens, step)
+            start = time.perf_counter()
+            if llama_cpp.llama_decode(engine.ctx, batch) != 0:
+                sys.exit(f"error: llama.cpp could not decode step {step} of {sequences} sequences")
+            tokens = _sampled(engine, samplers, in_graph)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[WARM_STEPS:]) * 1000
+    finally:
+        if in_graph:
+            _attach(engine, samplers, False)
+        for sampler in samplers:
+            sampler.close()
+        llama_cpp.llama_batch_free(batch)
+        engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("model", help="a model name or GGUF path")
+    parser.add_argument("--sequences", default="1,8,32", help="counts of sequences decoding together, comma-separated")
+    parser.add_argument("--steps", type=int, default=96, help="steps each side decodes in a round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per count")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp's threads (default: localrun's choice)")
+    parser.add_argument("--flash-attn", default="on", choices=("auto", "on", "off"), help="flash attention, both sides")
+    parser.add_argument("--seed", type=int, default=1, help="the samplers' seed")
+    args = parser.parse_args()
+    if args.steps <= WARM_STEPS:
+        parser.error(f"--steps must be more than {WARM_STEPS}")
+    try:
+        counts = [int(n) for n in args.sequences.split(",")]
+    except ValueError:
+        parser.error(f"--sequences takes counts such as 1,8,32, not {args.sequences!r}")
+    if any(n < 1 for n in counts):
+        parser.error("--sequences takes counts of at least 1")
+    model = model_path(args.model)
+    print(f"{model.name}: {args.steps} steps, flash attention {args.flash_attn}, {args.rounds} rounds", flush=True)
+    for n in counts:
+        host: list[float] = []
+        graph: list[float] = []
+        for round_ in range(args.rounds):
+            order = (False, True) if round_ % 2 == 0 else (True, False)
+            for in_graph in order:
+                (graph if in_graph else host).append(step_ms(model, args, n, in_graph))
+        speed = ratio_summary(host, graph)  # in-graph speed / host speed: host time / in-graph time
+        print(
+            f"{n:>3} sequences: host {statistics.median(host):.2f} ms a step, "
+            f"in-graph {statistics.median(graph):.2f} ms; in-graph / host speed {speed}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
