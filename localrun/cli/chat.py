@@ -160,6 +160,7 @@ def chat(
     env = current()
     # the MCP servers, for the whole command; the model and its drafter, which /model NAME puts another in place of
     with contextlib.ExitStack() as servers, contextlib.ExitStack() as loaded:
+        host = tools_cli.started(servers, tooling)  # before the model: a tool choice no tool meets fails first
         engine = loaded.enter_context(opt.load(resolved))
         speculation = loaded.enter_context(open_draft(resolved, engine))
         session = opt.chat_session(
@@ -200,11 +201,11 @@ def chat(
                     reasoning_budget=reasoning_budget,
                     recorder=recorder,
                 ),
-                tools=tools_cli.attach(servers, tooling, session, console),
+                tools=tools_cli.attach(host, tooling, session, console),
             )
             return repl.run()
         report = turn_report(resolved.settings, resolved.config.placement, session)  # a pipe keeps its loop
-        return run_piped(session, as_json, stats, report, recorder, tools_cli.attach(servers, tooling, session, None))
+        return run_piped(session, as_json, stats, report, recorder, tools_cli.attach(host, tooling, session, None))
 
 
 def turn_report(settings: RunSettings, placement: Placement, session: ChatSession) -> dict[str, Any]:

@@ -181,9 +181,15 @@ def _used(options: ToolOptions, clashes: list[tuple[str, bool]]) -> ToolOptions 
     return replace(options, servers=servers)
 
 
-def _none_offered(options: ToolOptions) -> None:
-    """The servers started and none offers a tool (each said why): a tool choice that needs one is an error."""
-    if asks_for_a_call(options.choice):
+def _offer_checked(host: ToolHost, options: ToolOptions) -> None:
+    """The tool choice checked against the tools the started servers offer
+    (a server that offers none said why): a choice that needs a tool where
+    none is offered, or that names none of them, is an error."""
+    from localrun.mcp.loop import checked_choice
+
+    if host.tools:
+        checked_choice(options.choice, host.tools)
+    elif asks_for_a_call(options.choice):
         raise UsageError(
             f"--tool-choice {options.choice}: the MCP servers offer no tool", hint="`localrun tools` lists them"
         )
@@ -248,17 +254,26 @@ def chat_options(
     return replace(used, temperature=_unchosen(asked_temperature)) if used is not None else None
 
 
-def attach(
-    stack: contextlib.ExitStack[bool | None], options: ToolOptions | None, session: ChatSession, console: Console | None
-) -> ToolLoop | None:
-    """The chat's tool loop: its servers started (and stopped with ``stack``);
-    ``console``: a terminal to ask on before a call runs."""
+def started(stack: contextlib.ExitStack[bool | None], options: ToolOptions | None) -> ToolHost | None:
+    """The run's MCP servers started (and stopped with ``stack``), before its
+    model loads: a tool choice that no offered tool can meet is an error
+    before that wait. None where the run uses no tools, or no server offers one."""
     if options is None or options.servers is None:
         return None
     host = stack.enter_context(opened(options.servers))
+    _offer_checked(host, options)
     if not host.tools:  # none to offer: their servers need not run
         stack.close()
-        _none_offered(options)
+        return None
+    return host
+
+
+def attach(
+    host: ToolHost | None, options: ToolOptions | None, session: ChatSession, console: Console | None
+) -> ToolLoop | None:
+    """The chat's tool loop over ``host``'s tools (`started`); ``console``: a
+    terminal to ask on before a call runs."""
+    if host is None or options is None:
         return None
     bound: list[ToolLoop] = []
 
@@ -564,7 +579,11 @@ def generate(
 
     env = current()
     thinking = opt.thinking(think, reasoning_budget, resolved.info.chat_template, opt.title(resolved))
-    with opt.load(resolved) as engine, open_draft(resolved, engine) as speculation, opened(servers) as host:
+    with contextlib.ExitStack() as stack:
+        host = stack.enter_context(opened(servers))  # before the model: a choice no tool meets fails first
+        _offer_checked(host, options)
+        engine = stack.enter_context(opt.load(resolved))
+        speculation = stack.enter_context(open_draft(resolved, engine))
         session = opt.chat_session(
             resolved,
             engine,
@@ -581,9 +600,7 @@ def generate(
             engine.abort_requested = True
 
         ask = terminal_ask(console, abort) if interactive and console is not None else None
-        if not host.tools:  # no server gave a tool (each said why): a plain reply
-            _none_offered(options)
-        loop = tool_loop(session, host, options, ask) if host.tools else None
+        loop = tool_loop(session, host, options, ask) if host.tools else None  # none: a plain reply
         recorder = _history.recorder(_history.context("generate", resolved, engine=engine), no_log=no_log)
         user = compose(instruction, material)
         plan = loop.plan(user) if loop is not None else session.plan(user)

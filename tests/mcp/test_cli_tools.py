@@ -195,6 +195,10 @@ def test_a_tool_choice_naming_nothing_is_a_usage_error(
     res = cli("chat", "-m", str(model[0]), "--mcp", str(file), "-n", "4", *args, input=stdin)
     assert res.returncode == 2 and said in res.stderr, res.stderr
     assert ran(tmp_path) == []
+    if args:  # generate checks the name as chat does, against the tools the servers listed
+        res = cli("generate", "-m", str(model[0]), "--mcp", str(file), "-n", "4", *args, "hi")
+        assert res.returncode == 2 and said in res.stderr, res.stderr
+        assert ran(tmp_path) == []
 
 
 def test_a_tool_choice_without_tools_is_a_usage_error(model: tuple[Path, int], tmp_path: Path) -> None:
