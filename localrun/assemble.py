@@ -44,6 +44,7 @@ from localrun.runtime.placement import (
     sequences,
 )
 from localrun.settings import AUTO, MTP_MODES, RunSettings
+from localrun.speculative.nextn import MTP_UBATCH
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune import attention
@@ -305,9 +306,11 @@ def assemble(
     chosen = choose_template(info, template)
     info = with_template(info, chosen)
     shape = describe(info)
+    mtp = info.mtp_head and settings.draft in MTP_MODES and isinstance(workload, OneSequence)
+    held = _held(shape, mtp)
     found_devices = devices_module.probe() if devices is None else tuple(devices)
-    extent = _extent(shape, settings, workload)
-    placement = _place(shape, settings, extent.need, found_devices, draft)
+    extent = _extent(held, settings, workload)
+    placement = _place(held, settings, extent.need, found_devices, draft)
     found = (
         tuned.find(path, (settings.type_k, settings.type_v), hint_once=hint_once) if use_wisdom else tuned.Found(None)
     )
@@ -324,7 +327,7 @@ def assemble(
         run=run_shape(workload, settings),
     )
     settings = sample_on(settings, placement, workload)
-    config = _config(info, shape, settings, workload, extent, placement, verbose)
+    config = _config(info, held, settings, workload, extent, placement, verbose, mtp)
     gpu_hint = devices_module.unused_gpu(found_devices) if settings.gpu_layers != "0" else None
     warnings = list(found.warnings)
     kv = (settings.type_k, settings.type_v)
@@ -336,6 +339,13 @@ def assemble(
     return Assembled(
         config, info, settings, workload, draft, found.wisdom, tuple(warnings), found.hint, gpu_hint, chosen
     )
+
+
+def _held(shape: ModelInfo, mtp: bool) -> ModelInfo:
+    """The model's memory as the run holds it: with ``mtp`` (its MTP head
+    drafts: one sequence's speculation, as `--spec mtp` or auto asks; serve's
+    and --batch's slots draft by lookup), the head's KV cache beside the trunk's."""
+    return shape.with_mtp_cache(MTP_UBATCH) if mtp else shape
 
 
 def _place(
@@ -362,6 +372,7 @@ def _config(
     extent: _Extent,
     placement: Placement,
     verbose: bool,
+    mtp: bool,
 ) -> EngineConfig:
     n_ctx, parallel = _size(shape, settings, workload, extent, placement)
     # a count given is kept; with every layer on a GPU nothing decodes on the CPU, and nothing adapts
@@ -382,8 +393,7 @@ def _config(
         verbose=verbose,
         sample_on=settings.sample_on,
         n_rs_seq=rollback_depth(shape, settings),
-        # its MTP head may draft: one sequence's speculation (serve's and --batch's slots draft by lookup)
-        mtp=info.mtp_head and settings.draft in MTP_MODES and isinstance(workload, OneSequence),
+        mtp=mtp,  # its MTP head may draft (`_held`)
     )
 
 
@@ -405,12 +415,12 @@ def replan(run: Assembled, found: Sequence[Device], held: Mapping[str, int]) -> 
     (the devices as measured before any model loaded) less ``held``: what
     the models loaded since measurably hold on each device, by name. So
     serve's second model goes where its first left room."""
-    shape = describe(run.info)
+    shape = _held(describe(run.info), run.config.mtp)
     settings = run.settings
     if settings.memory_budget:  # a budget the user gave: what the loaded models hold on the host comes off it
         settings = replace(settings, memory_budget=max(settings.memory_budget - held.get(HOST, 0), 1))
     extent = _extent(shape, settings, run.workload)
     placement = _place(shape, settings, extent.need, less_held(found, held), run.draft)
     settings = sample_on(settings, placement, run.workload)
-    config = _config(run.info, shape, settings, run.workload, extent, placement, run.config.verbose)
+    config = _config(run.info, shape, settings, run.workload, extent, placement, run.config.verbose, run.config.mtp)
     return replace(run, config=config, settings=replace(settings, memory_budget=run.settings.memory_budget))

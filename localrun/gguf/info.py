@@ -17,7 +17,7 @@ architecture's `load_arch_hparams` (src/models/) and `llama_model::create_memory
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,11 +90,25 @@ class ModelInfo:
     recurrent_layers: int = 0  # layers that hold a recurrent state instead of (Falcon-H1: beside) a KV cache
     recurrent_layer_bytes: int = 0  # one such layer's state of one sequence: (n_embd_r + n_embd_s) f32 values
     keeps_snapshots: bool = False  # llama.cpp keeps a context's n_rs_seq snapshots (else clamps it to 0)
+    # the KV heads of each MTP ("nextn") layer localrun can draft with: an MTP context of its own holds their cache
+    mtp_kv_heads: tuple[int, ...] = ()
+    mtp_ubatch: int = 0  # with the head's cache counted (`with_mtp_cache`): its context's micro-batch
 
     @property
     def layer_bytes(self) -> int:
         """One repeating layer's weights, on average."""
         return self.block_bytes // self.layers if self.layers else 0
+
+    def with_mtp_cache(self, ubatch: int) -> ModelInfo:
+        """This model as a run that drafts with its MTP head holds it: the
+        head's KV cache (in a context of its own, as many cells as the
+        model's, of the same KV types) counted with the trunk's layers, and
+        that context's compute buffer (a micro-batch of ``ubatch``) with the
+        model's."""
+        if not self.mtp_kv_heads:
+            return self
+        trunk = self.kv_layer_heads if self.kv_layer_heads is not None else (self.kv_heads,) * self.layers
+        return replace(self, kv_layer_heads=trunk + self.mtp_kv_heads, mtp_kv_heads=(), mtp_ubatch=ubatch)
 
     @property
     def grouped_query_attention(self) -> bool:
@@ -138,8 +152,9 @@ class ModelInfo:
 
     def compute_bytes(self, n_ubatch: int = N_UBATCH) -> int:
         """An estimate of llama.cpp's compute buffer: a ubatch of logits plus
-        activations (measured 300 MiB on Qwen2.5-Coder-0.5B; this gives 325)."""
-        return 4 * n_ubatch * (self.vocab_size + 16 * self.heads * self.key_length)
+        activations (measured 300 MiB on Qwen2.5-Coder-0.5B; this gives 325);
+        and the MTP context's, where its cache is counted (`with_mtp_cache`)."""
+        return 4 * (n_ubatch + self.mtp_ubatch) * (self.vocab_size + 16 * self.heads * self.key_length)
 
     def auto_flash_attn(self, type_v: str) -> str:
         """What `--flash-attn auto` asks of llama.cpp before anything is
@@ -353,4 +368,5 @@ def describe(info: GGUFInfo) -> ModelInfo:
         recurrent_layers=n_recurrent,
         recurrent_layer_bytes=STATE_BYTES * _state_values(info, embd, first, key_length) if n_recurrent else 0,
         keeps_snapshots=info.architecture in _SNAPSHOT_ARCHS,
+        mtp_kv_heads=tuple(h for h in layer_kv_heads[n_all - info.nextn_layers :] if h) if info.mtp_head else (),
     )

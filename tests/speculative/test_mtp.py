@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -285,6 +286,41 @@ def test_the_step_cost_is_the_heads_share_of_the_weights(models: dict[str, Path]
     output = next(t.n_bytes for t in info.tensors if t.name == "output.weight")
     assert head == block + output
     assert rest == sum(t.n_bytes for t in info.tensors) - block
+
+
+def test_the_heads_cache_is_counted_as_llama_cpp_makes_it(wired: Engine, models: dict[str, Path]) -> None:
+    """The MTP context's KV cache, as llama.cpp logs it, is the one the
+    plan adds for a run that drafts with the head; a run that does not
+    draft with it (another --spec, or --batch's slots) does not count it."""
+    from localrun.assemble import assemble
+    from localrun.gguf.info import describe
+    from localrun.gguf.reader import read_gguf
+    from localrun.runtime import llama_log
+    from localrun.settings import Options, resolve
+
+    shape = describe(read_gguf(models["wired"]))
+    held = shape.with_mtp_cache(nextn_module.MTP_UBATCH)
+    assert shape.mtp_kv_heads and describe(read_gguf(models["plain"])).mtp_kv_heads == ()
+    head_per_token = held.kv_bytes_per_token("f16") - shape.kv_bytes_per_token("f16")
+    assert head_per_token > 0 and held.compute_bytes() > shape.compute_bytes()
+    llama_log.logged_buffers()  # forget what came before
+    ctx = nextn_module.mtp_context(wired, n_batch=64)
+    try:
+        kv_bytes, cells, _ = llama_log.logged_buffers()
+    finally:
+        llama_cpp.llama_free(ctx)
+    assert kv_bytes is not None and cells is not None and cells == wired.n_ctx
+    assert kv_bytes == cells * head_per_token
+    room = held.compute_bytes() + shape.recurrent_bytes(1, ROLLBACK_DEPTH) + 3 * 1024 * shape.kv_bytes_per_token("f16")
+    budget = shape.weights_bytes + room
+    planned = {
+        spec: assemble(
+            models["wired"], resolve(Options(ctx="auto", kv="f16", memory_budget=budget, draft=spec)), use_wisdom=False
+        )
+        for spec in ("mtp", "lookup")  # both speculate: the same snapshots to roll back
+    }
+    assert planned["mtp"].config.mtp and not planned["lookup"].config.mtp
+    assert planned["mtp"].config.n_ctx < planned["lookup"].config.n_ctx  # the head's cache takes room from the context
 
 
 def test_agreement_goes_on_from_where_it_stopped() -> None:
