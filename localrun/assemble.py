@@ -45,6 +45,7 @@ from localrun.runtime.placement import (
 )
 from localrun.settings import AUTO, MTP_MODES, RunSettings
 from localrun.speculative.nextn import MTP_UBATCH
+from localrun.speculative.nextn import available as nextn_available
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune import attention
@@ -306,7 +307,7 @@ def assemble(
     chosen = choose_template(info, template)
     info = with_template(info, chosen)
     shape = describe(info)
-    mtp = info.mtp_head and settings.draft in MTP_MODES and isinstance(workload, OneSequence)
+    mtp = _drafts_with_head(info, settings, workload)
     held = _held(shape, mtp)
     found_devices = devices_module.probe() if devices is None else tuple(devices)
     extent = _extent(held, settings, workload)
@@ -317,7 +318,7 @@ def assemble(
     on_cpu = use_wisdom and not placement.model.offloaded  # attention on the CPU: its mode measured here
     settings = tuned.apply(
         settings,
-        shape,
+        held,  # the KV types chosen to fit what the run holds, the head's cache too
         found.wisdom,
         need=extent.need,
         depth=extent.depth,
@@ -339,6 +340,14 @@ def assemble(
     return Assembled(
         config, info, settings, workload, draft, found.wisdom, tuple(warnings), found.hint, gpu_hint, chosen
     )
+
+
+def _drafts_with_head(info: GGUFInfo, settings: RunSettings, workload: Workload) -> bool:
+    """Whether the run's MTP head may draft: one sequence's speculation (serve's
+    and --batch's slots draft by lookup) as `--spec mtp` asks (a build without
+    the calls it needs then says so), or auto on a build that has them."""
+    asked = settings.draft == "mtp" or (settings.draft in MTP_MODES and nextn_available())
+    return info.mtp_head and asked and isinstance(workload, OneSequence)
 
 
 def _held(shape: ModelInfo, mtp: bool) -> ModelInfo:

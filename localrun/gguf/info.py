@@ -107,6 +107,7 @@ class ModelInfo:
         model's."""
         if not self.mtp_kv_heads:
             return self
+        # the trunk's cache never covers the head's blocks (`_layers`): its heads are apart, not counted twice
         trunk = self.kv_layer_heads if self.kv_layer_heads is not None else (self.kv_heads,) * self.layers
         return replace(self, kv_layer_heads=trunk + self.mtp_kv_heads, mtp_kv_heads=(), mtp_ubatch=ubatch)
 
@@ -171,7 +172,8 @@ class ModelInfo:
         ``flash_attn`` None: what auto resolves to."""
         type_v = type_v or type_k
         mode = flash_attn or self.auto_flash_attn(type_v)
-        scores = 4 * N_UBATCH * (self.heads + 1) if mode == "off" and self.attention_layers else 0
+        # the MTP context's micro-batch (`with_mtp_cache`) holds its own scores over the context
+        scores = 4 * (N_UBATCH + self.mtp_ubatch) * (self.heads + 1) if mode == "off" and self.attention_layers else 0
         return self.kv_bytes_per_token(type_k, type_v) + scores
 
     def memory_needed(

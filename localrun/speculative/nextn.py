@@ -83,6 +83,11 @@ def _lookup() -> Nextn | str:
     return Nextn(found[_SET], found[_GET], found[_GET_ITH])
 
 
+def available() -> bool:
+    """Whether this llama.cpp build has the staging calls MTP drafting needs."""
+    return not isinstance(_lookup(), str)
+
+
 def nextn() -> Nextn:
     """The staging calls, or `MTPUnavailableError` naming what this build lacks."""
     found = _lookup()

@@ -321,6 +321,26 @@ def test_the_heads_cache_is_counted_as_llama_cpp_makes_it(wired: Engine, models:
     }
     assert planned["mtp"].config.mtp and not planned["lookup"].config.mtp
     assert planned["mtp"].config.n_ctx < planned["lookup"].config.n_ctx  # the head's cache takes room from the context
+    # a fixed context whose f16 cache fits beside the trunk alone, q8_0 beside the head's too: --kv auto picks q8_0
+    n_ctx = 2048
+    budget = held.memory_needed(n_ctx, "q8_0", snapshots=ROLLBACK_DEPTH)
+    assert shape.memory_needed(n_ctx, "f16", snapshots=ROLLBACK_DEPTH) <= budget
+    assert held.memory_needed(n_ctx, "f16", snapshots=ROLLBACK_DEPTH) > budget
+    kv = {spec: assemble(models["wired"], resolve(Options(ctx=str(n_ctx), memory_budget=budget, draft=spec)),
+                         use_wisdom=False).config.type_k
+          for spec in ("mtp", "lookup")}  # fmt: skip
+    assert kv == {"mtp": "q8_0", "lookup": "f16"}
+
+
+def test_auto_on_a_build_without_the_heads_calls_holds_nothing_for_it(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localrun.assemble import assemble
+    from localrun.settings import Options, resolve
+
+    monkeypatch.setattr(nextn_module, "_lookup", lambda: "llama_batch_ext_init")
+    assert not assemble(models["wired"], resolve(Options(draft="auto")), use_wisdom=False).config.mtp
+    assert assemble(models["wired"], resolve(Options(draft="mtp")), use_wisdom=False).config.mtp  # its error comes
 
 
 def test_agreement_goes_on_from_where_it_stopped() -> None:
