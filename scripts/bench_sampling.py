@@ -66,6 +66,8 @@ def _sampled(engine: Engine, samplers: list[Sampler], in_graph: bool) -> list[in
     if not in_graph:
         return [sampler.sample(engine, seq) for seq, sampler in enumerate(samplers)]
     tokens = [int(llama_cpp.llama_get_sampled_token_ith(engine.ctx, seq)) for seq in range(len(samplers))]
+    if llama_cpp.LLAMA_TOKEN_NULL in tokens:
+        sys.exit("error: llama.cpp's graph sampled no token for a sequence")
     for sampler, token in zip(samplers, tokens, strict=True):
         sampler.accept(token)
     return tokens
