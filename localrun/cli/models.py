@@ -376,6 +376,8 @@ def show(
     per_device = device_fits(info, found)
     budget_bytes = placement.budget
     kv = {t: info.kv_bytes_per_token(t) for t in KV_BYTES_PER_ELEMENT}
+    with_head = info.with_mtp_cache(0)  # a run that drafts with the MTP head holds its cache too
+    head_kv = {t: with_head.kv_bytes_per_token(t) - b for t, b in kv.items()} if info.mtp_kv_heads else None
     fa_mode, fa_why = _flash_attn_auto(path)
     by_shape, by_shape_lines = _by_shape(path)
     fits = {t: info.max_context(budget_bytes, t) for t in KV_BYTES_PER_ELEMENT}
@@ -392,6 +394,7 @@ def show(
         "quantization": info.quantization,
         "layers": info.layers,
         "mtp_layers": header.nextn_layers,  # multi-token-prediction blocks: --spec mtp drafts with them
+        "mtp_kv_bytes_per_token": head_kv,  # the head's own cache, where localrun drafts with it
         "attention_heads": info.heads,
         "kv_heads": info.kv_heads,
         "grouped_query_attention": info.grouped_query_attention,
@@ -423,6 +426,8 @@ def show(
         "grouped-query": f" (grouped-query attention, {info.heads // max(info.kv_heads, 1)} query heads per KV head)",
     }
     gqa = shared.get(info.attention, "")
+    mtp = f"  MTP layers       {header.nextn_layers} (--spec mtp drafts with them{_head_text(head_kv)})"
+    mtp_lines = [mtp] if header.nextn_layers else []
     heads = f"{count(info.heads, 'head')} of {info.key_length}, {count(info.kv_heads, 'KV head')}{gqa}"
     lines = [
         f"{info.name}  {info.path}",
@@ -434,7 +439,7 @@ def show(
         else f"  parameters       {info.parameters / 1e6:.1f} M",
         f"  quantization     {info.quantization}, weights {human_bytes(info.weights_bytes)}",
         f"  layers           {info.layers}",
-        *([f"  MTP layers       {header.nextn_layers} (--spec mtp drafts with them)"] if header.nextn_layers else []),
+        *mtp_lines,
         f"  memory           {_memory_text(info)}",
         f"  attention        {heads if info.attention_layers else 'none'}",
         f"  flash attention  auto: {fa_why}",
@@ -449,6 +454,13 @@ def show(
         *(_gpu_line(f, info.layers) for f in per_device),
     ]
     out().result("\n".join(lines))
+
+
+def _head_text(head_kv: dict[str, int] | None) -> str:
+    """The MTP head's own KV cache a token, which a run that drafts with it holds beside the model's."""
+    if not head_kv:
+        return ""
+    return "; their own KV cache / token " + ", ".join(f"{t} {b / 1024:.1f} KiB" for t, b in head_kv.items())
 
 
 def _memory_text(info: ModelInfo) -> str:

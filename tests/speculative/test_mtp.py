@@ -441,9 +441,12 @@ def test_show_counts_the_mtp_layers(models: dict[str, Path]) -> None:
     for name, expected in (("wired", 1), ("plain", 0)):
         res = cli("show", "--json", str(models[name]))
         assert res.returncode == 0, res.stderr
-        assert json.loads(res.stdout)["mtp_layers"] == expected
+        shown = json.loads(res.stdout)
+        assert shown["mtp_layers"] == expected
+        head = shown["mtp_kv_bytes_per_token"]
+        assert head is None if not expected else head["f16"] > 0 and head["q8_0"] < head["f16"]
     res = cli("show", str(models["wired"]))
-    assert "MTP layers       1" in res.stdout
+    assert "MTP layers       1 (--spec mtp drafts with them; their own KV cache / token f16" in res.stdout
 
 
 def test_auto_whose_draft_model_fails_leaves_nothing_hooked(wired: Engine, tmp_path: Path) -> None:
