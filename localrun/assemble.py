@@ -402,7 +402,7 @@ def _config(
         verbose=verbose,
         sample_on=settings.sample_on,
         n_rs_seq=rollback_depth(shape, settings),
-        mtp=mtp,  # its MTP head may draft (`_held`)
+        mtp=mtp,  # its MTP head may draft (`_drafts_with_head`)
     )
 
 
