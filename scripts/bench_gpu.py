@@ -24,6 +24,11 @@ budget left cannot hold it):
   serve    16 concurrent streaming clients against `localrun serve
            --parallel 16` vs `llama-server -np 16`, aggregate generated
            tokens/s                                         goal >= 0.9x
+  sampling scripts/bench_sampling.py at 1 and 2 x --clients sequences:
+           llama.cpp's sampler chains in its graph vs the batch
+           scheduler's host sampling (localrun against itself; above 1,
+           --batch and serve would gain from sampling in the graph here)
+                                                            goal >= 1.0x
 localrun runs as its command line, as a user runs it, with `--gpu-layers
 VALUE` (and LOCALRUN_GPU_LAYERS=VALUE in its environment); llama.cpp's
 tools with `-ngl` (all: 99). A localrun without the --gpu-layers option is
@@ -46,7 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -279,6 +284,29 @@ def section_serve(setup: Setup, model: Path, rows: list[Row], args: argparse.Nam
     print(f"  {model.stem}: {row.cells()[2:6]}", flush=True)
 
 
+def section_sampling(setup: Setup, model: Path, rows: list[Row], args: argparse.Namespace) -> None:
+    counts = (1, 2 * args.clients)
+    found = {n: Row(model.stem, f"in-graph sampling, {n} seqs", goal=1.0, against="host sampling") for n in counts}
+    rows += found.values()
+    cmd = [sys.executable, str(HERE / "scripts" / "bench_sampling.py"), str(model), "--json"]
+    cmd += ["--sequences", ",".join(map(str, counts)), "--rounds", str(args.reps), "--steps", str(max(args.tokens, 16))]
+    cmd += ["--gpu-layers", setup.gpu_layers, "--flash-attn", setup.flash_attn]
+
+    def run() -> list[dict[str, Any]]:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=HERE)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench_sampling.py failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    if not setup.ours_runs:
+        return
+    for record in attempt(found[counts[0]], "bench_sampling.py", run) or []:
+        row, n = found[record["sequences"]], record["sequences"]
+        row.ours += [1000 * n / ms for ms in record["in_graph_ms"]]  # tokens/s of the step, in the same rounds
+        row.theirs += [1000 * n / ms for ms in record["host_ms"]]
+    print(f"  {model.stem}: " + " ".join(str(r.cells()[2:6]) for r in found.values()), flush=True)
+
+
 Section = Callable[[Path], None]
 
 
@@ -322,6 +350,7 @@ def main() -> int:
         ("decode/prompt", 15.0, lambda m: one_stream.__setitem__(m, section_decode(setup, m, rows, args.reps))),
         ("batch", 20.0, lambda m: section_batch(setup, m, rows, one_stream.get(m), args)),
         ("serve", 25.0, lambda m: section_serve(setup, m, rows, args)),
+        ("sampling", 30.0, lambda m: section_sampling(setup, m, rows, args)),
     ]
     for name, need, run in sections:
         for model in args.models:

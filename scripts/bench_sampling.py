@@ -5,6 +5,7 @@ graph (its backend samplers), measured side by side in one run.
 
     .venv/bin/python scripts/bench_sampling.py MODEL [--sequences 1,8,32]
         [--steps 96] [--rounds 3] [--threads N] [--flash-attn on]
+        [--gpu-layers auto] [--json]
 
 For each count of sequences N, each round decodes N sequences one token each
 per step, `--steps` steps, twice, in alternating order, on a fresh context
@@ -21,12 +22,16 @@ The sampling is llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05,
 temperature 0.8), seeded. Timed: a step's decode and its N samples, the
 median over the steps after the first 8. Printed per N: each side's ms a step
 (median over rounds) and in-graph / host speed, the median of the ratios
-within a round with its range (above 1: the in-graph sampler is faster).
+within a round with its range (above 1: the in-graph sampler is faster);
+with --json, one JSON object per count instead (scripts/bench_gpu.py reads
+them). The model is placed as `localrun generate` places it (--gpu-layers:
+all on a GPU where one is found and it fits, by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -41,7 +46,7 @@ import llama_cpp
 from localrun.runtime.engine import Engine
 from localrun.runtime.sampling import Sampler, SamplingParams
 from scripts._models import HelpFormatter, engine_config, model_path
-from scripts._stats import ratio_summary
+from scripts._stats import median_ratio, ratio_summary
 
 WARM_STEPS = 8  # steps left out of the median: the first graphs are built and the caches filled
 
@@ -76,7 +81,8 @@ def _sampled(engine: Engine, samplers: list[Sampler], in_graph: bool) -> list[in
 def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: bool) -> float:
     """The median time of one step (decode and sample) of ``sequences`` sequences, in ms."""
     n_ctx = sequences * (args.steps + 64)
-    config = engine_config(model, ctx=str(n_ctx), threads=args.threads, flash_attn=args.flash_attn)
+    options = {"ctx": str(n_ctx), "threads": args.threads, "flash_attn": args.flash_attn, "gpu_layers": args.gpu_layers}
+    config = engine_config(model, **options)
     engine = Engine(replace(config, n_seq_max=sequences, kv_unified=True))
     params = SamplingParams(seed=args.seed)
     samplers = [Sampler(params, engine.n_vocab) for _ in range(sequences)]
@@ -112,6 +118,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp's threads (default: localrun's choice)")
     parser.add_argument("--flash-attn", default="on", choices=("auto", "on", "off"), help="flash attention, both sides")
     parser.add_argument("--seed", type=int, default=1, help="the samplers' seed")
+    parser.add_argument("--gpu-layers", default=None, help="layers on a GPU: auto, all, N, or 0 for the CPU")
+    parser.add_argument("--json", action="store_true", help="one JSON object per count of sequences")
     args = parser.parse_args()
     if args.steps <= WARM_STEPS:
         parser.error(f"--steps must be more than {WARM_STEPS}")
@@ -122,7 +130,8 @@ def main() -> None:
     if any(n < 1 for n in counts):
         parser.error("--sequences takes counts of at least 1")
     model = model_path(args.model)
-    print(f"{model.name}: {args.steps} steps, flash attention {args.flash_attn}, {args.rounds} rounds", flush=True)
+    if not args.json:
+        print(f"{model.name}: {args.steps} steps, flash attention {args.flash_attn}, {args.rounds} rounds", flush=True)
     for n in counts:
         host: list[float] = []
         graph: list[float] = []
@@ -130,6 +139,10 @@ def main() -> None:
             order = (False, True) if round_ % 2 == 0 else (True, False)
             for in_graph in order:
                 (graph if in_graph else host).append(step_ms(model, args, n, in_graph))
+        if args.json:
+            ms = {"host_ms": host, "in_graph_ms": graph}
+            print(json.dumps({"sequences": n, **ms, "ratio": median_ratio(host, graph)}), flush=True)
+            continue
         speed = ratio_summary(host, graph)  # in-graph speed / host speed: host time / in-graph time
         print(
             f"{n:>3} sequences: host {statistics.median(host):.2f} ms a step, "
