@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp
 
@@ -160,9 +160,38 @@ def _context_params(config: EngineConfig, flash_attn: str, n_ctx: int) -> Any:
     return cparams
 
 
-class Tokens:
-    """A loaded vocabulary's text and tokens: what tokenizing a prompt and
-    rendering the output need, on an `Engine` or a `Vocabulary` alone."""
+class Tokens(Protocol):
+    """A model's vocabulary, as tokenizing a prompt and rendering the output
+    use it: llama.cpp's in this process (`LlamaTokens`: an `Engine`, or a
+    `Vocabulary` alone), or a served model's runner's (serve's `RemoteTokens`)."""
+
+    info: GGUFInfo
+    vocab: Any  # llama.cpp's handle; None where another process holds the vocabulary
+    n_vocab: int
+    add_bos: bool
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def token_text(self, token: int) -> str: ...
+
+    def is_special(self, token: int) -> bool: ...
+
+    @property
+    def bos_token(self) -> str: ...
+
+    @property
+    def eos_token(self) -> str: ...
+
+
+class LlamaTokens:
+    """A vocabulary llama.cpp holds in this process (`Tokens`), its pieces
+    and end-of-generation answers remembered."""
 
     info: GGUFInfo
     vocab: Any
@@ -234,7 +263,7 @@ class Tokens:
         return self.token_text(eos) if eos >= 0 else ""
 
 
-class Vocabulary(Tokens, Native):
+class Vocabulary(LlamaTokens, Native):
     """A model file's vocabulary without its weights (llama.cpp's vocab_only
     load): prompts are counted in tokens with it before a run is placed."""
 
@@ -262,7 +291,7 @@ class Vocabulary(Tokens, Native):
                 llama_cpp.llama_model_free(handle)
 
 
-class Engine(Tokens, Native):
+class Engine(LlamaTokens, Native):
     """A model and one context. Close it (or use it as a context manager).
     With ``weights``, the context is made on an already loaded model, which
     the engine does not free: several engines in turn (e.g. the rows of a

@@ -39,7 +39,6 @@ from localrun.gguf.info import describe
 from localrun.gguf.reader import GGUFInfo
 from localrun.runtime.batch.scheduler import BatchRequest, check_request
 from localrun.runtime.embed import makes_embeddings
-from localrun.runtime.engine import Tokens
 from localrun.serve.runner_wire import HEARTBEAT_S, Outbox
 from localrun.serve.served import Handler, Loaded, ModelPlan, ServedModel
 from localrun.serve.worker import Deliver, Failed, WorkerStatus, admit
@@ -359,10 +358,10 @@ def _settle(future: concurrent.futures.Future[Any], result: Any, error: BaseExce
             future.set_result(result)
 
 
-class RemoteTokens(Tokens):
-    """A runner's model's vocabulary, as the server uses it: what a load
-    told of it (its size, its markers) kept here, the rest asked of the
-    runner; a token's text and kind, once known, remembered."""
+class RemoteTokens:
+    """A runner's model's vocabulary (`Tokens`), as the server uses it: what
+    a load told of it (its size, its markers) kept here, the rest asked of
+    the runner, which holds it; a token's text and kind, once known, remembered."""
 
     def __init__(self, runner: Runner, info: GGUFInfo) -> None:
         self.runner = runner
@@ -372,7 +371,7 @@ class RemoteTokens(Tokens):
         self.n_vocab, self.add_bos = loaded.n_vocab, loaded.add_bos
         self._bos, self._eos = loaded.bos_token, loaded.eos_token
         self._pieces = runner.pieces  # the runner sends the pieces its log-probabilities name
-        self._eog = {}
+        self._eog: dict[int, bool] = {}
         self._special: dict[int, bool] = {}
 
     def _remembered(self, table: dict[int, Any], what: str, token: int) -> Any:
