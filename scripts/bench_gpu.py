@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -284,26 +284,32 @@ def section_serve(setup: Setup, model: Path, rows: list[Row], args: argparse.Nam
     print(f"  {model.stem}: {row.cells()[2:6]}", flush=True)
 
 
-def section_sampling(setup: Setup, model: Path, rows: list[Row], args: argparse.Namespace) -> None:
+def section_sampling(setup: Setup, model: Path, rows: list[Row], args: argparse.Namespace, seconds: float) -> None:
     counts = (1, 2 * args.clients)
-    found = {n: Row(model.stem, f"in-graph sampling, {n} seqs", goal=1.0, against="host sampling") for n in counts}
+    found = {n: Row(model.stem, f"in-graph sampling, {n} seq.", goal=1.0, against="host sampling") for n in counts}
     rows += found.values()
+    if not setup.ours_runs:
+        return
     cmd = [sys.executable, str(HERE / "scripts" / "bench_sampling.py"), str(model), "--json"]
     cmd += ["--sequences", ",".join(map(str, counts)), "--rounds", str(args.reps), "--steps", str(max(args.tokens, 16))]
     cmd += ["--gpu-layers", setup.gpu_layers, "--flash-attn", setup.flash_attn]
 
-    def run() -> list[dict[str, Any]]:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=HERE)
+    def run() -> None:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=HERE, timeout=seconds)
         if done.returncode != 0:
             raise RuntimeError(f"bench_sampling.py failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        records = {r["sequences"]: r for r in (json.loads(x) for x in done.stdout.splitlines() if x.startswith("{"))}
+        if set(records) != set(counts):
+            raise RuntimeError(f"bench_sampling.py gave counts {sorted(records)}, not {list(counts)}")
+        for n, row in found.items():  # tokens/s of a step, each side's in the same rounds
+            row.ours += [1000 * n / ms for ms in records[n]["in_graph_ms"]]
+            row.theirs += [1000 * n / ms for ms in records[n]["host_ms"]]
 
-    if not setup.ours_runs:
-        return
-    for record in attempt(found[counts[0]], "bench_sampling.py", run) or []:
-        row, n = found[record["sequences"]], record["sequences"]
-        row.ours += [1000 * n / ms for ms in record["in_graph_ms"]]  # tokens/s of the step, in the same rounds
-        row.theirs += [1000 * n / ms for ms in record["host_ms"]]
+    first, *others = found.values()
+    if attempt(first, "bench_sampling.py", run) is None and first.failed:
+        for row in others:
+            row.failed = True
+            row.say("bench_sampling.py FAILED")
     print(f"  {model.stem}: " + " ".join(str(r.cells()[2:6]) for r in found.values()), flush=True)
 
 
@@ -350,7 +356,7 @@ def main() -> int:
         ("decode/prompt", 15.0, lambda m: one_stream.__setitem__(m, section_decode(setup, m, rows, args.reps))),
         ("batch", 20.0, lambda m: section_batch(setup, m, rows, one_stream.get(m), args)),
         ("serve", 25.0, lambda m: section_serve(setup, m, rows, args)),
-        ("sampling", 30.0, lambda m: section_sampling(setup, m, rows, args)),
+        ("sampling", 30.0, lambda m: section_sampling(setup, m, rows, args, max(budget.left() - 10, 30))),
     ]
     for name, need, run in sections:
         for model in args.models:
