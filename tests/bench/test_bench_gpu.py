@@ -37,3 +37,23 @@ def test_llama_bench_json_is_read_for_pp512_and_tg128(tmp_path: Path) -> None:
     assert not setup.ours_runs and setup.localrun_options() == []  # no --gpu-layers: localrun's rows wait
     assert Setup(tmp_path, "0", "on", has_gpu_option=False).ours_runs  # the CPU dry run needs no option
     assert Setup(tmp_path, "all", "on", has_gpu_option=True).localrun_options() == ["--gpu-layers", "all"]
+
+
+def test_the_sampling_rows_are_both_sides_of_one_run_or_both_failed(tiny_model: Path, tmp_path: Path) -> None:
+    """The sampling section runs scripts/bench_sampling.py on the CPU and
+    fills a row per count of sequences, in-graph against host tokens/s of
+    the same rounds; a run that fails marks every row, not only the first."""
+    import argparse
+
+    from scripts.bench_gpu import section_sampling
+
+    setup = Setup(tmp_path, "0", "on", has_gpu_option=False)
+    args = argparse.Namespace(clients=1, reps=1, tokens=12)
+    rows: list[Row] = []
+    section_sampling(setup, tiny_model, rows, args, 120)
+    assert [r.what for r in rows] == ["in-graph sampling, 1 seq.", "in-graph sampling, 2 seq."]
+    assert all(len(r.ours) == len(r.theirs) == 1 and r.ours[0] > 0 and r.theirs[0] > 0 for r in rows)
+    assert not any(r.failed for r in rows)
+    missing: list[Row] = []
+    section_sampling(setup, tmp_path / "none.gguf", missing, args, 120)
+    assert len(missing) == 2 and all(r.failed and "FAILED" in r.note and not r.ours for r in missing)
