@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from localrun.cli._env import current
 from localrun.errors import UsageError
-from localrun.mcp.loop import asks_for_a_call
+from localrun.mcp.loop import CHOICES, asks_for_a_call
 from localrun.paths import why_failed
 
 HINT = "localrun reads UTF-8 text: convert it first (e.g. iconv -f latin1 -t utf-8)"
@@ -115,7 +115,7 @@ def _tool_choice(number: int, given: object) -> str | None:
         return given
     function = given.get("function") if isinstance(given, dict) and given.get("type") == "function" else None
     name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str) or name in ("auto", "required", "none"):
+    if not isinstance(name, str) or name in CHOICES:
         raise UsageError(
             f"stdin line {number}: tool_choice is auto, required, none, a tool's name, "
             'or {"type": "function", "function": {"name": ...}}'
