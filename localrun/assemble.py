@@ -90,7 +90,10 @@ class Prompts:
 @dataclass(frozen=True)
 class Slots:
     """serve: slots of a context (`--ctx`, else DEFAULT_CTX) for one model,
-    placed in what the models loaded before it left (see `replan`)."""
+    placed in what the models loaded before it left (see `replan`);
+    ``speculative``: a request decoding alone drafts by prompt lookup (`--spec lookup`)."""
+
+    speculative: bool = False
 
 
 Workload = OneSequence | Prompts | Slots
@@ -181,9 +184,16 @@ def run_shape(workload: Workload, settings: RunSettings) -> RunShape | None:
 
 
 def _host_loop(workload: Workload) -> str | None:
-    """Why the loop that runs ``workload`` samples on the host, when it does."""
-    if isinstance(workload, Prompts | Slots):
-        return "the batch scheduler samples on the host"
+    """Why the loop that runs ``workload`` samples on the host, when it does
+    (the batch scheduler's requests with a grammar or log-probabilities
+    sample there too, each on its own: see `ContinuousBatch`)."""
+    if isinstance(workload, Prompts):
+        return None
+    if isinstance(workload, Slots) and workload.speculative:
+        drafts = "the server's slots draft by prompt lookup, checked on the host"
+        return f"{drafts} (with --spec none, they may sample on the GPU)"
+    if isinstance(workload, Slots):
+        return None
     if workload.speculative:
         return "speculative decoding samples on the host (with --spec none, plain decoding may sample on the GPU)"
     if workload.constrained:
@@ -197,7 +207,7 @@ def sample_on(settings: RunSettings, placement: Placement, workload: Workload = 
     logits are made there, and llama.cpp then copies one token to the host,
     not a vocabulary's row), else on the host, with the reason; and on the
     host wherever the loop that runs ``workload`` samples there (speculation,
-    a grammar, the batch scheduler), whatever was asked."""
+    a grammar), whatever was asked."""
     if settings.sample_on == AUTO:
         if placement.model.whole:
             where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"

@@ -66,7 +66,7 @@ class RunSettings:
     n_ubatch: int | None = None  # prompt batch size; None: llama.cpp's default
     gpu_layers: str = "auto"  # layers on the GPU: auto (all that fit), all, or a count (0: the CPU)
     device: str | None = None  # the one device layers go to; None: every GPU
-    sample_on: str = AUTO  # where plain decoding samples: auto (the device holding the output layer), host, device
+    sample_on: str = AUTO  # where decoding samples: auto (the device holding the output layer), host, device
     sources: Mapping[str, Source] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)  # why an automatic value is what it is
 

@@ -148,9 +148,9 @@ SampleOn = Annotated[
     typer.Option(
         "--sample-on",
         envvar="LOCALRUN_SAMPLE_ON",
-        help="Where plain decoding samples: host, device (llama.cpp's sampler chain in its graph, on the GPU "
+        help="Where decoding samples: host, device (llama.cpp's sampler chain in its graph, on the GPU "
         "that holds the output layer; no logits row copied to the host), or auto: the device when the whole "
-        "model is on a GPU. A grammar or speculation samples on the host. Default: auto.",
+        "model is on a GPU. A grammar, log-probabilities or speculation sample on the host. Default: auto.",
         show_default=False,
     ),
 ]

@@ -71,9 +71,10 @@ def _plans(
 
     found = devices.probe() if found is None else found
     plans: list[ModelPlan] = []
+    slots = Slots(speculative=spec == "lookup")
     for name in names:
         resolved = opt.resolve_engine(
-            name, options, offline=offline, verbose=verbose, with_draft=False, workload=Slots(), devices=found
+            name, options, offline=offline, verbose=verbose, with_draft=False, workload=slots, devices=found
         )
         assert resolved.run is not None  # planned just now
         opt.say_template(resolved, refused=True)  # one without any: the server says so once loaded
@@ -248,6 +249,7 @@ def serve_command(
     kv_k: opt.KvK = None,
     kv_v: opt.KvV = None,
     flash_attn: opt.FlashAttn = None,
+    sample_on: opt.SampleOn = None,
     spec: Annotated[
         str,
         typer.Option(
@@ -340,6 +342,7 @@ def serve_command(
         kv_k=kv_k,
         kv_v=kv_v,
         flash_attn=flash_attn,
+        sample_on=sample_on,
         threads=threads,
         gpu_layers=gpu_layers,
         device=device,

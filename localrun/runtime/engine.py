@@ -125,7 +125,7 @@ class EngineConfig:
     kv_unified: bool = False  # False: each sequence has its own n_ctx / n_seq_max cells
     adapt_threads: bool = True  # False: the thread count stays n_threads (see localrun.runtime.threads)
     max_threads: int | None = None  # the most adapting may use; None: n_threads (a tuned start may be lower)
-    sample_on: str = "host"  # host, or device: a plain generation's sampler chain runs in llama.cpp's graph
+    sample_on: str = "host"  # host, or device: plain decoding's sampler chains run in llama.cpp's graph
     embeddings: bool = False  # the context makes pooled embeddings (localrun.runtime.embed), not only logits
     pooling: int = llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # with embeddings: unspecified is the model's own
     n_rs_seq: int = 0  # a recurrent memory's snapshots per sequence, for speculative rollback (localrun.runtime.memory)

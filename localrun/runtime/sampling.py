@@ -185,17 +185,19 @@ class Sampler:
     the two paths may order the tied tokens differently, and a seed then
     picks another of them (tied tokens are equally likely either way).
 
-    With ``on_device`` (an engine), the chain is attached to sequence 0 of
-    the engine's context and runs inside llama.cpp's graph, on the device
-    that holds the output layer (llama.cpp's backend sampling): no logits
-    row is copied to the host, and `sample` reads the token llama.cpp drew.
-    Nothing may read that sequence's logits meanwhile (a grammar, a verify
-    step), so only a plain generation asks for it. Where llama.cpp cannot
-    attach the chain, `on_device` is False and sampling stays on the host."""
+    With ``on_device`` (an engine), the chain is attached to sequence
+    ``seq_id`` of the engine's context and runs inside llama.cpp's graph, on
+    the device that holds the output layer (llama.cpp's backend sampling):
+    no logits row is copied to the host, and `sample` reads the token
+    llama.cpp drew. Nothing may read that sequence's logits meanwhile (a
+    grammar, log-probabilities, a verify step), so only plain decoding asks
+    for it. Where llama.cpp cannot attach the chain, `on_device` is False and
+    sampling stays on the host."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int, on_device: Engine | None = None) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, on_device: Engine | None = None, seq_id: int = 0) -> None:
         self.handle: Any = None
         self._engine: Engine | None = None  # the engine whose context the chain is attached to, while it is
+        self._seq_id = seq_id  # the sequence it is attached to
         self._candidates: _Candidates | None = None  # `draw`'s array, grown to the most candidates drawn from
         self.argmax = params.plain_argmax
         # the k of a chain that top-k heads (0: none does): only candidates that hold the k largest need be given it
@@ -229,7 +231,7 @@ class Sampler:
             seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
             add(chain, llama_cpp.llama_sampler_init_dist(seed))
         self.handle = chain
-        if on_device is not None and llama_cpp.llama_set_sampler(on_device.ctx, 0, chain):
+        if on_device is not None and llama_cpp.llama_set_sampler(on_device.ctx, seq_id, chain):
             self._engine = on_device
 
     @property
@@ -280,7 +282,7 @@ class Sampler:
     def close(self) -> None:
         if self._engine is not None:  # detached before it is freed: the context must not keep a freed chain
             if self._engine.ctx is not None:  # (a closed engine freed its context, and the attachment with it)
-                llama_cpp.llama_set_sampler(self._engine.ctx, 0, None)
+                llama_cpp.llama_set_sampler(self._engine.ctx, self._seq_id, None)
             self._engine = None
         if self.handle:
             llama_cpp.llama_sampler_free(self.handle)

@@ -147,6 +147,40 @@ def test_each_sequence_samples_with_its_own_settings(tiny_model: Path, single: E
     assert len(set(texts)) == 4
 
 
+def test_slots_sample_in_the_graph_unless_their_rows_are_read(tiny_model: Path, single: Engine) -> None:
+    """With the engine sampling on the device, each plain slot's chain runs in
+    llama.cpp's graph and gives the text the host gives; a slot asking for
+    log-probabilities samples on the host in the same batches. Each chain is
+    detached when its slot ends: a later batch reads every sequence's logits."""
+    from dataclasses import replace
+
+    seeded = SamplingParams(temperature=0.8, seed=7)
+    config = engine_config(tiny_model, n_ctx=3 * 256, n_seq_max=3, sample_on="device")
+    with Engine(config) as engine:
+        tokens = [engine.tokenize(p) for p in PROMPTS[:5]]
+        requests = [BatchRequest(i, t, GREEDY if i % 2 else seeded, max_tokens=12) for i, t in enumerate(tokens)]
+        requests[2] = replace(requests[2], logprobs=2)
+        run = ContinuousBatch(engine, 3, 256)
+        on_device: dict[int, bool] = {}
+        done: dict[int, SequenceDone] = {}
+        for request in requests:
+            run.submit(request)
+        while run.busy:
+            status, events = run.step()
+            assert status == DecodeStatus.OK
+            on_device.update({s.request.index: s.sampler.on_device for s in run.slots if s is not None})
+            done.update({ev.index: ev for ev in events if isinstance(ev, SequenceDone)})
+        run.close()
+        later, _ = batched(engine, [replace(r, logprobs=1) for r in requests], share_prefix=False)
+    assert on_device == {0: True, 1: True, 2: False, 3: True, 4: True}
+    for i, t in enumerate(tokens):
+        text, stats = alone(single, t, requests[i].sampling, max_tokens=12)
+        assert done[i].text == later[i].text == text, f"prompt {i}"
+        assert done[i].stats.generated_tokens == stats.generated_tokens
+        assert len(later[i].logprobs) == stats.generated_tokens  # its rows came back to the host
+    assert len(done[2].logprobs) == done[2].stats.generated_tokens
+
+
 def test_stop_strings_and_end_of_generation(tiny_model: Path, eos_model: Path, single: Engine) -> None:
     full, _ = alone(single, single.tokenize("on the"), max_tokens=40)
     stop = full[10:13]
@@ -432,9 +466,12 @@ def test_cli_ordered_and_unordered_output(tiny_model: Path, tmp_path: Path) -> N
     assert ordered.stderr == "" and "\x1b" not in ordered.stdout
 
 
-def test_cli_greedy_matches_single_generate(tiny_model: Path) -> None:
+@pytest.mark.parametrize("sample_on", ["auto", "device"])
+def test_cli_greedy_matches_single_generate(tiny_model: Path, sample_on: str) -> None:
+    """The batch's texts are each prompt's alone, sampled on the host (auto, on the CPU) or in llama.cpp's graph."""
     prompts = ["hello there", "the cat sat on the mat", "x"]
-    res = run_cli(tiny_model, "-", "-n", "12", "--parallel", "2", input="\n".join(prompts) + "\n")
+    args = ("-n", "12", "--parallel", "2", "--sample-on", sample_on)
+    res = run_cli(tiny_model, "-", *args, input="\n".join(prompts) + "\n")
     assert res.returncode == 0, res.stderr
     for prompt, record in zip(prompts, records(res.stdout), strict=True):
         one = cli("generate", "-m", str(tiny_model), "-t", "0", "-n", "12", "--json", prompt)

@@ -224,13 +224,16 @@ def test_sampling_is_reported_where_the_loop_samples(tiny_model: Path, monkeypat
         ("speculative", "auto", "host"),
         ("speculative", "device", "host"),
         ("constrained", "auto", "host"),
-        ("batch", "auto", "host"),
-        ("slots", "device", "host"),
+        ("batch", "auto", "device"),
+        ("slots", "auto", "device"),
+        ("drafting slots", "device", "host"),
     ],
 )
 def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked: str, where: str) -> None:
-    """With the whole model on a GPU, only plain decoding samples on the
-    device; each other loop samples on the host, and the plan says so."""
+    """With the whole model on a GPU, plain decoding and the batch scheduler
+    (--batch, serve --spec none) sample on the device; a loop that reads the
+    logits on the host (speculation, a grammar) samples there, and the plan
+    says so."""
     from localrun.assemble import OneSequence, Prompts, Slots, Workload, assemble
     from localrun.settings import Options, resolve
 
@@ -240,6 +243,7 @@ def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked
         "constrained": OneSequence(constrained=True),
         "batch": Prompts((300, 300)),
         "slots": Slots(),
+        "drafting slots": Slots(speculative=True),
     }
     on_gpu = (HOST, Device("CUDA0", "a GPU", "gpu", GPU_RESERVE + 2**30, GPU_RESERVE + 2**31))
     run = assemble(
@@ -249,6 +253,25 @@ def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked
     assert run.config.sample_on == run.settings.sample_on == where
     if where != asked:
         assert run.settings.reasons["sample_on"]
+
+
+def test_a_server_samples_on_the_gpu_only_where_its_slots_do_not_draft(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve's slots draft by prompt lookup by default, verified on the host;
+    with --spec none nothing reads their rows there, and they sample in
+    llama.cpp's graph on the GPU that holds the model."""
+    from localrun.cli.serve import _plans
+    from localrun.settings import Options
+
+    FakeGpu(monkeypatch, 2**30)
+    where = {}
+    for spec in ("lookup", "none"):
+        [plan] = _plans([str(tiny_model)], Options(draft="none"), offline=True, verbose=False, queue=1, spec=spec)
+        assert plan.run.placement.model.whole
+        where[spec] = (plan.run.config.sample_on, plan.run.settings.reasons["sample_on"])
+    assert where["lookup"][0] == "host" and "lookup" in where["lookup"][1]
+    assert where["none"][0] == "device" and "output layer" in where["none"][1]
 
 
 def test_a_bench_batching_row_on_a_partial_offload_fits_the_layers_planned_for_it(

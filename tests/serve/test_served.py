@@ -40,7 +40,7 @@ def test_slots_fit_the_memory_budget(tiny_model: Path) -> None:
     three = shape.memory_needed(3 * 512, "f16", "f16") + 1000  # three slots of 512 and a little
     sized = planned(tiny_model, three)
     assert (sized.seq_ctx, sized.parallel) == (512, 3)  # llama-server's 4 does not fit
-    assert sized.config.n_ctx == 3 * 512 and sized.config.sample_on == "host"  # the scheduler samples on the host
+    assert sized.config.n_ctx == 3 * 512 and sized.config.sample_on == "host"  # the logits are made on the CPU
     assert planned(tiny_model, three, parallel=2).parallel == 2
     unknown = resolve(Options(threads=1))
     tuned = replace(unknown, parallel=6, sources={**unknown.sources, "parallel": "wisdom"})

@@ -113,16 +113,20 @@ COPY_MIN = 16
 class _Slot:
     """A live sequence: its seq_id, where its next token goes, what it still has to evaluate."""
 
-    def __init__(self, engine: Engine, seq_id: int, request: BatchRequest, start: int, capacity: int) -> None:
+    def __init__(
+        self, engine: Engine, seq_id: int, request: BatchRequest, start: int, capacity: int, *, on_device: bool = False
+    ) -> None:
         self.seq_id = seq_id
         self.request = request
         self.pending = list(request.tokens[start:])  # prompt tokens not yet decoded
         self.context = list(request.tokens)  # the prompt, then each sampled token that will be decoded
         self.pos = start  # the cells of the sequence hold context[:pos]
         self.cached = start
-        self.sampler = Sampler(request.sampling, engine.n_vocab)
         grammar = Constraint(engine, request.output) if request.output is not None else None
         self.guard = AnswerGuard(grammar, request.reasoning, lambda t: engine.tokenize(t, add_special=False))
+        # in llama.cpp's graph where asked, unless something reads its rows on the host (a mask, log-probabilities)
+        plain = on_device and not self.guard.masks and request.logprobs is None
+        self.sampler = Sampler(request.sampling, engine.n_vocab, engine if plain else None, seq_id)
         self.out = TokenOutput(
             engine,
             n_prompt=len(request.tokens),
@@ -198,7 +202,14 @@ class ContinuousBatch:
     ``prompt_cache``: a request's shared prefix (`BatchRequest.shared`, a
     system prompt) of `AUTO_MIN_TOKENS` or more that no slot holds is loaded
     from it, or stored there once evaluated (a server restarted, or the same
-    system prompt in `localrun generate`)."""
+    system prompt in `localrun generate`).
+
+    Where the engine samples on the device (``sample_on`` device: the plan's
+    choice where the output layer is on a GPU) and nothing speculates, each
+    slot's sampler chain is attached to its sequence and runs inside
+    llama.cpp's graph: a step copies each sequence's token to the host, not
+    its row of logits. A request whose rows are read on the host (a grammar,
+    a thinking budget, log-probabilities) samples there, beside the others."""
 
     def __init__(
         self,
@@ -215,6 +226,8 @@ class ContinuousBatch:
         self.engine = engine
         self.speculation = speculation
         self.prompt_cache = prompt_cache
+        # a verify step reads a slot's rows on the host: where anything may speculate, every slot samples there
+        self.on_device = engine.config.sample_on == "device" and speculation is None
         self.warnings: list[str] = []  # what the prompt cache had to say (a damaged file, a full disk), to show
         self._writers: list[threading.Thread] = []  # prompt cache entries being written
         self._drafting: _Slot | None = None  # the slot the drafters follow
@@ -424,7 +437,7 @@ class ContinuousBatch:
             request = self.queue.popleft()
             try:
                 seq_id, start, checkpoint = self._place(request, free)
-                slot = _Slot(self.engine, seq_id, request, start, self.capacity)
+                slot = _Slot(self.engine, seq_id, request, start, self.capacity, on_device=self.on_device)
             except BaseException:
                 self.queue.appendleft(request)  # still the scheduler's: a reset ends it with the others
                 raise
