@@ -7,22 +7,24 @@ graph (its backend samplers), measured side by side in one run.
         [--steps 96] [--rounds 3] [--threads N] [--flash-attn on]
         [--gpu-layers auto] [--json]
 
-For each count of sequences N, each round decodes N sequences one token each
-per step, `--steps` steps, twice, in alternating order, on a fresh context
-each (N sequences, their own cells):
+For each count of sequences N, each round runs N requests through the batch
+scheduler (`ContinuousBatch`, as `--batch` and serve's slots run them), one
+token each per step, `--steps` steps, twice, in alternating order, on a
+fresh context each (N sequences, their own cells):
 
-  host      each row's logits read by localrun's `Sampler` (the scheduler's
-            `_choose`: top-k's candidates found on the row, llama.cpp's chain
-            applied to them), the token fed back;
-  in-graph  the same chain attached to each sequence (`llama_set_sampler`)
-            and run inside llama.cpp's decode; the token read back with
-            `llama_get_sampled_token_ith` and accepted.
+  host      the engine samples on the host (`--sample-on host`): each row's
+            logits read by localrun's `Sampler` (top-k's candidates found on
+            the row, llama.cpp's chain applied to them);
+  in-graph  the engine samples on the device (`--sample-on device`): each
+            request's chain attached to its sequence and run inside
+            llama.cpp's decode, its token read back.
 
 The sampling is llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05,
-temperature 0.8), seeded. Timed: a step's decode and its N samples, the
-median over the steps after the first 8. Printed per N: each side's ms a step
-(median over rounds) and in-graph / host speed, the median of the ratios
-within a round with its range (above 1: the in-graph sampler is faster);
+temperature 0.8), seeded. Timed: a step of the scheduler (its decode, its
+N samples, their text), the median over the steps after the first 8.
+Printed per N: each side's ms a step (median over rounds) and in-graph /
+host speed, the median of the ratios within a round with its range (above
+1: the in-graph sampler is faster);
 with --json, one JSON object per count instead (scripts/bench_gpu.py reads
 them). The model is placed as `localrun generate` places it (--gpu-layers:
 all on a GPU where one is found and it fits, by default).
@@ -37,75 +39,44 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import llama_cpp
-
+from localrun.runtime.batch.scheduler import BatchRequest, ContinuousBatch
 from localrun.runtime.engine import Engine
-from localrun.runtime.sampling import Sampler, SamplingParams
+from localrun.runtime.llama import DecodeStatus
+from localrun.runtime.sampling import SamplingParams
 from scripts._models import HelpFormatter, engine_config, model_path
 from scripts._stats import median_ratio, ratio_summary
 
 WARM_STEPS = 8  # steps left out of the median: the first graphs are built and the caches filled
 
 
-def _attach(engine: Engine, samplers: list[Sampler], attached: bool) -> None:
-    """Each sampler's chain attached to its sequence in llama.cpp's graph (or detached)."""
-    for seq, sampler in enumerate(samplers):
-        if not llama_cpp.llama_set_sampler(engine.ctx, seq, sampler.handle if attached else None) and attached:
-            sys.exit(f"error: llama.cpp did not attach a sampler chain to sequence {seq}")
-
-
-def _fill(batch: Any, tokens: list[int], pos: int) -> None:
-    """One token for each sequence at ``pos``, each with its logits (or its sampled token) asked for."""
-    batch.n_tokens = len(tokens)
-    for seq, token in enumerate(tokens):
-        batch.token[seq], batch.pos[seq], batch.n_seq_id[seq], batch.logits[seq] = token, pos, 1, 1
-        batch.seq_id[seq][0] = seq
-
-
-def _sampled(engine: Engine, samplers: list[Sampler], in_graph: bool) -> list[int]:
-    """Each sequence's next token from the last decode, accepted by its chain."""
-    if not in_graph:
-        return [sampler.sample(engine, seq) for seq, sampler in enumerate(samplers)]
-    tokens = [int(llama_cpp.llama_get_sampled_token_ith(engine.ctx, seq)) for seq in range(len(samplers))]
-    if llama_cpp.LLAMA_TOKEN_NULL in tokens:
-        sys.exit("error: llama.cpp's graph sampled no token for a sequence")
-    for sampler, token in zip(samplers, tokens, strict=True):
-        sampler.accept(token)
-    return tokens
-
-
 def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: bool) -> float:
-    """The median time of one step (decode and sample) of ``sequences`` sequences, in ms."""
+    """The median time of one step (decode and sample) of ``sequences``
+    sequences through the batch scheduler, in ms."""
     n_ctx = sequences * (args.steps + 64)
     options = {"ctx": str(n_ctx), "threads": args.threads, "flash_attn": args.flash_attn, "gpu_layers": args.gpu_layers}
     config = engine_config(model, **options)
-    engine = Engine(replace(config, n_seq_max=sequences, kv_unified=True))
+    where = "device" if in_graph else "host"
+    engine = Engine(replace(config, n_seq_max=sequences, kv_unified=True, sample_on=where))
     params = SamplingParams(seed=args.seed)
-    samplers = [Sampler(params, engine.n_vocab) for _ in range(sequences)]
-    batch: Any = llama_cpp.llama_batch_init(sequences, 0, 1)
+    run = ContinuousBatch(engine, sequences, args.steps + 64)
     try:
-        if in_graph:
-            _attach(engine, samplers, True)
-        tokens = [1 + seq for seq in range(sequences)]
+        for seq in range(sequences):  # a one-token prompt each: every step decodes a token per sequence
+            run.submit(BatchRequest(seq, [1 + seq], params, max_tokens=args.steps, ignore_eos=True))
         times = []
-        for step in range(args.steps):
-            _fill(batch, tokens, step)
+        while run.busy:
             start = time.perf_counter()
-            if llama_cpp.llama_decode(engine.ctx, batch) != 0:
-                sys.exit(f"error: llama.cpp could not decode step {step} of {sequences} sequences")
-            tokens = _sampled(engine, samplers, in_graph)
+            status, _ = run.step()
             times.append(time.perf_counter() - start)
+            if status != DecodeStatus.OK:
+                sys.exit(f"error: llama.cpp could not decode step {len(times)} of {sequences} sequences")
+            if any(s is not None and s.sampler.on_device != in_graph for s in run.slots):
+                sys.exit(f"error: llama.cpp did not attach a sampler chain to each of {sequences} sequences")
         return statistics.median(times[WARM_STEPS:]) * 1000
     finally:
-        if in_graph:
-            _attach(engine, samplers, False)
-        for sampler in samplers:
-            sampler.close()
-        llama_cpp.llama_batch_free(batch)
+        run.close()
         engine.close()
 
 
