@@ -183,15 +183,22 @@ def run_shape(workload: Workload, settings: RunSettings) -> RunShape | None:
     return RunShape(half, tuned.OPEN_ANSWER, what="a request filling half its slot")
 
 
+# auto's choice for the batch scheduler (--batch, serve's slots): sampling in
+# the graph for several sequences measured slower on the CPU, not yet measured
+# on a GPU (each request's chain attached and detached makes llama.cpp reserve
+# its graphs again), so only `--sample-on device` asks for it there
+SCHEDULER_AUTO = "the batch scheduler samples on the host unless --sample-on device asks for the graph"
+
+
 def _host_loop(workload: Workload) -> str | None:
-    """Why the loop that runs ``workload`` samples on the host, when it does
-    (the batch scheduler's requests with a grammar or log-probabilities
-    sample there too, each on its own: see `ContinuousBatch`)."""
+    """Why the loop that runs ``workload`` samples on the host whatever was
+    asked, when it does (the batch scheduler's requests with a grammar or
+    log-probabilities sample there too, each on its own: see `ContinuousBatch`)."""
     if isinstance(workload, Prompts):
         return None
     if isinstance(workload, Slots) and workload.speculative:
         drafts = "the server's slots draft by prompt lookup, checked on the host"
-        return f"{drafts} (with --spec none, they may sample on the GPU)"
+        return f"{drafts} (with --spec none, --sample-on device may sample on the GPU)"
     if isinstance(workload, Slots):
         return None
     if workload.speculative:
@@ -205,11 +212,14 @@ def sample_on(settings: RunSettings, placement: Placement, workload: Workload = 
     """Where the run samples, settled against the loop that will run it: as
     asked, or on auto on the device when it holds the output layer (the
     logits are made there, and llama.cpp then copies one token to the host,
-    not a vocabulary's row), else on the host, with the reason; and on the
-    host wherever the loop that runs ``workload`` samples there (speculation,
-    a grammar), whatever was asked."""
+    not a vocabulary's row), else on the host, with the reason (the batch
+    scheduler: the host, `SCHEDULER_AUTO`); and on the host wherever the
+    loop that runs ``workload`` samples there (speculation, a grammar),
+    whatever was asked."""
     if settings.sample_on == AUTO:
-        if placement.model.whole:
+        if isinstance(workload, Prompts | Slots):
+            where, why = "host", SCHEDULER_AUTO
+        elif placement.model.whole:
             where, why = "device", "the output layer is on the GPU: the sampler chain runs in llama.cpp's graph there"
         else:
             where, why = "host", "the logits are made on the CPU"

@@ -4,13 +4,15 @@ localrun's batch scheduler (`--batch`, serve's slots) does, or in llama.cpp's
 graph (its backend samplers), measured side by side in one run.
 
     .venv/bin/python scripts/bench_sampling.py MODEL [--sequences 1,8,32]
-        [--steps 96] [--rounds 3] [--threads N] [--flash-attn on]
+        [--steps 96] [--turns 4] [--rounds 3] [--threads N] [--flash-attn on]
         [--gpu-layers auto] [--json]
 
-For each count of sequences N, each round runs N requests through the batch
+For each count of sequences N, each round runs N sequences through the batch
 scheduler (`ContinuousBatch`, as `--batch` and serve's slots run them), one
 token each per step, `--steps` steps, twice, in alternating order, on a
-fresh context each (N sequences, their own cells):
+fresh context each (N sequences, their own cells); each sequence runs
+`--turns` requests one after another, so requests start and end as a
+server's do:
 
   host      the engine samples on the host (`--sample-on host`): each row's
             logits read by localrun's `Sampler` (top-k's candidates found on
@@ -21,7 +23,9 @@ fresh context each (N sequences, their own cells):
 
 The sampling is llama.cpp's default chain (top-k 40, top-p 0.95, min-p 0.05,
 temperature 0.8), seeded. Timed: a step of the scheduler (its decode, its
-N samples, their text), the median over the steps after the first 8.
+N samples, their text), the mean over the steps after the first 8 (the
+steps where requests start included: there each new chain is attached,
+and llama.cpp reserves its graphs again).
 Printed per N: each side's ms a step (median over rounds) and in-graph /
 host speed, the median of the ratios within a round with its range (above
 1: the in-graph sampler is faster);
@@ -53,8 +57,10 @@ WARM_STEPS = 8  # steps left out of the median: the first graphs are built and t
 
 
 def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: bool) -> float:
-    """The median time of one step (decode and sample) of ``sequences``
-    sequences through the batch scheduler, in ms."""
+    """The mean time of one step (decode and sample) of ``sequences``
+    sequences through the batch scheduler, in ms: the requests' turns
+    included (where the graph samples, each request's chain is attached and
+    detached, and llama.cpp reserves its graphs again)."""
     n_ctx = sequences * (args.steps + 64)
     options = {"ctx": str(n_ctx), "threads": args.threads, "flash_attn": args.flash_attn, "gpu_layers": args.gpu_layers}
     config = engine_config(model, **options)
@@ -62,9 +68,11 @@ def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: boo
     engine = Engine(replace(config, n_seq_max=sequences, kv_unified=True, sample_on=where))
     params = SamplingParams(seed=args.seed)
     run = ContinuousBatch(engine, sequences, args.steps + 64)
+    each = args.steps // args.turns
     try:
-        for seq in range(sequences):  # a one-token prompt each: every step decodes a token per sequence
-            run.submit(BatchRequest(seq, [1 + seq], params, max_tokens=args.steps, ignore_eos=True))
+        for turn in range(args.turns):  # one-token prompts: every step decodes a token per sequence
+            for seq in range(sequences):
+                run.submit(BatchRequest(turn * sequences + seq, [1 + seq], params, max_tokens=each, ignore_eos=True))
         times = []
         while run.busy:
             start = time.perf_counter()
@@ -74,7 +82,7 @@ def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: boo
                 sys.exit(f"error: llama.cpp could not decode step {len(times)} of {sequences} sequences")
             if any(s is not None and s.sampler.on_device != in_graph for s in run.slots):
                 sys.exit(f"error: llama.cpp did not attach a sampler chain to each of {sequences} sequences")
-        return statistics.median(times[WARM_STEPS:]) * 1000
+        return statistics.fmean(times[WARM_STEPS:]) * 1000
     finally:
         run.close()
         engine.close()
@@ -86,6 +94,7 @@ def main() -> None:
     parser.add_argument("--sequences", default="1,8,32", help="counts of sequences decoding together, comma-separated")
     parser.add_argument("--steps", type=int, default=96, help="steps each side decodes in a round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per count")
+    parser.add_argument("--turns", type=int, default=4, help="requests each sequence runs, one after another")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp's threads (default: localrun's choice)")
     parser.add_argument("--flash-attn", default="on", choices=("auto", "on", "off"), help="flash attention, both sides")
     parser.add_argument("--seed", type=int, default=1, help="the samplers' seed")
@@ -94,6 +103,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps <= WARM_STEPS:
         parser.error(f"--steps must be more than {WARM_STEPS}")
+    if not 1 <= args.turns <= args.steps // 2:
+        parser.error("--turns must be from 1 to half of --steps")
     try:
         counts = [int(n) for n in args.sequences.split(",")]
     except ValueError:

@@ -154,6 +154,13 @@ def top_candidates(row: Any, k: int) -> Any:
     return keep
 
 
+def _partly_sampled(engine: Engine, row: int) -> bool:
+    """Whether llama.cpp's graph left ``row`` candidates for the host to finish
+    sampling from (its chain ran only partly on the device)."""
+    ctx = engine.ctx
+    return bool(llama_cpp.llama_get_sampled_probs_ith(ctx, row) or llama_cpp.llama_get_sampled_logits_ith(ctx, row))
+
+
 class _Candidates:
     """A candidates array llama.cpp's chain reads and sorts in place, kept
     from one draw to the next: its numpy fields and the llama_token_data_array
@@ -242,10 +249,13 @@ class Sampler:
         """Sample (and accept) a token from the logits of ``row`` of the engine's last batch."""
         if self._engine is not None:
             token = int(llama_cpp.llama_get_sampled_token_ith(engine.ctx, row))
-            if token == llama_cpp.LLAMA_TOKEN_NULL:
+            if token != llama_cpp.LLAMA_TOKEN_NULL:
+                llama_cpp.llama_sampler_accept(self.handle, token)  # the chain's state (its random draws) moves on
+                return token
+            if not _partly_sampled(engine, row):
                 raise EngineError(f"llama.cpp sampled no token for row {row} of the last batch")
-            llama_cpp.llama_sampler_accept(self.handle, token)  # the chain's state (its random draws) moves on
-            return token
+            # the device ran part of the chain (it lacks an op the rest needs): llama.cpp finishes it here
+            return int(llama_cpp.llama_sampler_sample(self.handle, engine.ctx, row))
         if self.argmax:
             return int(logits(engine, row).argmax())
         if self.top_k > 0:

@@ -468,11 +468,15 @@ def test_cli_ordered_and_unordered_output(tiny_model: Path, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("sample_on", ["auto", "device"])
 def test_cli_greedy_matches_single_generate(tiny_model: Path, sample_on: str) -> None:
-    """The batch's texts are each prompt's alone, sampled on the host (auto, on the CPU) or in llama.cpp's graph."""
+    """The batch's texts are each prompt's alone, sampled on the host (auto)
+    or in llama.cpp's graph (its log, with --verbose, says a chain was
+    attached to each sequence)."""
     prompts = ["hello there", "the cat sat on the mat", "x"]
-    args = ("-n", "12", "--parallel", "2", "--sample-on", sample_on)
+    args = ("-n", "12", "--parallel", "2", "--sample-on", sample_on, "--verbose")
     res = run_cli(tiny_model, "-", *args, input="\n".join(prompts) + "\n")
     assert res.returncode == 0, res.stderr
+    attached = {seq for seq in (0, 1) if f"set_sampler: seq_id = {seq}, sampler = 0x" in res.stderr}
+    assert attached == ({0, 1} if sample_on == "device" else set())
     for prompt, record in zip(prompts, records(res.stdout), strict=True):
         one = cli("generate", "-m", str(tiny_model), "-t", "0", "-n", "12", "--json", prompt)
         text = "".join(e["text"] for e in records(one.stdout) if e["type"] == "token")

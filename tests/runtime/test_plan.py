@@ -224,16 +224,18 @@ def test_sampling_is_reported_where_the_loop_samples(tiny_model: Path, monkeypat
         ("speculative", "auto", "host"),
         ("speculative", "device", "host"),
         ("constrained", "auto", "host"),
-        ("batch", "auto", "device"),
-        ("slots", "auto", "device"),
+        ("batch", "auto", "host"),
+        ("batch", "device", "device"),
+        ("slots", "auto", "host"),
+        ("slots", "device", "device"),
         ("drafting slots", "device", "host"),
     ],
 )
 def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked: str, where: str) -> None:
-    """With the whole model on a GPU, plain decoding and the batch scheduler
-    (--batch, serve --spec none) sample on the device; a loop that reads the
-    logits on the host (speculation, a grammar) samples there, and the plan
-    says so."""
+    """With the whole model on a GPU, plain decoding samples on the device on
+    auto; the batch scheduler (--batch, serve --spec none) only where asked;
+    a loop that reads the logits on the host (speculation, a grammar) samples
+    there whatever was asked, and the plan says why."""
     from localrun.assemble import OneSequence, Prompts, Slots, Workload, assemble
     from localrun.settings import Options, resolve
 
@@ -255,23 +257,25 @@ def test_every_loop_says_where_it_samples(tiny_model: Path, workload: str, asked
         assert run.settings.reasons["sample_on"]
 
 
-def test_a_server_samples_on_the_gpu_only_where_its_slots_do_not_draft(
+def test_a_server_samples_on_the_gpu_only_where_asked_and_its_slots_do_not_draft(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """serve's slots draft by prompt lookup by default, verified on the host;
-    with --spec none nothing reads their rows there, and they sample in
-    llama.cpp's graph on the GPU that holds the model."""
+    """serve's slots draft by prompt lookup by default, checked on the host,
+    so they sample there even where --sample-on device asks; with --spec
+    none they sample in llama.cpp's graph where asked, and on the host on auto."""
     from localrun.cli.serve import _plans
     from localrun.settings import Options
 
     FakeGpu(monkeypatch, 2**30)
     where = {}
-    for spec in ("lookup", "none"):
-        [plan] = _plans([str(tiny_model)], Options(draft="none"), offline=True, verbose=False, queue=1, spec=spec)
+    for spec, asked in (("lookup", "device"), ("none", "device"), ("none", None)):
+        options = Options(draft="none", sample_on=asked)
+        [plan] = _plans([str(tiny_model)], options, offline=True, verbose=False, queue=1, spec=spec)
         assert plan.run.placement.model.whole
-        where[spec] = (plan.run.config.sample_on, plan.run.settings.reasons["sample_on"])
-    assert where["lookup"][0] == "host" and "lookup" in where["lookup"][1]
-    assert where["none"][0] == "device" and "output layer" in where["none"][1]
+        where[spec, asked] = (plan.run.config.sample_on, plan.run.settings.reasons.get("sample_on", ""))
+    assert where["lookup", "device"][0] == "host" and "lookup" in where["lookup", "device"][1]
+    assert where["none", "device"][0] == "device"
+    assert where["none", None][0] == "host" and "--sample-on device" in where["none", None][1]
 
 
 def test_a_bench_batching_row_on_a_partial_offload_fits_the_layers_planned_for_it(

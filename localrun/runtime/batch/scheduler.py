@@ -124,9 +124,6 @@ class _Slot:
         self.cached = start
         grammar = Constraint(engine, request.output) if request.output is not None else None
         self.guard = AnswerGuard(grammar, request.reasoning, lambda t: engine.tokenize(t, add_special=False))
-        # in llama.cpp's graph where asked, unless something reads its rows on the host (a mask, log-probabilities)
-        plain = on_device and not self.guard.masks and request.logprobs is None
-        self.sampler = Sampler(request.sampling, engine.n_vocab, engine if plain else None, seq_id)
         self.out = TokenOutput(
             engine,
             n_prompt=len(request.tokens),
@@ -146,6 +143,10 @@ class _Slot:
         self.row = -1  # its logits' row in the current batch, -1 for none
         self.choices: list[TokenChoice] = []  # each sampled token's log-probability (request.logprobs)
         self.reported = 0  # of them, those a SequenceText carried
+        # last (nothing after it can fail and leave a chain attached): in llama.cpp's graph where asked,
+        # unless something reads its rows on the host (a mask, log-probabilities)
+        plain = on_device and not self.guard.masks and request.logprobs is None
+        self.sampler = Sampler(request.sampling, engine.n_vocab, engine if plain else None, seq_id)
 
     def new_choices(self) -> tuple[TokenChoice, ...]:
         """The log-probabilities not reported yet (the end of generation's never: it is no text)."""
@@ -204,8 +205,8 @@ class ContinuousBatch:
     from it, or stored there once evaluated (a server restarted, or the same
     system prompt in `localrun generate`).
 
-    Where the engine samples on the device (``sample_on`` device: the plan's
-    choice where the output layer is on a GPU) and nothing speculates, each
+    Where the engine samples on the device (``sample_on`` device: asked
+    with `--sample-on device`) and nothing speculates, each
     slot's sampler chain is attached to its sequence and runs inside
     llama.cpp's graph: a step copies each sequence's token to the host, not
     its row of logits. A request whose rows are read on the host (a grammar,
