@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.helpers import cli
-from tests.serve.conftest import Server
+from tests.serve.conftest import Server, start
 
 GREEDY: dict[str, Any] = {"temperature": 0}
 
@@ -92,6 +92,34 @@ def test_chat_greedy_equals_generate_whole_and_streamed(server: Server, tiny_mod
     timings = whole.model_extra["timings"]
     assert timings["prompt_n"] + timings["cache_n"] == whole.usage.prompt_tokens
     assert timings["predicted_n"] == 16
+
+
+def test_slots_sampling_in_the_graph_answer_as_the_host_does(server: Server, tiny_model: Path, tmp_path: Path) -> None:
+    """serve --spec none --sample-on device: two requests at once each sample
+    in llama.cpp's graph (the runner's log says a chain was attached for
+    each), one with log-probabilities on the host after them; the
+    replies, greedy and seeded, are the host's (`generate --spec none`, the
+    host-sampling server)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    args = ("-m", str(tiny_model), "--parallel", "2", "--spec", "none", "--sample-on", "device", "--verbose")
+    seeded: dict[str, Any] = {"temperature": 1.5, "seed": 7}  # top-p sorts the candidates: the host's draws
+    asks: list[tuple[str, dict[str, Any]]] = [("hello there", GREEDY), ("in the", seeded), ("on the", GREEDY)]
+    for device in start(tmp_path / "home", *args):
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(ask, device, prompt, max_tokens=16, **options) for prompt, options in asks[:2]]
+            replies = [f.result() for f in futures]
+        probed = ask(device, asks[2][0], max_tokens=16, logprobs=True, **asks[2][1])
+        attached = re.findall(r"set_sampler: seq_id = \d+, sampler = 0x", device.log)
+        assert len(attached) == 2  # the two plain requests' chains, not the one asking for log-probabilities
+    hot = ("-t", "1.5", "--seed", "7")  # the seeded reply as plain decoding samples it, on the host
+    expected = [
+        generate_text(tiny_model, "hello there", "-n", "16"),
+        generate_text(tiny_model, "in the", "-n", "16", *hot),
+    ]
+    expected.append(ask(server, "on the", max_tokens=16, **GREEDY).choices[0].message.content)
+    assert [r.choices[0].message.content for r in (*replies, probed)] == expected
+    assert probed.choices[0].logprobs is not None and len(probed.choices[0].logprobs.content or []) == 16
 
 
 def test_completions_take_the_prompt_raw(server: Server, tiny_model: Path) -> None:
