@@ -53,7 +53,7 @@ from localrun.runtime.sampling import SamplingParams
 from scripts._models import HelpFormatter, engine_config, model_path
 from scripts._stats import median_ratio, ratio_summary
 
-WARM_STEPS = 8  # steps left out of the median: the first graphs are built and the caches filled
+WARM_STEPS = 8  # steps left out of the mean: the first graphs are built and the caches filled
 
 
 def step_ms(model: Path, args: argparse.Namespace, sequences: int, in_graph: bool) -> float:

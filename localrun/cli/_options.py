@@ -149,8 +149,9 @@ SampleOn = Annotated[
         "--sample-on",
         envvar="LOCALRUN_SAMPLE_ON",
         help="Where decoding samples: host, device (llama.cpp's sampler chain in its graph, on the GPU "
-        "that holds the output layer; no logits row copied to the host), or auto: the device when the whole "
-        "model is on a GPU. A grammar, log-probabilities or speculation sample on the host. Default: auto.",
+        "that holds the output layer; the host reads the token it drew), or auto: the device when the whole "
+        "model is on a GPU, but the host for --batch and serve. A grammar, log-probabilities or speculation "
+        "(serve's --spec lookup) sample on the host. Default: auto.",
         show_default=False,
     ),
 ]
