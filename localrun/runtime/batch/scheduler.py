@@ -206,11 +206,11 @@ class ContinuousBatch:
     system prompt in `localrun generate`).
 
     Where the engine samples on the device (``sample_on`` device: asked
-    with `--sample-on device`) and nothing speculates, each
-    slot's sampler chain is attached to its sequence and runs inside
-    llama.cpp's graph: a step copies each sequence's token to the host, not
-    its row of logits. A request whose rows are read on the host (a grammar,
-    a thinking budget, log-probabilities) samples there, beside the others."""
+    with `--sample-on device`) and nothing speculates, each slot's sampler
+    chain is attached to its sequence and runs inside llama.cpp's graph,
+    and the step reads the token it drew. A request whose rows are read on
+    the host (a grammar, a thinking budget, log-probabilities) samples
+    there, beside the others."""
 
     def __init__(
         self,
