@@ -194,12 +194,10 @@ def _host_loop(workload: Workload) -> str | None:
     """Why the loop that runs ``workload`` samples on the host whatever was
     asked, when it does (the batch scheduler's requests with a grammar or
     log-probabilities sample there too, each on its own: see `ContinuousBatch`)."""
-    if isinstance(workload, Prompts):
-        return None
     if isinstance(workload, Slots) and workload.speculative:
         drafts = "the server's slots draft by prompt lookup, checked on the host"
         return f"{drafts} (with --spec none, --sample-on device may sample on the GPU)"
-    if isinstance(workload, Slots):
+    if isinstance(workload, Prompts | Slots):
         return None
     if workload.speculative:
         return "speculative decoding samples on the host (with --spec none, plain decoding may sample on the GPU)"

@@ -414,14 +414,12 @@ def _with_tools(
 ) -> ExitCode:
     """`generate` with MCP tools: the prompt, the model, then one turn of a chat with its tool loop."""
     _refuse_batch_options(*for_batch)
-    servers = tooling.servers
-    assert servers is not None
     opt.use_rpc(rpc)
     instruction, material = read_prompt(prompt)
     workload = _one_sequence((instruction, material, options.system, tools_cli.ROOM), max_tokens, constrained=True)
     resolved = opt.resolve_engine(model, options, offline=offline, verbose=verbose, pull_draft=draft, workload=workload)
     opt.warn_past_training(resolved)
-    return tools_cli.generate(resolved, instruction, material, servers, tooling, sampling=sampling,
+    return tools_cli.generate(resolved, instruction, material, tooling, sampling=sampling,
                               max_tokens=max_tokens, stops=stops, as_json_out=as_json, stats=stats, think=think,
                               reasoning_budget=reasoning_budget, no_log=no_log)  # fmt: skip
 

@@ -553,7 +553,6 @@ def generate(
     resolved: PlannedRun,
     instruction: str | None,
     material: str | None,
-    servers: ServerList,
     options: ToolOptions,
     *,
     sampling: SamplingParams,
@@ -579,9 +578,8 @@ def generate(
 
     env = current()
     thinking = opt.thinking(think, reasoning_budget, resolved.info.chat_template, opt.title(resolved))
-    with contextlib.ExitStack() as stack:
-        host = stack.enter_context(opened(servers))  # before the model: a choice no tool meets fails first
-        _offer_checked(host, options)
+    with contextlib.ExitStack() as servers, contextlib.ExitStack() as stack:
+        host = started(servers, options)  # before the model: a choice no tool meets fails first
         engine = stack.enter_context(opt.load(resolved))
         speculation = stack.enter_context(open_draft(resolved, engine))
         session = opt.chat_session(
@@ -600,7 +598,7 @@ def generate(
             engine.abort_requested = True
 
         ask = terminal_ask(console, abort) if interactive and console is not None else None
-        loop = tool_loop(session, host, options, ask) if host.tools else None  # none: a plain reply
+        loop = tool_loop(session, host, options, ask) if host is not None else None  # no tool: a plain reply
         recorder = _history.recorder(_history.context("generate", resolved, engine=engine), no_log=no_log)
         user = compose(instruction, material)
         plan = loop.plan(user) if loop is not None else session.plan(user)
