@@ -1,6 +1,6 @@
 """llama.cpp handles and calls in one place: `Native` frees a handle, `Batch` fills a
 llama_batch, `decode` runs llama_decode and names its status, `native_call`
-keeps Ctrl-C out of llama.cpp's callbacks."""
+and `callback` keep Ctrl-C out of llama.cpp's callbacks."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import contextlib
 import importlib
 import signal
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from enum import IntEnum
 from types import FrameType
-from typing import Any, Protocol, Self
+from typing import Any, ParamSpec, Protocol, Self
 
 import llama_cpp
 
@@ -40,8 +41,8 @@ _STATUSES: tuple[DecodeStatus, ...] = tuple(DecodeStatus)  # by value: a lookup,
 
 
 # The signal module's C core: the module's own getsignal and signal convert
-# handlers to and from enums, which costs microseconds a call, and a decode
-# loop calls them twice per token.
+# handlers to and from enums, which costs microseconds a call, twice per
+# `native_call`.
 _signals: Any = importlib.import_module("_signal")
 _SIGINT = int(signal.SIGINT)
 _MAIN_THREAD = threading.main_thread().ident
@@ -86,16 +87,47 @@ class NativeCall:
                 self.held = exc
 
     def __exit__(self, *exc: object) -> None:
-        previous = self.previous
-        if previous is None:
-            return
-        self.previous = None
-        _signals.signal(_SIGINT, previous)
-        if self.held is not None:
-            held, self.held = self.held, None
-            raise held
-        if self.deliver:
-            signal.raise_signal(signal.SIGINT)
+        previous, self.previous = self.previous, None
+        if previous is not None:
+            _signals.signal(_SIGINT, previous)
+            if self.held is not None:
+                held, self.held = self.held, None
+                raise held
+            if self.deliver:
+                signal.raise_signal(signal.SIGINT)
+        raise_held()
+
+
+P = ParamSpec("P")
+_held: list[BaseException] = []  # what a signal handler raised in a callback (`callback`), until raised
+
+
+def callback(function: Callable[P, None]) -> Callable[P, None]:
+    """``function``, made fit to be called back by llama.cpp outside
+    `native_call` (a decode that is not abortable runs without it, sparing
+    each token of a decode loop two handler swaps, system calls): what a
+    signal handler raises in it on the main thread, where Python may run
+    the handler (at the callback's first line), is held, not printed and
+    dropped by ctypes, and `raise_held` raises it once llama.cpp returns."""
+
+    def called(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            function(*args, **kwargs)
+        except BaseException as exc:
+            if threading.get_ident() != _MAIN_THREAD:
+                raise  # no signal handler runs here: as ctypes does with any error
+            if not _held:
+                _held.append(exc)
+
+    return called
+
+
+def raise_held() -> None:
+    """Raise what a callback held (`callback`), if anything, on the main thread (where it was held)."""
+    if _held and threading.get_ident() == _MAIN_THREAD:
+        held = _held.pop()
+        _held.clear()
+        raise held
 
 
 _decodes = 0  # llama_decode calls made in this process: what a runner's heartbeat says of its progress
@@ -115,14 +147,17 @@ def llama_decode(ctx: Any, batch: Any) -> int:
 
 def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeStatus:
     """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
-    long batch midway (a Python callback between graph nodes, which costs)."""
+    long batch midway (a Python callback between graph nodes, which costs).
+    Otherwise the only Python that runs inside is the log's `callback`, so
+    SIGINT's handler stays as it is: it runs when the call returns, or holds
+    what it raises in the log's callback until then."""
     status: int
-    with native_call():
-        if abortable:
-            with engine.abortable():
-                status = llama_decode(engine.ctx, batch)
-        else:
+    if abortable:
+        with native_call(), engine.abortable():
             status = llama_decode(engine.ctx, batch)
+    else:
+        status = llama_decode(engine.ctx, batch)
+        raise_held()
     if not 0 <= status < len(_STATUSES):
         raise EngineError(f"llama_decode failed with status {status}")
     return _STATUSES[status]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import llama_cpp
 
 from localrun.runtime import devices, rpc
-from localrun.runtime.llama import native_call
+from localrun.runtime.llama import callback, native_call
 
 LEVEL_WARN = 3  # GGML_LOG_LEVEL_WARN in ggml.h
 LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
@@ -57,7 +57,7 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         sys.stderr.flush()
 
 
-_callback = llama_cpp.llama_log_callback(_on_log)
+_callback = llama_cpp.llama_log_callback(callback(_on_log))
 
 
 def set_verbose(verbose: bool) -> None:
