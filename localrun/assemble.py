@@ -169,7 +169,7 @@ def run_shape(workload: Workload, settings: RunSettings) -> RunShape | None:
         if workload.prompt is not None:
             answer = workload.answer or tuned.OPEN_ANSWER
             budget = "--max-tokens" if workload.answer else "an open answer"
-            return RunShape(workload.prompt, answer, what=f"the prompt's length, {budget}")
+            return RunShape(workload.prompt, answer, what=f"the prompt estimated from its characters, {budget}")
         if workload.depth is not None:
             return RunShape(tuned.CHAT_MESSAGE, tuned.OPEN_ANSWER, workload.depth, what="a turn at the chat's middle")
         return None

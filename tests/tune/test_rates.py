@@ -207,7 +207,7 @@ def test_rates_round_trip_and_bad_rates_are_refused(wide_model: Path) -> None:
 def test_each_kind_of_run_has_its_shape() -> None:
     settings = resolve(Options())
     generate = run_shape(OneSequence(need=2000, depth=1900, prompt=1800, answer=64), settings)
-    assert generate == RunShape(1800, 64, what="the prompt's length, --max-tokens")
+    assert generate == RunShape(1800, 64, what="the prompt estimated from its characters, --max-tokens")
     open_answer = run_shape(OneSequence(prompt=40), settings)
     assert open_answer is not None and open_answer.answer == tuned.OPEN_ANSWER
     chat = run_shape(OneSequence(depth=2048), settings)
