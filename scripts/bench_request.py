@@ -25,7 +25,11 @@ The total is the prompt phase plus ANSWER tokens at the decode rate (a side
 that stopped early, at an end-of-text token, is counted at its rate: the
 generated counts are printed). Printed per shape: the median of each figure
 over the rounds with its range, and the ratios localrun / llama (speed: above
-1 is localrun faster) as the median of each round's ratio, with its range.
+1 is localrun faster) as the median of each round's ratio, with its range;
+and per round, the waiting policy localrun's threads ran with (spin or
+sleep-soon: localrun.openmp) and, where it speculated, how many drafted
+tokens were accepted of those proposed (a greedy answer that repeats itself
+is where lookup drafting pays).
 
 Without --native, only the localrun side runs (a dry run of the shapes and of
 what the tuned settings chose for them).
@@ -71,6 +75,8 @@ class Phases:
     generated: int
     prompt_tokens: int
     settings: str = ""
+    wait: str = ""  # libgomp's waiting policy localrun chose at start (`localrun.openmp`)
+    drafts: str = ""  # speculation's accepted/proposed tokens, where it drafted
 
     def total(self, answer: int) -> float:
         return self.prompt_s + answer / self.decode_tps
@@ -122,8 +128,15 @@ def run_localrun(model: Path, prompt: str, answer: int, spec: str | None) -> Pha
         if isinstance(shown.get(name), dict)
     )
     why = shown.get("flash_attn", {}).get("why") or shown.get("type_k", {}).get("why") or ""
+    draft = done.get("draft") or {}
     return Phases(
-        done["ttft_s"], done["decode_tokens_per_s"], done["generated_tokens"], done["prompt_tokens"], f"{chose}; {why}"
+        done["ttft_s"],
+        done["decode_tokens_per_s"],
+        done["generated_tokens"],
+        done["prompt_tokens"],
+        f"{chose}; {why}",
+        wait=str((shown.get("wait") or {}).get("value", "")),
+        drafts=f"{draft.get('accepted', 0)}/{draft.get('proposed', 0)}" if draft else "none",
     )
 
 
@@ -173,6 +186,8 @@ def bench(model: Path, shapes: list[Shape], args: argparse.Namespace) -> None:
 def report(shape: Shape, ours: list[Phases], theirs: list[Phases]) -> None:
     print(f"  {shape.label}")
     print(f"    localrun settings: {ours[-1].settings}")
+    waits, drafts = ", ".join(p.wait for p in ours), ", ".join(p.drafts for p in ours)
+    print(f"    localrun per round: waiting threads {waits}; drafts accepted/proposed {drafts}")
     for name, runs in (("localrun", ours), ("llama-completion", theirs)):
         if not runs:
             continue
