@@ -64,7 +64,8 @@ class OneSequence:
     ``depth``: the depth it mostly decodes at (None: unknown);
     ``speculative``: the speculative loop runs it (any `--spec` but none),
     ``constrained``: a grammar masks its logits; ``prompt``: its prompt's
-    tokens (None: a conversation, which grows toward ``depth``) and
+    tokens, estimated from its characters before the model loads (None: a
+    conversation, which grows toward ``depth``) and
     ``answer`` its --max-tokens, for the run's shape."""
 
     need: int | None = None

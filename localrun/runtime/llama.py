@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from enum import IntEnum
 from types import FrameType
-from typing import Any, ParamSpec, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import llama_cpp
 
@@ -87,47 +88,55 @@ class NativeCall:
                 self.held = exc
 
     def __exit__(self, *exc: object) -> None:
-        previous, self.previous = self.previous, None
-        if previous is not None:
-            _signals.signal(_SIGINT, previous)
-            if self.held is not None:
-                held, self.held = self.held, None
-                raise held
-            if self.deliver:
-                signal.raise_signal(signal.SIGINT)
-        raise_held()
+        previous = self.previous
+        if previous is None:
+            return
+        self.previous = None
+        _signals.signal(_SIGINT, previous)
+        if self.held is not None:
+            held, self.held = self.held, None
+            raise held
+        if self.deliver:
+            signal.raise_signal(signal.SIGINT)
 
 
-P = ParamSpec("P")
-_held: list[BaseException] = []  # what a signal handler raised in a callback (`callback`), until raised
+F = TypeVar("F", bound=Callable[..., Any])
+_callbacks: list[Callable[..., Any]] = []  # the Python functions llama.cpp calls back (`callback`)
+_decoding = False  # a decode without `native_call` is under way on the main thread
+_held: list[BaseException] = []  # what a signal handler raised in a callback meanwhile
+_previous_hook: Callable[[Any], object] | None = None  # sys.unraisablehook before `_unraisable`
 
 
-def callback(function: Callable[P, None]) -> Callable[P, None]:
-    """``function``, made fit to be called back by llama.cpp outside
-    `native_call` (a decode that is not abortable runs without it, sparing
-    each token of a decode loop two handler swaps, system calls): what a
-    signal handler raises in it on the main thread, where Python may run
-    the handler (at the callback's first line), is held, not printed and
-    dropped by ctypes, and `raise_held` raises it once llama.cpp returns."""
-
-    def called(*args: P.args, **kwargs: P.kwargs) -> None:
-        try:
-            function(*args, **kwargs)
-        except BaseException as exc:
-            if threading.get_ident() != _MAIN_THREAD:
-                raise  # no signal handler runs here: as ctypes does with any error
-            if not _held:
-                _held.append(exc)
-
-    return called
+def callback(function: F) -> F:
+    """Register ``function``, which ctypes makes a C function llama.cpp
+    calls back (the log). A decode that is not abortable runs without
+    `native_call` (its handler swaps are two system calls a step): should
+    SIGINT's handler raise in the callback meanwhile (Python runs it at the
+    callback's first line), ctypes would print what it raised and drop it;
+    it reports it to sys.unraisablehook, where it is held instead, and the
+    decode raises it once llama.cpp returns. Everything else reported there
+    goes on to the hook that was in place."""
+    global _previous_hook
+    if _previous_hook is None:
+        _previous_hook = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+    _callbacks.append(function)
+    return function
 
 
-def raise_held() -> None:
-    """Raise what a callback held (`callback`), if anything, on the main thread (where it was held)."""
-    if _held and threading.get_ident() == _MAIN_THREAD:
-        held = _held.pop()
-        _held.clear()
-        raise held
+def _unraisable(unraisable: Any) -> None:
+    exc = unraisable.exc_value
+    if (
+        _decoding
+        and unraisable.object in _callbacks
+        and isinstance(exc, BaseException)
+        and not isinstance(exc, Exception)  # KeyboardInterrupt, SystemExit: a signal handler's
+        and threading.get_ident() == _MAIN_THREAD
+    ):
+        if not _held:
+            _held.append(exc)
+        return
+    (_previous_hook or sys.__unraisablehook__)(unraisable)
 
 
 _decodes = 0  # llama_decode calls made in this process: what a runner's heartbeat says of its progress
@@ -148,16 +157,25 @@ def llama_decode(ctx: Any, batch: Any) -> int:
 def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeStatus:
     """llama_decode on ``engine``'s context; ``abortable`` lets Ctrl-C stop a
     long batch midway (a Python callback between graph nodes, which costs).
-    Otherwise the only Python that runs inside is the log's `callback`, so
-    SIGINT's handler stays as it is: it runs when the call returns, or holds
-    what it raises in the log's callback until then."""
+    Otherwise the only Python that runs inside is a registered `callback`
+    (the log), and SIGINT's handler stays in place: what it raises there is
+    raised once llama.cpp returns."""
+    global _decoding
     status: int
     if abortable:
         with native_call(), engine.abortable():
             status = llama_decode(engine.ctx, batch)
-    else:
+    elif threading.get_ident() != _MAIN_THREAD:  # no signal handler runs on this thread
         status = llama_decode(engine.ctx, batch)
-        raise_held()
+    else:
+        _decoding = True
+        try:
+            status = llama_decode(engine.ctx, batch)
+        finally:
+            _decoding = False
+        if _held:
+            held = _held.pop()
+            raise held
     if not 0 <= status < len(_STATUSES):
         raise EngineError(f"llama_decode failed with status {status}")
     return _STATUSES[status]
