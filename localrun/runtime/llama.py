@@ -114,8 +114,9 @@ def callback(function: F) -> F:
     SIGINT's handler raise in the callback meanwhile (Python runs it at the
     callback's first line), ctypes would print what it raised and drop it;
     it reports it to sys.unraisablehook, where it is held instead, and the
-    decode raises it once llama.cpp returns. Everything else reported there
-    goes on to the hook that was in place."""
+    decode raises it once llama.cpp returns (the callback's own work, such
+    as keeping that log line, is lost with it). Everything else reported
+    there goes on to the hook that was in place."""
     global _previous_hook
     if _previous_hook is None:
         _previous_hook = sys.unraisablehook
@@ -128,15 +129,22 @@ def _unraisable(unraisable: Any) -> None:
     exc = unraisable.exc_value
     if (
         _decoding
-        and unraisable.object in _callbacks
         and isinstance(exc, BaseException)
         and not isinstance(exc, Exception)  # KeyboardInterrupt, SystemExit: a signal handler's
+        and _raised_in_callback(unraisable.exc_traceback)
         and threading.get_ident() == _MAIN_THREAD
     ):
         if not _held:
             _held.append(exc)
         return
     (_previous_hook or sys.__unraisablehook__)(unraisable)
+
+
+def _raised_in_callback(traceback: Any) -> bool:
+    """Whether the outermost frame of ``traceback`` is a registered
+    callback's (ctypes names the callable in ``object`` on Python 3.11 and
+    3.12, in its message on 3.13; the frame says it on each)."""
+    return traceback is not None and any(traceback.tb_frame.f_code is f.__code__ for f in _callbacks)
 
 
 _decodes = 0  # llama_decode calls made in this process: what a runner's heartbeat says of its progress
@@ -171,10 +179,10 @@ def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeSta
         _decoding = True
         try:
             status = llama_decode(engine.ctx, batch)
-        finally:
+        finally:  # what a callback held is this decode's, raised here or (a second Ctrl-C came first) dropped
             _decoding = False
-        if _held:
-            held = _held.pop()
+            held = _held.pop() if _held else None
+        if held is not None:
             raise held
     if not 0 <= status < len(_STATUSES):
         raise EngineError(f"llama_decode failed with status {status}")

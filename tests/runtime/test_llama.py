@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 
@@ -56,6 +57,13 @@ def test_an_ignored_ctrl_c_stays_ignored() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.fixture
+def hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """localrun's unraisable hook in place, as in a run (pytest may have put its own above it)."""
+    monkeypatch.setattr(sys, "unraisablehook", llama._unraisable)
+
+
+@pytest.mark.usefixtures("hook")
 def test_a_ctrl_c_in_the_log_during_a_decode_is_raised_when_it_returns(tiny_model: Path) -> None:
     """A decode that is not abortable leaves SIGINT's handler in place; when
     it raises in llama.cpp's log callback (called through ctypes, which
@@ -77,6 +85,7 @@ def test_a_ctrl_c_in_the_log_during_a_decode_is_raised_when_it_returns(tiny_mode
             decode(engine, batch)
 
 
+@pytest.mark.usefixtures("hook")
 def test_what_a_callback_raises_outside_a_decode_goes_on_to_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside a decode, the unraisable hook passes a callback's exception
     on, as before: nothing is held for a later decode."""
