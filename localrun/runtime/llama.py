@@ -179,7 +179,7 @@ def decode(engine: Context, batch: Any, *, abortable: bool = False) -> DecodeSta
         _decoding = True
         try:
             status = llama_decode(engine.ctx, batch)
-        finally:  # what a callback held is this decode's, raised here or (a second Ctrl-C came first) dropped
+        finally:  # what a callback held is this decode's: raised below, or dropped where a later Ctrl-C is raised first
             _decoding = False
             held = _held.pop() if _held else None
         if held is not None:
