@@ -195,10 +195,10 @@ class Sampler:
     With ``on_device`` (an engine), the chain is attached to sequence
     ``seq_id`` of the engine's context and runs inside llama.cpp's graph, on
     the device that holds the output layer (llama.cpp's backend sampling),
-    and `sample` reads the token llama.cpp drew. Nothing may read that sequence's logits meanwhile (a
-    grammar, log-probabilities, a verify step), so only plain decoding asks
-    for it. Where llama.cpp cannot attach the chain, `on_device` is False and
-    sampling stays on the host."""
+    and `sample` reads the token llama.cpp drew. Nothing may read that
+    sequence's logits meanwhile (a grammar, log-probabilities, a verify
+    step), so only plain decoding asks for it. Where llama.cpp cannot
+    attach the chain, `on_device` is False and sampling stays on the host."""
 
     def __init__(self, params: SamplingParams, n_vocab: int, on_device: Engine | None = None, seq_id: int = 0) -> None:
         self.handle: Any = None
