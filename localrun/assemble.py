@@ -44,12 +44,13 @@ from localrun.runtime.placement import (
     sequences,
 )
 from localrun.settings import AUTO, MTP_MODES, RunSettings
+from localrun.speculative.control import StepGrowth
 from localrun.speculative.nextn import MTP_UBATCH
 from localrun.speculative.nextn import available as nextn_available
 from localrun.system import cpu_count
 from localrun.tune import apply as tuned
 from localrun.tune import attention
-from localrun.tune.wisdom import RunShape, Wisdom
+from localrun.tune.wisdom import VERIFY_DEPTH, RunShape, Wisdom, setting_label
 
 PINNED = ("option", "config", "model")  # where a thread count comes from that adapting must keep
 UNBOUNDED = 1 << 30  # a server's slots: as many as fit
@@ -136,6 +137,19 @@ class Assembled:
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
         return self.wisdom.verify_curve if self.wisdom is not None else None
+
+    @property
+    def step_growth(self) -> StepGrowth | None:
+        """How a plain decode step grows with the context for this run's KV
+        types and flash attention, from the wisdom's rates (None: not
+        measured), for the verify curve at depth."""
+        rates = self.wisdom.rates if self.wisdom is not None else None
+        if rates is None:
+            return None
+        config = self.config
+        flash = "off" if config.flash_attn == "off" else "on"  # llama.cpp's auto settles on where it can
+        line = rates.decode_line(setting_label(config.type_k, config.type_v, flash))
+        return StepGrowth(VERIFY_DEPTH, *line) if line is not None else None
 
 
 def report(settings: RunSettings, placement: Placement | None) -> dict[str, Any]:

@@ -69,17 +69,17 @@ def open_draft(resolved: PlannedRun, engine: Engine) -> Iterator[Speculation | N
     draft that cannot be used leaves prompt lookup, with a warning."""
     from localrun.speculative import open_speculation, speculation_refused
 
-    choice, verify_curve = resolved.settings.draft, resolved.verify_curve
+    choice, verify_curve, growth = resolved.settings.draft, resolved.verify_curve, resolved.step_growth
     refused = speculation_refused(engine) if choice == "auto" else None
     if refused is not None:
         out().note(f"speculative decoding is off: {refused}")
     try:
-        speculation = open_speculation(engine, choice, resolved.draft, verify_curve=verify_curve)
+        speculation = open_speculation(engine, choice, resolved.draft, verify_curve=verify_curve, growth=growth)
     except LocalrunError as exc:
         if choice != "auto":
             raise
         out().warn(f"the matched draft model is not usable ({exc.message}); prompt lookup only")
-        speculation = open_speculation(engine, "lookup", verify_curve=verify_curve)
+        speculation = open_speculation(engine, "lookup", verify_curve=verify_curve, growth=growth)
     try:
         yield speculation
     finally:

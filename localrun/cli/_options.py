@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from localrun.runtime.model_template import ChatTemplate
     from localrun.runtime.reasoning import Reasoning, ThinkMode
     from localrun.runtime.sampling import SamplingParams
+    from localrun.speculative.control import StepGrowth
     from localrun.structured.spec import OutputSpec
     from localrun.tune.wisdom import Wisdom
 
@@ -317,6 +318,11 @@ class PlannedRun:
     @property
     def verify_curve(self) -> tuple[float, ...] | None:
         return self.wisdom.verify_curve if self.wisdom is not None else None
+
+    @property
+    def step_growth(self) -> StepGrowth | None:
+        """How a decode step grows with the context here (`Assembled.step_growth`)."""
+        return self.run.step_growth if self.run is not None else None
 
     def report(self) -> dict[str, Any]:
         """The settings as `--json` and the history show them, the placement among them."""

@@ -195,7 +195,8 @@ def load_model(plan: ModelPlan, run: Assembled) -> ServedModel:
         template = chat_template(engine, plan.template) if plan.template or plan.info.chat_template else None
         capacity = engine.n_ctx // engine.n_seq_max
         speculate = plan.speculate and speculation_refused(engine) is None  # a recurrent memory that cannot roll back
-        speculation = Speculation(lookup_drafters(engine), verify_curve=run.verify_curve) if speculate else None
+        curve, growth = run.verify_curve, run.step_growth  # tune's, for the controller
+        speculation = Speculation(lookup_drafters(engine), verify_curve=curve, growth=growth) if speculate else None
         embeds = plan.pooling != "auto" or makes_embeddings(plan.info)
         embedder = embedder_beside(engine, plan.pooling) if embeds else None
         worker = Worker(

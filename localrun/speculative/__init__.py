@@ -24,6 +24,7 @@ from localrun.speculative.base import Drafter
 from localrun.speculative.control import (
     AdaptiveController,
     Controller,
+    StepGrowth,
     checked_curve,
     drafts_in_batch,
     padded_rows,
@@ -44,19 +45,22 @@ class Speculation:
     ``verify_curve``: the cost of a verify batch of r rows over one row's
     (r = 1..), as `localrun tune` measured it on this machine, for the
     `AdaptiveController` made when no ``controller`` is given, and for the
-    shape of batches: padding, drafting in a shared batch."""
+    shape of batches: padding, drafting in a shared batch; ``growth``: how
+    a plain step grows with the context there, for the curve at depth
+    (`control.StepGrowth`)."""
 
     def __init__(
         self,
         drafters: Sequence[Drafter],
         controller: Controller | None = None,
         verify_curve: Sequence[float] | None = None,
+        growth: StepGrowth | None = None,
     ) -> None:
         if not drafters:
             raise ValueError("speculation needs at least one drafter")
         self.drafters = list(drafters)
         self.controller = controller or AdaptiveController(
-            [d.profile for d in self.drafters], verify_curve=verify_curve
+            [d.profile for d in self.drafters], verify_curve=verify_curve, growth=growth
         )
         self.disabled: set[int] = set()  # drafters that failed to load
         self.curve = None if verify_curve is None else checked_curve(verify_curve)  # for batch shapes
@@ -119,7 +123,11 @@ def speculation_refused(engine: Engine) -> str | None:
 
 
 def open_speculation(
-    engine: Engine, choice: str, draft_path: Path | None = None, verify_curve: Sequence[float] | None = None
+    engine: Engine,
+    choice: str,
+    draft_path: Path | None = None,
+    verify_curve: Sequence[float] | None = None,
+    growth: StepGrowth | None = None,
 ) -> Speculation | None:
     """The speculation `--draft CHOICE` asks for. ``choice``: none (None is
     returned), lookup (`lookup_drafters`), mtp (the model's own MTP head:
@@ -127,8 +135,9 @@ def open_speculation(
     head where the model has one and it can run, plus ``draft_path`` if given: the
     model's matched draft, loaded only if the controller wants it), or anything
     else with ``draft_path`` naming that draft model (loaded now).
-    ``verify_curve``: the verify-cost curve `localrun tune` measured for this
-    model on this machine, if any (see `Speculation`)."""
+    ``verify_curve``, ``growth``: the verify-cost curve `localrun tune`
+    measured for this model on this machine, and how a step grows with the
+    context, if known (see `Speculation`)."""
     if choice == "none":
         return None
     refused = speculation_refused(engine)
@@ -137,7 +146,7 @@ def open_speculation(
             return None
         raise UsageError(f"--spec {choice} cannot run here: {refused}", hint="--spec none (or leave --spec out)")
     if choice == "mtp":
-        return Speculation([MTPDrafter(engine)], verify_curve=verify_curve)
+        return Speculation([MTPDrafter(engine)], verify_curve=verify_curve, growth=growth)
     drafters: list[Drafter] = []
     if choice in ("auto", "lookup"):
         drafters += lookup_drafters(engine)
@@ -153,4 +162,4 @@ def open_speculation(
         for made in drafters:  # nothing of a speculation that could not be made stays hooked to the engine
             made.close()
         raise
-    return Speculation(drafters, verify_curve=verify_curve) if drafters else None
+    return Speculation(drafters, verify_curve=verify_curve, growth=growth) if drafters else None

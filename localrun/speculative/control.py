@@ -30,7 +30,13 @@ is estimated from, in this order:
   live from the sizes measured (how much dearer or cheaper than the curve
   they came out; 1 until measured). Past its last point the curve grows at
   its own mean cost per extra row, so it never turns cheaper past what was
-  measured;
+  measured. The curve is measured on a short context; every row of a batch
+  attends to the whole context, as a plain step does, so where tune's rates
+  say how a plain step grows with the context (`StepGrowth`), that growth is
+  added for every row: a plain step at this depth costs g times one at the
+  curve's, and r rows cost (curve(r) + r (g - 1)) / g plain steps here
+  (on a CPU, after a long prompt, a draft the curve alone says pays can
+  cost more than it yields);
 - else a line fitted to all verify batches (a fixed cost plus a cost per
   row), a little optimistically, so that the size gets tried. Until a batch
   is measured the line is a plain step plus `PRIOR_VERIFY_SLOPE` of a plain
@@ -120,6 +126,7 @@ MEMO_SHIFT = 0.1
 MEMO_SIZE = 64
 STALL = 2.0  # a step with a draft loses at most this many plain steps (more: stalled by other work)
 CALIBRATE = 3  # plain steps that measure the plain cost afresh, where it is stale (`Payoff`)
+GROWTH_SHIFT = 0.02  # the draft lengths weighed are weighed again when the step's growth moves by this share
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,29 @@ class Controller(Protocol):
         decided ``tokens``; ``asked_s`` of it went to asking the drafters and
         weighing their offers (0: not asked); ``drafted``: the tokens of the
         draft it verified (0: none)."""
+
+    def observe_depth(self, tokens: int) -> None:
+        """The context the next step's batch follows holds ``tokens`` tokens."""
+
+
+@dataclass(frozen=True)
+class StepGrowth:
+    """How a plain step's cost grows with the context, as `localrun tune`
+    measured it on this machine for the run's KV types and flash attention:
+    ``base_ms + per_token_ms * depth``; and ``depth``, the context the verify
+    curve was measured on (see the module's docstring)."""
+
+    depth: int
+    base_ms: float
+    per_token_ms: float
+
+    def at(self, depth: int) -> float:
+        """A plain step's cost with ``depth`` tokens in the context over its
+        cost at the curve's depth (1 at or below it)."""
+        reference = self.base_ms + self.per_token_ms * self.depth
+        if reference <= 0.0 or self.per_token_ms <= 0.0:
+            return 1.0
+        return max((self.base_ms + self.per_token_ms * depth) / reference, 1.0)
 
 
 class _Average:
@@ -428,17 +458,22 @@ class AdaptiveController:
     ``verify_curve``: the cost of a verify batch of r rows over the cost of
     one row, for r = 1..len (`localrun tune`'s measurement on this machine);
     it is the prior of a batch size until that size is measured here. None:
-    the prior is a line (`PRIOR_VERIFY_SLOPE`), learned live."""
+    the prior is a line (`PRIOR_VERIFY_SLOPE`), learned live. ``growth``: how
+    a plain step grows with the context, for the curve at the context's
+    depth (None: the curve as measured)."""
 
     profiles: Sequence[Profile]
     explore_share: float = 0.01
     verify_curve: Sequence[float] | None = None
+    growth: StepGrowth | None = None
     plain: _Average = field(default_factory=_Average)
     verify: _LineFit = field(default_factory=_LineFit)  # seconds for a verify batch, by rows
 
     def __post_init__(self) -> None:
         self.curve = None if self.verify_curve is None else checked_curve(self.verify_curve)
         self.curve_level = _Ratio()  # measured verify batches over what the curve says
+        self.depth_cost = 1.0  # a plain step at the context's depth over one at the curve's (`StepGrowth.at`)
+        self._memo_depth_cost = 1.0  # ... where the memos below were weighed
         self.pads = flat(self.curve)  # verify batches are padded (`padded_rows`)
         n = len(self.profiles)
         self.step = [_Average() for _ in range(n)]  # seconds per drafted token
@@ -485,10 +520,13 @@ class AdaptiveController:
         return c1 + (self._line_cost(rows) - c1) * UNTRIED_SIZE
 
     def curve_point(self, rows: int) -> float:
-        """The curve's cost of ``rows`` rows, in plain steps; past its last
-        point it grows at the curve's mean cost per extra row."""
+        """The curve's cost of ``rows`` rows, in plain steps at the context's
+        depth; past its last point it grows at the curve's mean cost per
+        extra row. Each row beyond the first pays the growth of a step past
+        the curve's depth (`StepGrowth`) as the first does."""
         assert self.curve is not None
-        return curve_point(self.curve, rows)
+        g = self.depth_cost
+        return (curve_point(self.curve, rows) + rows * (g - 1.0)) / g
 
     def _curve_cost(self, rows: int) -> float:
         c1 = self.plain_cost()
@@ -569,6 +607,7 @@ class AdaptiveController:
         self._lengths.clear()
         self._best.clear()
         self._memo_plain = self.plain_cost()
+        self._memo_depth_cost = self.depth_cost
 
     # -- choice --
 
@@ -677,6 +716,13 @@ class AdaptiveController:
     def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
         self.payoff.observe_step(seconds, tokens, asked_s, drafted)
 
+    def observe_depth(self, tokens: int) -> None:
+        if self.growth is None:
+            return
+        self.depth_cost = self.growth.at(tokens)
+        if abs(self.depth_cost - self._memo_depth_cost) > GROWTH_SHIFT * self._memo_depth_cost:
+            self._forget()
+
 
 class Unobserving:
     """A controller's observations, ignored: for controllers whose way is fixed."""
@@ -703,6 +749,9 @@ class Unobserving:
         return True
 
     def observe_step(self, seconds: float, tokens: int, asked_s: float, drafted: int) -> None:
+        pass
+
+    def observe_depth(self, tokens: int) -> None:
         pass
 
 

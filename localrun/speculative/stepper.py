@@ -391,6 +391,8 @@ def propose(
         for i, drafter in enumerate(pool)
         if drafter is not None and i not in speculation.disabled and (offer := drafter.offer(context, i)) is not None
     ]
+    if offers:
+        speculation.controller.observe_depth(len(context))  # rows at depth cost more than the curve's (`StepGrowth`)
     plan = speculation.controller.choose(offers, room, forced=forced)
     draft = _make_draft(speculation, pool, plan, context, sampling, rng, constraint)
     if draft is not None and constraint is not None:

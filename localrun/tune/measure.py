@@ -62,7 +62,17 @@ from localrun.runtime.placement import LLAMA_PARALLEL, place
 from localrun.system import cpu_count, physical_cores
 from localrun.tune.machine import this_machine
 from localrun.tune.race import Race, relative_iqr
-from localrun.tune.wisdom import MAX_GAIN, Attention, Decision, ModelKey, Rates, Wisdom, kv_label, setting_label
+from localrun.tune.wisdom import (
+    MAX_GAIN,
+    VERIFY_DEPTH,
+    Attention,
+    Decision,
+    ModelKey,
+    Rates,
+    Wisdom,
+    kv_label,
+    setting_label,
+)
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,7 @@ class Ranges:
 CPU_RANGES = Ranges(16, (1, 2, 3, 4, 6, 8, 12, 16), (64, 128, 256, 512), threads=True)
 GPU_RANGES = Ranges(64, (1, 2, 4, 8, 16, 32, 64, 128), (128, 256, 512, 1024, 2048), threads=False)
 MAX_ROWS = CPU_RANGES.max_rows
-PROMPT = 32  # tokens evaluated before anything is timed
+PROMPT = VERIFY_DEPTH  # tokens evaluated before anything is timed
 MAX_SPREAD = 0.25  # samples whose interquartile range is more than this share of their median decide nothing
 SAMPLE_S = 0.25  # aim of one timed sample: enough steps that one slow step does not decide
 MIN_DEPTH, MAX_DEPTH = 128, 2048

@@ -37,6 +37,7 @@ VERSION = 2
 READABLE = (1, 2)  # the versions `WisdomFile.load` reads (1: no rates)
 TIE_MARGIN = 0.03  # candidates closer than this share of the better one's figure are a tie
 MAX_GAIN = 2.5  # a setting measured this many times faster than llama.cpp's default is a red flag, not a result
+VERIFY_DEPTH = 32  # the tokens a context holds where `localrun tune` measures the verify curve
 # the fields each phase of `localrun tune` measures (localrun.tune.measure)
 PHASE_FIELDS: dict[str, tuple[str, ...]] = {
     "threads": ("threads",),
@@ -241,13 +242,22 @@ class Rates:
     def settings(self) -> tuple[str, ...]:
         return tuple(k for k in self.decode_ms if k in self.fill_tps)
 
+    def decode_line(self, label: str) -> tuple[float, float] | None:
+        """A decode step's milliseconds with ``label`` as a line over the
+        context's depth, (at depth 0, per token of depth), never falling;
+        None where ``label`` was not measured."""
+        ms = self.decode_ms.get(label)
+        return _rising(self.decode_depths, ms) if ms else None
+
     def seconds(self, label: str, run: RunShape) -> float:
         """The predicted seconds of ``run`` with ``label``: each prompt token at
         the fill line's cost at its depth, each answer token at the decode
         line's (a line's sum over a stretch is its count times the cost at
         the stretch's middle)."""
         fa, fb = _rising(self.fill_depths, [1e3 / max(t, 1e-9) for t in self.fill_tps[label]])
-        da, db = _rising(self.decode_depths, self.decode_ms[label])
+        line = self.decode_line(label)
+        assert line is not None  # every setting of `settings` has its decode rates
+        da, db = line
         fill = run.prompt * (fa + fb * (run.start + run.prompt / 2))
         decode = run.answer * (da + db * (run.start + run.prompt + run.answer / 2))
         return (fill + decode) / 1e3

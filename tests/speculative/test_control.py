@@ -12,6 +12,7 @@ from localrun.speculative.control import (
     PLAIN,
     USEFUL_CHANCE,
     AdaptiveController,
+    StepGrowth,
     drafts_in_batch,
     padded_rows,
     useful_length,
@@ -110,6 +111,42 @@ def test_live_measurements_override_the_curve() -> None:
         for rows in (2, 3, 4):
             dearer.observe_verify(rows, 1.5 * BUMPY[rows - 1] * PLAIN_S)
     assert 1.3 * 6.3 * PLAIN_S < dearer.verify_cost(16) <= 1.5 * 6.3 * PLAIN_S
+
+
+# a plain step's growth with the context: 20 ms after 32 tokens, 30 ms after 1,632 (attention reads them all)
+GROWTH = StepGrowth(32, 19.8, 1 / 160)
+# the curve of a CPU where an extra row costs most of a step (two cores, a 0.5B model), measured after 32 tokens
+CPU_CURVE = (1.0, 1.9, 2.0, 2.2, 3.2, 3.6)
+
+
+def test_step_growth_is_relative_to_the_curves_depth() -> None:
+    assert GROWTH.at(32) == pytest.approx(1.0)
+    assert GROWTH.at(1632) == pytest.approx(1.5)
+    assert GROWTH.at(0) == 1.0  # never cheaper than where the curve was measured
+    assert StepGrowth(32, 20.0, 0.0).at(4096) == 1.0  # a flat line: no growth
+
+
+def test_rows_at_depth_each_pay_the_steps_growth() -> None:
+    """Every row of a verify batch attends to the whole context: past the
+    curve's depth each pays what a plain step's growth costs, so a batch
+    costs more plain steps than the curve says, and a draft that pays on a
+    short context does not after a long prompt."""
+    control = AdaptiveController([PromptLookupDrafter().profile], verify_curve=CPU_CURVE, growth=GROWTH)
+    control.observe_plain(PLAIN_S)
+    offer = Offer(0, 4, 32)  # lookup, 9-15 tokens agreeing: a prior acceptance of 0.7
+    control.observe_depth(40)
+    assert control.verify_cost(4) == pytest.approx(2.2 * PLAIN_S, rel=0.01)
+    assert control.choose([offer], 32).n == 3  # 1 + 0.7 + 0.49 + 0.34 tokens for 2.2 steps
+    control.observe_depth(1632)  # a step costs 1.5 of one after 32 tokens: 4 rows, (2.2 + 4 * 0.5) / 1.5
+    assert control.verify_cost(4) == pytest.approx(2.8 * PLAIN_S)
+    assert control.choose([offer], 32).offer is None
+    before = control.curve_level.value
+    control.observe_verify(4, 2.8 * PLAIN_S)  # as predicted at this depth: the curve's level stays
+    assert control.curve_level.value == pytest.approx(before)
+    flat = AdaptiveController([PromptLookupDrafter().profile], verify_curve=CPU_CURVE)
+    flat.observe_plain(PLAIN_S)
+    flat.observe_depth(1632)  # without a measured growth the curve stands as measured
+    assert flat.verify_cost(4) == pytest.approx(2.2 * PLAIN_S)
 
 
 def test_live_measurements_without_a_curve_reveal_the_same_sizes() -> None:

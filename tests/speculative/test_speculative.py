@@ -19,7 +19,7 @@ from localrun.runtime.generate import generate
 from localrun.runtime.sampling import SamplingParams
 from localrun.speculative import Speculation, open_speculation
 from localrun.speculative.base import LOOKUP_MAX, MODEL_MAX, Draft, Offer, Profile
-from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan
+from localrun.speculative.control import PLAIN, AdaptiveController, FixedController, Plan, StepGrowth
 from localrun.speculative.draftmodel import DraftModelDrafter, check_draft_compatible
 from localrun.speculative.lookup import RESUME_BUCKET, PromptLookupDrafter, match_bucket
 from localrun.speculative.sampling import check_draft, target_probs
@@ -329,12 +329,26 @@ def test_none_means_no_speculation(engine: Engine, models: dict[str, Path]) -> N
 
 
 def test_the_verify_curve_reaches_the_controller(engine: Engine) -> None:
-    opened = open_speculation(engine, "lookup", verify_curve=[1.0, 1.5, 1.5])
+    growth = StepGrowth(32, 10.0, 0.01)
+    opened = open_speculation(engine, "lookup", verify_curve=[1.0, 1.5, 1.5], growth=growth)
     assert opened is not None
     with opened as spec:
         assert isinstance(spec.controller, AdaptiveController) and spec.controller.curve == (1.0, 1.5, 1.5)
+        assert spec.controller.growth is growth
     fixed = FixedController(0, 2)
     assert Speculation([PromptLookupDrafter()], fixed, verify_curve=[1.0, 2.0]).controller is fixed
+
+
+def test_the_controller_follows_the_contexts_depth(bigram: Engine) -> None:
+    """The step tells the controller how long the context is, so that a
+    verify batch's cost follows a step's growth with it (`StepGrowth`)."""
+    prompt = bigram.tokenize("the cat sat on the mat")
+    growth = StepGrowth(0, 10.0, 0.01)  # a step costs 1 + depth / 1000 of one on an empty context
+    lookup = PromptLookupDrafter()
+    control = SteadyMachine([lookup.profile], verify_curve=[1.0, 1.2, 1.4, 1.6], growth=growth)
+    with Speculation([lookup], control) as spec:
+        speculative(bigram, prompt, spec, n=100)
+    assert growth.at(len(prompt) + 50) < control.depth_cost <= growth.at(len(prompt) + 100)
 
 
 # -- prompt lookup --

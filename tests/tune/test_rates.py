@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localrun.assemble import OneSequence, Prompts, Slots, run_shape
+from localrun.assemble import OneSequence, Prompts, Slots, assemble, run_shape
 from localrun.cli.serve import _plans as serve_plans
 from localrun.gguf.info import describe
 from localrun.gguf.reader import read_gguf
@@ -19,6 +19,7 @@ from localrun.settings import Options, RunSettings, resolve
 from localrun.tune import apply as tuned
 from localrun.tune.machine import this_machine
 from localrun.tune.wisdom import (
+    VERIFY_DEPTH,
     VERSION,
     Attention,
     Decision,
@@ -220,6 +221,25 @@ def test_each_kind_of_run_has_its_shape() -> None:
 
 
 @pytest.mark.usefixtures("quiet")
+def test_a_runs_plan_carries_how_its_step_grows_with_the_context(wide_model: Path) -> None:
+    """For the verify curve at depth (`StepGrowth`): the decode line of the
+    setting the run settled on, from the curve's depth; none without rates."""
+    f = WisdomFile.load()
+    f.put(_wisdom(wide_model))
+    f.save()
+    on = assemble(wide_model, resolve(Options()), workload=OneSequence(prompt=1800, answer=64), devices=[])
+    assert on.config.flash_attn == "auto"  # llama.cpp's: on, as the rates name it
+    slope = 13.0 / 1056
+    growth = on.step_growth
+    assert growth is not None and growth.depth == VERIFY_DEPTH
+    assert growth.base_ms == pytest.approx(40.0 - 32 * slope) and growth.per_token_ms == pytest.approx(slope)
+    assert growth.at(1088) == pytest.approx(53.0 / 40.0)
+    off = assemble(wide_model, resolve(Options()), workload=OneSequence(prompt=32, answer=512), devices=[])
+    assert off.config.flash_attn == "off" and off.step_growth is not None
+    assert off.step_growth.at(4000) == 1.0  # its line is flat
+    assert assemble(wide_model, resolve(Options()), devices=[], use_wisdom=False).step_growth is None
+
+
 def test_generate_and_show_say_why(wide_model: Path) -> None:
     f = WisdomFile.load()
     f.put(_wisdom(wide_model))
