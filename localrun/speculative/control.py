@@ -31,12 +31,14 @@ is estimated from, in this order:
   they came out; 1 until measured). Past its last point the curve grows at
   its own mean cost per extra row, so it never turns cheaper past what was
   measured. The curve is measured on a short context; every row of a batch
-  attends to the whole context, as a plain step does, so where tune's rates
-  say how a plain step grows with the context (`StepGrowth`), that growth is
-  added for every row: a plain step at this depth costs g times one at the
-  curve's, and r rows cost (curve(r) + r (g - 1)) / g plain steps here
-  (on a CPU, after a long prompt, a draft the curve alone says pays can
-  cost more than it yields);
+  attends to the whole context, as a plain step does, and where a row costs
+  a good share of a step (a CPU: the curve is not `flat`) it pays that work
+  about in full. So where tune's rates say how a plain step grows with the
+  context (`StepGrowth`), that growth is added for every row: a plain step
+  at this depth costs g times one at the curve's, and r rows cost
+  (curve(r) + r (g - 1)) / g plain steps here (after a long prompt, a
+  draft the curve alone says pays can cost more than it yields). On a flat
+  curve (a GPU), where rows share the step's reads, the curve stands;
 - else a line fitted to all verify batches (a fixed cost plus a cost per
   row), a little optimistically, so that the size gets tried. Until a batch
   is measured the line is a plain step plus `PRIOR_VERIFY_SLOPE` of a plain
@@ -188,9 +190,9 @@ class StepGrowth:
     def at(self, depth: int) -> float:
         """A plain step's cost with ``depth`` tokens in the context over its
         cost at the curve's depth (1 at or below it)."""
-        reference = self.base_ms + self.per_token_ms * self.depth
-        if reference <= 0.0 or self.per_token_ms <= 0.0:
+        if self.base_ms <= 0.0 or self.per_token_ms <= 0.0:  # flat, or a line no step could follow
             return 1.0
+        reference = self.base_ms + self.per_token_ms * self.depth
         return max((self.base_ms + self.per_token_ms * depth) / reference, 1.0)
 
 
@@ -717,7 +719,7 @@ class AdaptiveController:
         self.payoff.observe_step(seconds, tokens, asked_s, drafted)
 
     def observe_depth(self, tokens: int) -> None:
-        if self.growth is None:
+        if self.growth is None or self.pads:  # extra rows nearly free (a GPU): they share the step's reads
             return
         self.depth_cost = self.growth.at(tokens)
         if abs(self.depth_cost - self._memo_depth_cost) > GROWTH_SHIFT * self._memo_depth_cost:

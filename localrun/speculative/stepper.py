@@ -269,6 +269,8 @@ class SpeculativeStepper:
         if left < 1:
             return Round(PLAIN, None, forced, [], len(context), time.perf_counter())
         pending = context[target.n_past :]  # decided, not yet in the KV cache: the last token, then the forced
+        if not company:  # alone: its rows cost what rows at its depth do (`control.StepGrowth`)
+            self.speculation.controller.observe_depth(target.n_past)
         t0 = time.perf_counter()
         if resting or not self._asked():
             return Round(PLAIN, None, forced, pending, len(context), t0)
@@ -391,8 +393,6 @@ def propose(
         for i, drafter in enumerate(pool)
         if drafter is not None and i not in speculation.disabled and (offer := drafter.offer(context, i)) is not None
     ]
-    if offers:
-        speculation.controller.observe_depth(len(context))  # rows at depth cost more than the curve's (`StepGrowth`)
     plan = speculation.controller.choose(offers, room, forced=forced)
     draft = _make_draft(speculation, pool, plan, context, sampling, rng, constraint)
     if draft is not None and constraint is not None:

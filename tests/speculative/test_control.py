@@ -143,10 +143,15 @@ def test_rows_at_depth_each_pay_the_steps_growth() -> None:
     before = control.curve_level.value
     control.observe_verify(4, 2.8 * PLAIN_S)  # as predicted at this depth: the curve's level stays
     assert control.curve_level.value == pytest.approx(before)
-    flat = AdaptiveController([PromptLookupDrafter().profile], verify_curve=CPU_CURVE)
-    flat.observe_plain(PLAIN_S)
-    flat.observe_depth(1632)  # without a measured growth the curve stands as measured
-    assert flat.verify_cost(4) == pytest.approx(2.2 * PLAIN_S)
+    unknown = AdaptiveController([PromptLookupDrafter().profile], verify_curve=CPU_CURVE)
+    unknown.observe_plain(PLAIN_S)
+    unknown.observe_depth(1632)  # without a measured growth the curve stands as measured
+    assert unknown.verify_cost(4) == pytest.approx(2.2 * PLAIN_S)
+    gpu = AdaptiveController([PromptLookupDrafter().profile], verify_curve=FLAT, growth=GROWTH)
+    gpu.observe_plain(PLAIN_S)
+    before_depth = gpu.verify_cost(8)
+    gpu.observe_depth(1632)  # a flat curve: rows share the step's reads, and the curve stands at depth too
+    assert gpu.verify_cost(8) == before_depth
 
 
 def test_live_measurements_without_a_curve_reveal_the_same_sizes() -> None:

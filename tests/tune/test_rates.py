@@ -220,7 +220,6 @@ def test_each_kind_of_run_has_its_shape() -> None:
     assert serve is not None and (serve.prompt, serve.answer, serve.start) == (4096, tuned.OPEN_ANSWER, 0)
 
 
-@pytest.mark.usefixtures("quiet")
 def test_a_runs_plan_carries_how_its_step_grows_with_the_context(wide_model: Path) -> None:
     """For the verify curve at depth (`StepGrowth`): the decode line of the
     setting the run settled on, from the curve's depth; none without rates."""
@@ -240,6 +239,7 @@ def test_a_runs_plan_carries_how_its_step_grows_with_the_context(wide_model: Pat
     assert assemble(wide_model, resolve(Options()), devices=[], use_wisdom=False).step_growth is None
 
 
+@pytest.mark.usefixtures("quiet")
 def test_generate_and_show_say_why(wide_model: Path) -> None:
     f = WisdomFile.load()
     f.put(_wisdom(wide_model))
