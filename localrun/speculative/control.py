@@ -173,7 +173,8 @@ class Controller(Protocol):
         draft it verified (0: none)."""
 
     def observe_depth(self, tokens: int) -> None:
-        """The context the next step's batch follows holds ``tokens`` tokens."""
+        """The KV cache of a sequence decoding alone holds ``tokens`` tokens
+        before its next step's batch (said before each step it prepares)."""
 
 
 @dataclass(frozen=True)
