@@ -179,9 +179,12 @@ class Worker:
         return self.embed(inputs).result()
 
     def cancel(self, index: int) -> None:
-        """Drop request ``index`` (nothing if it has ended)."""
+        """Drop request ``index`` (nothing if it has ended): it is no longer
+        admitted, so a request submitted right after it finds its place in
+        the queue, and nothing more is delivered to it; the engine thread
+        frees its slot at its next step."""
         with self._cond:
-            if index in self._deliver:
+            if self._deliver.pop(index, None) is not None:
                 self._cancels.append(index)
                 self._cond.notify()
 
@@ -247,9 +250,8 @@ class Worker:
                 incoming, cancels, embeds, stopping = self._take()
                 for request in incoming:
                     self.run.submit(request)
-                for index in cancels:
+                for index in cancels:  # their deliveries went when they were cancelled
                     self.run.cancel(index)
-                    self._end(index, None)
                 if stopping:
                     for index in self.run.cancel_all():
                         self._end(index, Failed(index, ServerBusyError("the server is shutting down")))
